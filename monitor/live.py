@@ -1,0 +1,179 @@
+"""Live monitoring: one consumer of step results feeding the tracker, exporter and view.
+
+Duck-typed on the step result (loss, tokens, truth, timings) so monitor/ never
+imports torch or a model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from river import stats, utils
+
+from monitor.calm import CalmTracker
+
+__all__ = ["LiveMonitor", "ViewSnapshot"]
+
+UNLABELLED = "unlabelled"
+
+
+@dataclass(frozen=True)
+class ViewSnapshot:
+    """Everything the terminal view shows, frozen at one moment."""
+
+    run: str
+    strategy: str
+    batches: int
+    total_batches: int | None
+    last_loss: float | None
+    rolling_ppl: float | None
+    recent_losses: tuple[float, ...]
+    recent_switches: tuple[bool, ...]  # True where a true switch happened at that batch
+    current_class: str | None
+    overall: dict  # ppl, ppl@sw, rec over the evaluated span
+    per_class: dict  # class -> {ppl, ppl@sw, rec, n_batches}
+    from_fragment: int
+    switches: int
+    tokens_per_s: float
+    lag: int
+    queue_depth: int
+    dead_letters: dict
+    elapsed_s: float
+
+
+def _exp(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return math.exp(x) if x < 700 else math.inf
+
+
+class LiveMonitor:
+    def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
+                 total_batches: int | None = None, metrics=None, spark_width: int = 60):
+        self.run, self.strategy = run, strategy
+        self.total_batches = total_batches
+        self.from_fragment = from_fragment
+        self.tracker = CalmTracker(k=k, from_fragment=from_fragment)
+        self.metrics = metrics
+        self._class_ids = {name: i for i, name in enumerate(classes)}
+        self._rolling = utils.Rolling(stats.Mean, window_size=100)
+        self._recent = deque(maxlen=spark_width)
+        self._recent_switch = deque(maxlen=spark_width)
+        self._rate_window = deque()
+        self._batches = 0
+        self._last_loss = None
+        self._last_key = None
+        self._switches = 0
+        self._lag = 0
+        self._queue_depth = 0
+        self._dead = Counter()
+        self._started = time.monotonic()
+
+    def class_id(self, name: str) -> int:
+        return self._class_ids.setdefault(name, len(self._class_ids))
+
+    def observe(self, result) -> dict:
+        """Account one step result; return its loss-log line (CALM format plus extras)."""
+        truth = result.truth
+        name = truth.class_name if truth else UNLABELLED
+        fragment = truth.fragment if truth else 0
+        domain = self.class_id(name)
+        switched = self._last_key is not None and self._last_key != fragment
+        self._last_key = fragment
+        self._switches += switched
+        self._batches += 1
+        self._last_loss = result.loss
+        self._rolling.update(result.loss)
+        self._recent.append(result.loss)
+        self._recent_switch.append(switched)
+        now = time.monotonic()
+        self._rate_window.append((now, result.tokens))
+        while self._rate_window and now - self._rate_window[0][0] > 5.0:
+            self._rate_window.popleft()
+        self.tracker.update(result.loss, domain, name, fragment)
+        if self.metrics is not None:
+            self._export(result, name, switched)
+        return {
+            "loss": result.loss, "domain": domain, "domain_name": name, "sequence": fragment,
+            "batch": result.index, "tokens": result.tokens, "train_loss": result.train_loss,
+            "predict_s": round(result.predict_s, 6), "learn_s": round(result.learn_s, 6),
+            "time": round(result.finished_at, 3),
+        }
+
+    def set_lag(self, lag: int) -> None:
+        self._lag = lag
+        if self.metrics is not None:
+            self.metrics.consumer_lag_records.labels(self.run, self.strategy).set(lag)
+
+    def set_queue_depth(self, depth: int) -> None:
+        self._queue_depth = depth
+        if self.metrics is not None:
+            self.metrics.queue_depth.labels(self.run, self.strategy).set(depth)
+
+    def dead_letter(self, reason: str) -> None:
+        self._dead[reason] += 1
+        if self.metrics is not None:
+            self.metrics.dead_letter_total.labels(self.run, self.strategy).inc()
+
+    @property
+    def dead_letters(self) -> dict:
+        return dict(self._dead)
+
+    def tokens_per_second(self) -> float:
+        if len(self._rate_window) < 2:
+            return 0.0
+        span = self._rate_window[-1][0] - self._rate_window[0][0]
+        tokens = sum(t for _, t in list(self._rate_window)[1:])
+        return tokens / span if span > 0 else 0.0
+
+    def _export(self, result, name: str, switched: bool) -> None:
+        m, labels = self.metrics, (self.run, self.strategy)
+        m.batch_loss.labels(*labels, name).set(result.loss)
+        m.rolling_perplexity.labels(*labels).set(_exp(self._rolling.get()))
+        m.tokens_per_second.labels(*labels).set(self.tokens_per_second())
+        m.tokens_total.labels(*labels).inc(result.tokens)
+        m.batches_learned_total.labels(*labels).inc()
+        m.predict_seconds.labels(*labels).observe(result.predict_s)
+        m.learn_seconds.labels(*labels).observe(result.learn_s)
+        if switched:
+            m.switches_total.labels(*labels).inc()
+            self._export_switch_metrics()
+
+    def _export_switch_metrics(self) -> None:
+        """Revisit metrics change only when a fragment closes, i.e. at a switch."""
+        m, labels = self.metrics, (self.run, self.strategy)
+        snap = self.tracker.snapshot()
+        live = snap["live"]
+        last_class = live.get("last_revisit_class")
+        if live["last_loss_after_switch"] is not None:
+            cls = last_class or "all"
+            m.loss_after_switch_last.labels(*labels, cls).set(live["last_loss_after_switch"])
+            m.recovery_batches_last.labels(*labels, cls).set(live["last_rec"])
+        if live["mean_loss_after_switch"] is not None:
+            m.loss_after_switch_mean.labels(*labels, "all").set(live["mean_loss_after_switch"])
+            m.recovery_batches_mean.labels(*labels, "all").set(live["mean_rec"])
+        for cls, values in snap["per_class"].items():
+            if values["ppl@sw"] is not None:
+                m.loss_after_switch_mean.labels(*labels, cls).set(math.log(values["ppl@sw"]))
+                m.recovery_batches_mean.labels(*labels, cls).set(values["rec"])
+
+    def snapshot(self) -> ViewSnapshot:
+        snap = self.tracker.snapshot()
+        rolling = self._rolling.get() if self._batches else None
+        return ViewSnapshot(
+            run=self.run, strategy=self.strategy, batches=self._batches,
+            total_batches=self.total_batches, last_loss=self._last_loss,
+            rolling_ppl=_exp(rolling), recent_losses=tuple(self._recent),
+            recent_switches=tuple(self._recent_switch),
+            current_class=snap["live"].get("current_class"),
+            overall={key: snap[key] for key in ("ppl", "ppl@sw", "rec")},
+            per_class={cls: {key: v[key] for key in ("ppl", "ppl@sw", "rec", "n_batches")}
+                       for cls, v in snap["per_class"].items()},
+            from_fragment=self.from_fragment, switches=self._switches,
+            tokens_per_s=self.tokens_per_second(), lag=self._lag,
+            queue_depth=self._queue_depth, dead_letters=dict(self._dead),
+            elapsed_s=time.monotonic() - self._started,
+        )

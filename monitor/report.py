@@ -1,0 +1,134 @@
+"""The end-of-run report: CALM metrics over the paper's span and the whole stream, as JSON and a plot.
+
+JSON policy: ``None`` is written as ``null``; a non-finite float (a perplexity of a
+diverged run) is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, so
+``results.json`` is strict JSON (written with ``allow_nan=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monitor.calm import calm_metrics
+from monitor.losslog import read_loss_log
+from monitor.plots import plot_loss_curve
+
+__all__ = ["build_report", "json_safe", "load_run", "resolve_from_fragment", "write_report"]
+
+LOSS_LOG_NAME = "losses.jsonl"
+CONFIG_NAME = "config.json"
+RESULTS_NAME = "results.json"
+PLOT_NAME = "loss_curve.png"
+
+
+def load_run(path: str | os.PathLike) -> tuple[list[dict], dict]:
+    """(records, config) of a run directory (``losses.jsonl``, optional ``config.json``)
+    or of a loss-log file (config ``{}``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return read_loss_log(path), {}
+    records = read_loss_log(path / LOSS_LOG_NAME)
+    config_path = path / CONFIG_NAME
+    config: dict = {}
+    if config_path.exists():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: expected a JSON object")
+    return records, config
+
+
+def _expected_fragments(records: Sequence[Mapping], config: Mapping) -> int:
+    """N: ``config["n_fragments"]`` if given, else one more than the largest fragment index."""
+    if config.get("n_fragments") is not None:
+        return int(config["n_fragments"])
+    return max((r["sequence"] for r in records), default=-1) + 1
+
+
+def resolve_from_fragment(spec: str | int, records: Sequence[Mapping], config: Mapping) -> int:
+    """First fragment of the evaluated span: "half" (N // 2, the paper), "all" (0) or an index."""
+    if spec == "half":
+        return _expected_fragments(records, config) // 2
+    if spec == "all":
+        return 0
+    if isinstance(spec, str) and spec.isdigit():
+        return int(spec)
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+        return spec
+    raise ValueError(f'from_fragment must be "half", "all" or a non-negative int, got {spec!r}')
+
+
+def build_report(path: str | os.PathLike, *, k: int = 10, from_fragment: str | int = "half") -> dict:
+    """CALM metrics of a run over the evaluated span ("metrics") and over all of it ("whole_stream")."""
+    records, config = load_run(path)
+    return _report(path, records, config, k=k, from_fragment=from_fragment)
+
+
+def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: int, from_fragment: str | int) -> dict:
+    start = resolve_from_fragment(from_fragment, records, config)
+    expected = _expected_fragments(records, config)
+    seen = len({r["sequence"] for r in records})
+    metrics = calm_metrics(records, k=k, from_fragment=start)
+    if seen < expected:
+        metrics["notes"].insert(
+            0,
+            f"incomplete stream: {seen} of {expected} expected fragments were logged; the CALM "
+            "code would report nothing, these metrics cover what was logged",
+        )
+    return {
+        "run": str(path),
+        "config": config,
+        "span": {
+            "from_fragment": start,
+            "n_fragments_expected": expected,
+            "n_fragments_seen": seen,
+            "complete": seen >= expected,
+        },
+        "metrics": metrics,
+        "whole_stream": calm_metrics(records, k=k, from_fragment=0),
+    }
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by "inf", "-inf" or "nan" (see module doc)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def _title(report: Mapping) -> str:
+    config = report["config"]
+    parts = [Path(report["run"]).name]
+    parts += [f"{key}={config[key]}" for key in ("strategy", "model") if key in config]
+    ppl = report["metrics"]["ppl"]
+    if ppl is not None:
+        parts.append(f"ppl={ppl:.3g} (fragments >= {report['span']['from_fragment']})")
+    return "  ".join(parts)
+
+
+def write_report(
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    k: int = 10,
+    from_fragment: str | int = "half",
+) -> dict:
+    """Build the report, write ``results.json`` and ``loss_curve.png`` into ``out_dir``
+    (default: the run directory, or the loss log's directory) and return the report."""
+    path = Path(path)
+    records, config = load_run(path)
+    report = _report(path, records, config, k=k, from_fragment=from_fragment)
+    out = Path(out_dir) if out_dir is not None else (path if path.is_dir() else path.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(json_safe(report), indent=2, allow_nan=False)
+    (out / RESULTS_NAME).write_text(text + "\n", encoding="utf-8")
+    plot_loss_curve(records, out / PLOT_NAME, title=_title(report))
+    return report

@@ -1,0 +1,3 @@
+"""Producers: turn corpora into Kafka streams of wire records."""
+
+__all__ = []

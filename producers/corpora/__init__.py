@@ -1,0 +1,26 @@
+"""Corpora: build, cache and load the text that each class of a stream is drawn from."""
+
+from .cache import (
+    CORPORA,
+    CorpusMissing,
+    CorpusSpec,
+    build_corpus,
+    corpus_info,
+    corpus_path,
+    default_cache_root,
+    list_corpora,
+)
+from .calm_dir import CorpusError, load_corpus_dir
+
+__all__ = [
+    "CORPORA",
+    "CorpusError",
+    "CorpusMissing",
+    "CorpusSpec",
+    "build_corpus",
+    "corpus_info",
+    "corpus_path",
+    "default_cache_root",
+    "list_corpora",
+    "load_corpus_dir",
+]

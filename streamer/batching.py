@@ -1,0 +1,132 @@
+"""Turn decoded records into b x w byte windows, per stream, in arrival order.
+
+Each of the b streams (record keys) keeps a byte buffer; a batch is emitted
+when every stream holds w + 1 unconsumed bytes (w inputs and the next byte as
+the last target). Evaluation truth rides beside the batch, never inside it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from streamer.strategies.base import Batch
+from streamer.wire import Record
+
+__all__ = ["BatchTruth", "ReadyBatch", "Batcher", "OffsetTracker"]
+
+
+@dataclass(frozen=True)
+class BatchTruth:
+    """The majority (class, fragment) of a batch's input tokens, from headers."""
+
+    class_name: str
+    fragment: int
+
+
+@dataclass(frozen=True)
+class ReadyBatch:
+    batch: Batch
+    truth: BatchTruth | None
+    commit: dict  # {(topic, partition): next offset to commit} once this batch is learned
+
+
+@dataclass
+class _Stream:
+    data: bytearray = field(default_factory=bytearray)
+    # (end position in `data` coordinates, truth or None, offset handle) per record
+    spans: deque = field(default_factory=deque)
+    base: int = 0  # absolute position of data[0]
+
+
+class OffsetTracker:
+    """Per partition, the lowest offset whose record is not yet fully learned."""
+
+    def __init__(self):
+        self._pending: dict = {}  # tp -> deque of offsets in arrival order
+        self._done: dict = {}  # tp -> set of finished offsets
+        self._next: dict = {}  # tp -> last seen offset + 1
+
+    def seen(self, tp, offset: int) -> None:
+        self._pending.setdefault(tp, deque()).append(offset)
+        self._done.setdefault(tp, set())
+        self._next[tp] = offset + 1
+
+    def finish(self, tp, offset: int) -> None:
+        pending, done = self._pending[tp], self._done[tp]
+        done.add(offset)
+        while pending and pending[0] in done:
+            done.discard(pending.popleft())
+
+    def commit_positions(self) -> dict:
+        return {tp: (q[0] if q else self._next[tp]) for tp, q in self._pending.items()}
+
+
+class Batcher:
+    """Assigns the first `streams` distinct keys to rows in order of arrival."""
+
+    def __init__(self, streams: int, window: int, device: torch.device | str = "cpu"):
+        self.streams = streams
+        self.window = window
+        self.device = torch.device(device)
+        self._rows: dict[str, int] = {}
+        self._buffers = [_Stream() for _ in range(streams)]
+        self.offsets = OffsetTracker()
+
+    def accepts(self, stream: str) -> bool:
+        return stream in self._rows or len(self._rows) < self.streams
+
+    def add(self, record: Record, tp=None, offset: int | None = None) -> None:
+        """Append a record's bytes to its stream; caller checks `accepts` first."""
+        row = self._rows.setdefault(record.stream, len(self._rows))
+        buf = self._buffers[row]
+        payload = record.text.encode("utf-8")
+        buf.data += payload
+        handle = None if tp is None else (tp, offset)
+        if handle is not None:
+            self.offsets.seen(tp, offset)
+        buf.spans.append((buf.base + len(buf.data), record.truth, handle))
+
+    def ready(self) -> bool:
+        need = self.window + 1
+        return len(self._rows) == self.streams and all(len(b.data) >= need for b in self._buffers)
+
+    def pop(self) -> ReadyBatch:
+        """Cut one b x w batch; call only when `ready()`."""
+        w = self.window
+        rows = [bytes(b.data[: w + 1]) for b in self._buffers]
+        flat = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8)
+        grid = flat.view(self.streams, w + 1).long()
+        truth = self._majority_truth()
+        for buf in self._buffers:
+            del buf.data[:w]
+            buf.base += w
+            self._release(buf)
+        batch = Batch(inputs=grid[:, :w].to(self.device), targets=grid[:, 1:].to(self.device))
+        return ReadyBatch(batch=batch, truth=truth, commit=self.offsets.commit_positions())
+
+    def _majority_truth(self) -> BatchTruth | None:
+        votes: Counter = Counter()
+        for buf in self._buffers:
+            start, end = buf.base, buf.base + self.window
+            span_start = start  # the oldest span may begin before `base`
+            for span_end, truth, _ in buf.spans:
+                overlap = min(span_end, end) - max(span_start, start)
+                if overlap > 0 and truth is not None:
+                    votes[(truth.class_name, truth.fragment)] += overlap
+                if span_end >= end:
+                    break
+                span_start = span_end
+        if not votes:
+            return None
+        (class_name, fragment), _ = max(votes.items(), key=lambda kv: (kv[1], -kv[0][1]))
+        return BatchTruth(class_name, fragment)
+
+    def _release(self, buf: _Stream) -> None:
+        """Forget records whose bytes are all consumed (position <= base)."""
+        while buf.spans and buf.spans[0][0] <= buf.base:
+            _, _, handle = buf.spans.popleft()
+            if handle is not None:
+                self.offsets.finish(*handle)

@@ -1,0 +1,168 @@
+"""The `streamer` command: the only place that reads flags, files and environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "UserError"]
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _span(text: str) -> str | int:
+    if text in ("half", "all"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'half', 'all' or a fragment index, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 'half', 'all' or a fragment index >= 0, got {value}")
+    return value
+
+
+def _add_stream_flags(p) -> None:
+    g = p.add_argument_group("stream schedule (CALM)")
+    g.add_argument("--fragments", type=_positive_int, default=100, help="N: fragments in the stream (default 100)")
+    g.add_argument("--lambda", dest="mean_tokens", type=_positive_int, default=10_000,
+                   help="mean fragment length in tokens over all streams (default 10000)")
+    g.add_argument("--streams", type=_positive_int, default=10, help="b: parallel streams (default 10)")
+    g.add_argument("--window", type=_positive_int, default=20, help="w: tokens per window (default 20)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the schedule and the model (default 0)")
+
+
+def _add_model_flags(p) -> None:
+    g = p.add_argument_group("model and strategy")
+    from streamer.strategies import STRATEGIES
+
+    g.add_argument("--strategy", choices=sorted(STRATEGIES), default="naive")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto = cuda when available, else cpu")
+    g.add_argument("--hidden", type=_positive_int, default=256, help="LSTM hidden size (default 256)")
+    g.add_argument("--embedding", type=_positive_int, default=64, help="byte embedding size (default 64)")
+    g.add_argument("--layers", type=_positive_int, default=2)
+    g.add_argument("--dropout", type=float, default=0.0)
+    g.add_argument("--lr", type=_positive_float, default=2e-3, help="Adam learning rate (default 2e-3)")
+
+
+def _add_run_flags(p) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--run-dir", type=Path, help="where losses.jsonl, results.json and plots go (default runs/<time>-<strategy>)")
+    g.add_argument("--max-batches", type=_positive_int, help="stop after this many batches")
+    g.add_argument("--minutes", type=_positive_float, help="stop after this many minutes")
+    g.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0 = a free port)")
+    g.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default 127.0.0.1)")
+    g.add_argument("--from-fragment", type=_span, default="all",
+                   help="live metrics span: 'all' (default), 'half' (the paper's N/2, needs a manifest) or an index")
+    g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="streamer", description="Online streaming continual learner with live monitoring.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
+    p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+
+    p = sub.add_parser("data", help="list, build and inspect corpora")
+    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    dsub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    dsub.add_parser("list", help="corpora known and built")
+    from producers.corpora import CORPORA
+
+    for name, text in (("build", "build a corpus into the cache"), ("info", "print a built corpus's manifest")):
+        q = dsub.add_parser(name, help=text)
+        q.add_argument("name", choices=sorted(CORPORA))
+        if name == "build":
+            q.add_argument("--force", action="store_true", help="rebuild even when built")
+
+    p = sub.add_parser("produce", help="replay a corpus as a CALM stream into a Kafka topic")
+    p.add_argument("--corpus", default="calm-multilingual", help="a built corpus name or a directory with one .txt per class")
+    p.add_argument("--cache", type=Path, help="corpus cache directory")
+    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    p.add_argument("--topic", default="streamer")
+    p.add_argument("--partitions", type=_positive_int, default=1)
+    p.add_argument("--rate", type=_positive_float, help="records per second (default: as fast as possible)")
+    p.add_argument("--manifest", type=Path, help="ground-truth manifest path (default <topic>.manifest.json)")
+    _add_stream_flags(p)
+
+    p = sub.add_parser("learn", help="consume a topic and learn prequentially")
+    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    p.add_argument("--topic", default="streamer")
+    p.add_argument("--group", default="streamer-learner", help="consumer group id")
+    p.add_argument("--manifest", type=Path, help="the producer's manifest: total batches, classes, N")
+    p.add_argument("--streams", type=_positive_int, default=10, help="b: parallel streams (default 10)")
+    p.add_argument("--window", type=_positive_int, default=20, help="w: tokens per window (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--idle-timeout", type=_positive_float, help="stop after this many seconds without records")
+    _add_model_flags(p)
+    _add_run_flags(p)
+
+    p = sub.add_parser("demo", help="broker, producer, learner, exporter and live view on a real multilingual corpus")
+    p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
+    p.add_argument("--corpus", default="calm-multilingual")
+    p.add_argument("--cache", type=Path, help="corpus cache directory")
+    _add_stream_flags(p)
+    _add_model_flags(p)
+    _add_run_flags(p)
+    p.set_defaults(fragments=30, mean_tokens=8_000, minutes=3.0, metrics_port=0)
+
+    p = sub.add_parser("report", help="metrics, results.json and plots from run directories or loss logs")
+    p.add_argument("paths", nargs="+", type=Path, help="run directories or losses.jsonl files")
+    p.add_argument("--json", action="store_true", help="print one JSON object per path")
+    p.add_argument("--out", type=Path, help="write results.json and loss_curve.png here (default: beside each log)")
+    p.add_argument("--from-fragment", type=_span, default="half",
+                   help="'half' (default: the paper's N/2), 'all' or a fragment index")
+    p.add_argument("-k", type=_positive_int, default=10, help="batches after a switch for ppl@sw (default 10)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from streamer import commands
+
+    handler = getattr(commands, f"cmd_{args.command}")
+    try:
+        return handler(args) or 0
+    except KeyboardInterrupt:
+        print("streamer: interrupted", file=sys.stderr)
+        return 130
+    except commands.KNOWN_ERRORS as exc:
+        print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

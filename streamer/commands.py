@@ -1,0 +1,223 @@
+"""What each `streamer` subcommand does, given parsed flags."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+
+from monitor.calm import format_table
+from monitor.exporter import create_metrics, serve
+from monitor.live import LiveMonitor
+from monitor.report import write_report
+from monitor.view import LiveView
+from producers.corpora import CORPORA, CorpusError, build_corpus, corpus_info, corpus_path, default_cache_root, list_corpora
+from producers.kafka import ProduceError, ensure_topic
+from producers.schedule import CalmSchedule, ScheduleError
+from producers.stream import prepare_stream, produce_stream
+from streamer.broker import BrokerError, EmbeddedBroker
+from streamer.cli import UserError
+from streamer.consumer import SourceError
+
+__all__ = ["KNOWN_ERRORS"]
+
+KNOWN_ERRORS = (UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError)
+console = Console(stderr=False)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_broker(args) -> int:
+    _sigterm_as_interrupt()
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"broker listening on {broker.bootstrap_servers} (pid {broker.pid}); Ctrl-C stops it", flush=True)
+        while broker._process.poll() is None:  # noqa: SLF001
+            time.sleep(0.5)
+        raise BrokerError(f"the broker on {broker.bootstrap_servers} exited unexpectedly")
+
+
+def cmd_data(args) -> int:
+    root = args.cache or default_cache_root()
+    if args.data_command == "list":
+        for entry in list_corpora(root):
+            state = "built" if entry["built"] else "not built"
+            print(f"{entry['name']:<22} {state:<10} {entry['description']}")
+        return 0
+    if args.data_command == "build":
+        path = build_corpus(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
+        print(f"built {args.name} in {path}")
+        return 0
+    print(json.dumps(corpus_info(args.name, root), indent=2))
+    return 0
+
+
+def _corpus_dir(name_or_dir: str, cache: Path | None) -> Path:
+    path = Path(name_or_dir)
+    if path.is_dir():
+        return path
+    if name_or_dir in CORPORA:
+        return corpus_path(name_or_dir, cache or default_cache_root())
+    raise UserError(f"--corpus {name_or_dir!r} is neither a directory nor a corpus name "
+                    f"(known: {', '.join(sorted(CORPORA))})")
+
+
+def _schedule(args) -> CalmSchedule:
+    return CalmSchedule(n_fragments=args.fragments, mean_tokens=args.mean_tokens, streams=args.streams,
+                        window=args.window, record_tokens=args.window, seed=args.seed)
+
+
+def cmd_produce(args) -> int:
+    corpus = _corpus_dir(args.corpus, args.cache)
+    manifest_path = args.manifest or Path(f"{args.topic}.manifest.json")
+    records, manifest = prepare_stream(corpus, _schedule(args), manifest_path)
+    print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
+          f"{len(records)} records; manifest {manifest_path}", flush=True)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mb]:.2f} MB"),
+                  console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("produce", total=len(records), mb=0.0)
+        sent = asyncio.run(produce_stream(
+            records, args.bootstrap_servers, args.topic, rate=args.rate, partitions=args.partitions,
+            progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
+    print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
+    return 0
+
+
+def _from_fragment(spec, n_fragments: int | None) -> int:
+    if spec == "all":
+        return 0
+    if spec == "half":
+        if not n_fragments:
+            raise UserError("--from-fragment half needs --manifest (the number of fragments N)")
+        return n_fragments // 2
+    return int(spec)
+
+
+def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path, manifest: dict | None):
+    from streamer.learner import LearnConfig
+    from streamer.models import LSTMConfig
+
+    manifest = manifest or {}
+    for key, flag in (("streams", "--streams"), ("window", "--window")):
+        if key in manifest and manifest[key] != getattr(args, key):
+            raise UserError(f"{flag} {getattr(args, key)} differs from the manifest's {manifest[key]}")
+    return LearnConfig(
+        bootstrap_servers=bootstrap, topic=topic, group_id=group, run_dir=run_dir,
+        run_name=run_dir.name, strategy=args.strategy, streams=args.streams, window=args.window,
+        model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
+        lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
+        idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
+        classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"),
+        from_fragment=_from_fragment(args.from_fragment, manifest.get("n_fragments")),
+    )
+
+
+def _default_run_dir(strategy: str) -> Path:
+    return Path("runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{strategy}"
+
+
+async def _learn_with_view(config, args, producer=None):
+    """Run the learner (and optionally a producer coroutine) under the live view."""
+    from streamer.learner import learn, resolve_device
+
+    try:
+        resolve_device(config.device)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    metrics = create_metrics() if args.metrics_port is not None else None
+    if metrics is not None:
+        server, _ = serve(metrics, args.metrics_port, args.metrics_host)
+        port = server.server_address[1]
+        print(f"metrics: http://{args.metrics_host}:{port}/metrics", flush=True)
+    monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes,
+                          k=10, from_fragment=config.from_fragment, total_batches=config.max_batches or config.total_batches,
+                          metrics=metrics)
+    view = LiveView(console=Console(force_terminal=False) if args.no_view else console)
+    last = [0.0]
+
+    def on_step():
+        now = time.monotonic()
+        if now - last[0] >= 0.25:
+            last[0] = now
+            view.update(monitor.snapshot())
+
+    if producer is not None:  # the topic must exist before the consumer subscribes
+        await ensure_topic(config.bootstrap_servers, config.topic)
+    try:
+        with view:
+            tasks = [asyncio.create_task(learn(config, monitor, on_step))]
+            if producer is not None:
+                tasks.append(asyncio.create_task(producer))
+            try:
+                results = await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+            view.update(monitor.snapshot(), force=True)
+    finally:
+        if metrics is not None:
+            server.shutdown()
+    return results[0]
+
+
+def _finish(summary, manifest_path: Path | None) -> dict:
+    print(f"{summary.batches} batches, {summary.tokens} tokens in {summary.seconds:.1f}s "
+          f"({summary.tokens / max(summary.seconds, 1e-9):,.0f} tokens/s); stopped: {summary.stop_reason}"
+          + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else ""))
+    report = write_report(summary.run_dir)
+    print(format_table(report["metrics"]))
+    print(f"run directory: {summary.run_dir} (losses.jsonl, results.json, loss_curve.png, checkpoint.pt)")
+    return report
+
+
+def cmd_learn(args) -> int:
+    _sigterm_as_interrupt()
+    manifest = None
+    if args.manifest:
+        try:
+            manifest = json.loads(args.manifest.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read manifest {args.manifest}: {exc}") from None
+    run_dir = args.run_dir or _default_run_dir(args.strategy)
+    config = _learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=args.group,
+                           run_dir=run_dir, manifest=manifest)
+    if manifest is not None:
+        (run_dir).mkdir(parents=True, exist_ok=True)
+        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    summary = asyncio.run(_learn_with_view(config, args))
+    _finish(summary, args.manifest)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from streamer.demo import run_demo
+
+    _sigterm_as_interrupt()
+    return run_demo(args)
+
+
+def cmd_report(args) -> int:
+    for path in args.paths:
+        if not path.exists():
+            raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
+        try:
+            report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if args.json:
+            print(json.dumps({**report["metrics"], "span": report["span"], "run": report["run"],
+                              "whole_stream": report["whole_stream"], "config": report["config"]}, default=str))
+        else:
+            print(f"## {path}\n")
+            print(format_table(report["metrics"]))
+    return 0

@@ -1,0 +1,181 @@
+"""The learner: Kafka on the asyncio loop, the prequential step in a worker thread.
+
+    fetch -> decode -> batch  ==bounded queue==>  worker thread: predict, record, learn
+                                                   -> monitor, loss log, commit offsets
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from monitor.live import LiveMonitor
+from monitor.losslog import LossLogWriter
+from streamer.batching import Batcher
+from streamer.consumer import KafkaSource
+from streamer.models import LSTMConfig, LSTMLanguageModel
+from streamer.step import prequential_step
+from streamer.strategies import STRATEGIES
+
+__all__ = ["LearnConfig", "RunSummary", "build_strategy", "resolve_device", "learn"]
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    bootstrap_servers: str
+    topic: str
+    run_dir: Path
+    group_id: str = "streamer-learner"
+    run_name: str = "run"
+    strategy: str = "naive"
+    streams: int = 10
+    window: int = 20
+    model: LSTMConfig = field(default_factory=LSTMConfig)
+    lr: float = 2e-3
+    clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    queue_size: int = 8
+    max_batches: int | None = None  # stop after this many batches
+    minutes: float | None = None  # stop after this much wall time
+    idle_timeout_s: float | None = None  # stop when nothing arrives for this long
+    total_batches: int | None = None  # known from the producer's manifest
+    classes: tuple[str, ...] = ()  # class ids follow this order when known
+    n_fragments: int | None = None
+    k: int = 10
+    from_fragment: int = 0
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    batches: int
+    tokens: int
+    seconds: float
+    stop_reason: str
+    dead_letters: dict
+    run_dir: Path
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def build_strategy(config: LearnConfig, device: torch.device):
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    model = LSTMLanguageModel(config.model).to(device)
+    return STRATEGIES[config.strategy](model, lr=config.lr, clip=config.clip)
+
+
+def _write_config(config: LearnConfig, device: torch.device, params: int) -> None:
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    data = asdict(config)
+    data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
+                model_name="lstm-byte", started=time.time())
+    (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
+
+
+async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunSummary:
+    """Consume, score, learn and commit until a stop condition; `on_step()` after each batch."""
+    device = resolve_device(config.device)
+    strategy = build_strategy(config, device)
+    _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()))
+    source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id)
+    batcher = Batcher(config.streams, config.window, device)
+    queue: asyncio.Queue = asyncio.Queue(maxsize=config.queue_size)
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {}}
+    limit = config.max_batches or config.total_batches
+
+    async def fetch_loop() -> None:
+        last_lag = 0.0
+        while True:
+            async for fetched in source.fetch():
+                state["last_record"] = time.monotonic()
+                if fetched.record is None:
+                    batcher.offsets.seen(fetched.tp, fetched.offset)
+                    batcher.offsets.finish(fetched.tp, fetched.offset)
+                    monitor.dead_letter(fetched.dead_reason)
+                    continue
+                if not batcher.accepts(fetched.record.stream):
+                    batcher.offsets.seen(fetched.tp, fetched.offset)
+                    batcher.offsets.finish(fetched.tp, fetched.offset)
+                    await source.send_dead_letter(fetched, "extra_stream",
+                                                  f"more than {config.streams} stream ids")
+                    monitor.dead_letter("extra_stream")
+                    continue
+                batcher.add(fetched.record, fetched.tp, fetched.offset)
+                while batcher.ready():
+                    await queue.put(batcher.pop())  # blocks when the worker is behind
+                    monitor.set_queue_depth(queue.qsize())
+            if time.monotonic() - last_lag > 1.0:
+                last_lag = time.monotonic()
+                monitor.set_lag(await source.lag())
+
+    async def step_loop(log: LossLogWriter) -> None:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step") as worker:
+            while state["stop"] is None:
+                try:
+                    ready = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    _check_idle_and_time()
+                    continue
+                monitor.set_queue_depth(queue.qsize())
+                result = await loop.run_in_executor(
+                    worker, prequential_step, strategy, ready.batch, ready.truth, state["batches"])
+                log.write(monitor.observe(result))
+                await source.commit(ready.commit)
+                state["commit"] = ready.commit
+                state["batches"] += 1
+                state["tokens"] += result.tokens
+                if on_step:
+                    on_step()
+                if limit and state["batches"] >= limit:
+                    state["stop"] = "max_batches" if config.max_batches else "end_of_stream"
+                _check_idle_and_time()
+
+    def _check_idle_and_time() -> None:
+        now = time.monotonic()
+        if config.minutes and now - started >= config.minutes * 60:
+            state["stop"] = state["stop"] or "time_limit"
+        if config.idle_timeout_s and queue.empty() and now - state["last_record"] >= config.idle_timeout_s:
+            state["stop"] = state["stop"] or "idle"
+
+    await source.start()
+    tasks = []
+    try:
+        with LossLogWriter(config.run_dir / "losses.jsonl") as log:
+            tasks = [asyncio.create_task(fetch_loop()), asyncio.create_task(step_loop(log))]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise a failure of either side
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await source.stop()
+    _save_checkpoint(config, strategy, state["commit"], state["batches"])
+    return RunSummary(state["batches"], state["tokens"], time.monotonic() - started,
+                      state["stop"] or "stopped", monitor.dead_letters, config.run_dir)
+
+
+def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int) -> None:
+    """A plain dict: model, optimizer and strategy state, config, next offset per partition."""
+    torch.save({
+        "strategy": strategy.state_dict(), "config": asdict(config), "batches": batches,
+        "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in commit.items()},
+    }, config.run_dir / "checkpoint.pt")

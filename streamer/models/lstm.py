@@ -1,0 +1,44 @@
+"""A 2-layer LSTM language model over UTF-8 bytes (256 symbols)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["LSTMConfig", "LSTMLanguageModel", "VOCAB_SIZE"]
+
+VOCAB_SIZE = 256  # byte level: every UTF-8 text is in vocabulary, no <unk>
+
+
+@dataclass(frozen=True)
+class LSTMConfig:
+    embedding: int = 64
+    hidden: int = 256
+    layers: int = 2
+    dropout: float = 0.0
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding -> LSTM -> linear decoder; the caller carries the hidden state."""
+
+    def __init__(self, config: LSTMConfig = LSTMConfig()):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(VOCAB_SIZE, config.embedding)
+        self.drop = nn.Dropout(config.dropout)
+        self.lstm = nn.LSTM(
+            config.embedding, config.hidden, num_layers=config.layers,
+            dropout=config.dropout if config.layers > 1 else 0.0, batch_first=True,
+        )
+        self.decode = nn.Linear(config.hidden, VOCAB_SIZE)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
+        shape = (self.config.layers, batch_size, self.config.hidden)
+        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+    def forward(self, inputs: torch.Tensor, state):
+        """inputs: (b, w) byte ids -> logits (b, w, 256), next state."""
+        hidden, state = self.lstm(self.drop(self.embed(inputs)), state)
+        return self.decode(self.drop(hidden)), state

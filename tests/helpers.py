@@ -1,0 +1,40 @@
+"""Shared builders for tests: an in-memory stream through the real batcher."""
+
+import dataclasses
+
+import torch
+
+from producers.schedule import CalmSchedule, build_stream
+from streamer.batching import Batcher
+from streamer.models import LSTMConfig, LSTMLanguageModel
+from streamer.strategies import Naive
+
+TINY = LSTMConfig(embedding=8, hidden=24, layers=2, dropout=0.0)
+
+
+def batches_from_records(records, streams, window):
+    batcher = Batcher(streams, window)
+    out = []
+    for record in records:
+        batcher.add(record)
+        while batcher.ready():
+            ready = batcher.pop()
+            out.append((ready.batch, ready.truth))
+    return out
+
+
+def small_stream(corpus, *, fragments=6, mean_tokens=600, streams=3, window=10, seed=0):
+    schedule = CalmSchedule(n_fragments=fragments, mean_tokens=mean_tokens, streams=streams,
+                            window=window, record_tokens=window, seed=seed)
+    return build_stream(corpus, schedule)
+
+
+def naive(seed=0, config=TINY, **kw):
+    torch.manual_seed(seed)
+    return Naive(LSTMLanguageModel(config), **kw)
+
+
+def permute_classes(records, mapping):
+    """Swap the class header of every record by `mapping` (evaluation data only)."""
+    return [dataclasses.replace(r, truth=dataclasses.replace(r.truth, class_name=mapping[r.truth.class_name]))
+            for r in records]

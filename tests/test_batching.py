@@ -1,0 +1,72 @@
+import torch
+
+from streamer.batching import Batcher, BatchTruth, OffsetTracker
+from streamer.wire import Record, Truth
+from tests.helpers import batches_from_records, small_stream
+
+CORPUS = {"en": "hello world " * 500, "cs": "ahoj světe čeština " * 500}
+
+
+def test_windows_are_the_stream_bytes_and_targets_are_shifted_inputs():
+    records, manifest = small_stream(CORPUS, streams=2, window=5)
+    stream_bytes = {"0": b"", "1": b""}
+    for r in records:
+        stream_bytes[r.stream] += r.text.encode()
+    batches = batches_from_records(records, 2, 5)
+    assert len(batches) == manifest["total_batches"]
+    for t, (batch, _) in enumerate(batches):
+        for row, stream in enumerate(("0", "1")):
+            expected = torch.tensor(list(stream_bytes[stream][t * 5:t * 5 + 6]))
+            assert torch.equal(batch.inputs[row], expected[:5])
+            assert torch.equal(batch.targets[row], expected[1:])
+
+
+def test_batch_truth_is_the_fragment_of_its_tokens():
+    records, manifest = small_stream(CORPUS, fragments=5, streams=2, window=5)
+    batches = batches_from_records(records, 2, 5)
+    expected = []
+    for f in manifest["fragments"]:
+        expected += [BatchTruth(f["class"], f["index"])] * f["n_batches"]
+    assert [truth for _, truth in batches] == expected
+
+
+def test_majority_decides_a_window_that_straddles_two_fragments():
+    batcher = Batcher(1, 4)
+    batcher.add(Record("0", "ab", Truth("x", 0, 0, 0.0)))
+    batcher.add(Record("0", "cde", Truth("y", 1, 2, 0.0)))
+    assert batcher.ready()
+    # window "abcd": 2 bytes of fragment 0, 2 of fragment 1 -> tie goes to the earlier fragment
+    assert batcher.pop().truth == BatchTruth("x", 0)
+    batcher = Batcher(1, 4)
+    batcher.add(Record("0", "a", Truth("x", 0, 0, 0.0)))
+    batcher.add(Record("0", "bcde", Truth("y", 1, 1, 0.0)))
+    assert batcher.pop().truth == BatchTruth("y", 1)
+
+
+def test_records_without_truth_give_batches_without_truth():
+    batcher = Batcher(1, 3)
+    batcher.add(Record("0", "abcdefg"))
+    assert batcher.pop().truth is None
+
+
+def test_extra_streams_are_refused():
+    batcher = Batcher(2, 3)
+    batcher.add(Record("a", "xxxx"))
+    batcher.add(Record("b", "yyyy"))
+    assert batcher.accepts("a") and not batcher.accepts("c")
+
+
+def test_commit_positions_only_pass_fully_learned_records():
+    batcher = Batcher(1, 4)
+    tp = ("t", 0)
+    batcher.add(Record("0", "abcdef"), tp, 0)  # bytes 0..5
+    batcher.add(Record("0", "ghij"), tp, 1)  # bytes 6..9
+    assert batcher.pop().commit == {tp: 0}  # consumed 0..3, record 0 still needed
+    assert batcher.pop().commit == {tp: 1}  # consumed 0..7: record 0 done, record 1 not
+    tracker = OffsetTracker()
+    tracker.seen(tp, 5)
+    tracker.seen(tp, 6)
+    tracker.finish(tp, 6)
+    assert tracker.commit_positions() == {tp: 5}
+    tracker.finish(tp, 5)
+    assert tracker.commit_positions() == {tp: 7}

@@ -1,0 +1,147 @@
+"""The loss log and the end-of-run report (results.json and loss_curve.png)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from monitor.losslog import LossLogWriter, read_loss_log
+from monitor.report import build_report, load_run, resolve_from_fragment, write_report
+
+NAMES = {0: "A", 1: "B"}
+# the hand-worked stream of test_calm_metrics: fragments 0..5
+FRAGMENTS = [(0, [4, 2]), (1, [6, 6, 3]), (0, [5, 3, 2, 1]), (1, [5, 4, 3]), (0, [2, 4]), (1, [7, 1])]
+
+
+def project_records():
+    """The project's format: the four CALM keys plus extra ones."""
+    records = []
+    for sequence, (domain, losses) in enumerate(FRAGMENTS):
+        for loss in losses:
+            records.append({"loss": float(loss), "domain": domain, "domain_name": NAMES[domain],
+                            "sequence": sequence, "step": len(records), "learn_s": 0.01})
+    return records
+
+
+def make_run(tmp_path, config=None):
+    run = tmp_path / "run"
+    with LossLogWriter(run / "losses.jsonl") as log:
+        for record in project_records():
+            log.write(record)
+    if config is not None:
+        (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_loss_log_round_trip(tmp_path):
+    path = tmp_path / "losses.jsonl"
+    with LossLogWriter(path) as log:
+        log.write({"loss": np.float32(2.5), "domain": 1, "domain_name": "de", "sequence": 0, "step": 0})
+        # flushed per line: a reader sees the line before the writer is closed
+        assert read_loss_log(path) == [{"loss": 2.5, "domain": 1, "domain_name": "de", "sequence": 0, "step": 0}]
+        log.write({"loss": 1.25, "domain": 0, "domain_name": "en", "sequence": 1})
+    assert [r["loss"] for r in read_loss_log(path)] == [2.5, 1.25]
+    with LossLogWriter(path, append=True) as log:
+        log.write({"loss": 3.0, "domain": 0, "domain_name": "en", "sequence": 1})
+    assert len(read_loss_log(path)) == 3
+    with pytest.raises(ValueError, match="sequence"):
+        with LossLogWriter(path) as log:
+            log.write({"loss": 1.0, "domain": 0, "domain_name": "en"})
+
+
+def test_reads_calm_library_format(tmp_path):
+    # what the CALM library's log_loss writes: json.dumps of exactly four keys, one per line
+    path = tmp_path / "calm.log"
+    path.write_text(
+        '{"loss": 4.2, "domain": 3, "domain_name": "fr", "sequence": 0}\n'
+        "\n"
+        '{"loss": 3, "domain": 1, "domain_name": "cs", "sequence": 1}\n'
+    )
+    records = read_loss_log(path)
+    assert records == [
+        {"loss": 4.2, "domain": 3, "domain_name": "fr", "sequence": 0},
+        {"loss": 3, "domain": 1, "domain_name": "cs", "sequence": 1},
+    ]
+    assert load_run(path) == (records, {})
+
+
+@pytest.mark.parametrize(
+    "bad_line, reason",
+    [
+        ('{"loss": 1.0, "domain": 0, "sequence": 0}', "domain_name"),
+        ('{"loss": "high", "domain": 0, "domain_name": "en", "sequence": 0}', "loss"),
+        ("{not json", "JSON"),
+    ],
+)
+def test_bad_line_names_its_line_number(tmp_path, bad_line, reason):
+    path = tmp_path / "losses.jsonl"
+    path.write_text('{"loss": 1.0, "domain": 0, "domain_name": "en", "sequence": 0}\n\n' + bad_line + "\n")
+    with pytest.raises(ValueError, match=rf"losses\.jsonl:3: .*{reason}"):
+        read_loss_log(path)
+
+
+def test_resolve_from_fragment():
+    records = [{"sequence": s} for s in (0, 1, 2, 3, 4, 5, 6)]
+    assert resolve_from_fragment("half", records, {"n_fragments": 100}) == 50
+    assert resolve_from_fragment("half", records, {}) == 3  # N = 6 + 1 = 7, 7 // 2
+    assert resolve_from_fragment("all", records, {}) == 0
+    assert resolve_from_fragment(4, records, {}) == 4
+    assert resolve_from_fragment("4", records, {}) == 4
+    with pytest.raises(ValueError):
+        resolve_from_fragment("most", records, {})
+
+
+def test_build_report_uses_half_of_configured_fragments(tmp_path):
+    run = make_run(tmp_path, {"n_fragments": 4, "strategy": "naive", "model": "lstm"})
+    report = build_report(run, k=2)
+    assert report["run"] == str(run)
+    assert report["config"]["strategy"] == "naive"
+    # N = 4 -> span fragments >= 2: A [5,3,2,1], B [5,4,3], A [2,4] (revisit: prev mean 2.75,
+    # first two (2+4)/2 = 3, 2 < 2.75 -> rec 0), B [7,1] last
+    assert report["span"] == {"from_fragment": 2, "n_fragments_expected": 4,
+                              "n_fragments_seen": 6, "complete": True}
+    assert report["metrics"]["loss"] == pytest.approx(37 / 11)
+    assert report["metrics"]["ppl@sw"] == pytest.approx(math.exp(3))
+    assert report["metrics"]["rec"] == 0
+    # whole stream: 58 / 16, revisits 4, 4.5, 3 (see test_calm_metrics)
+    assert report["whole_stream"]["loss"] == pytest.approx(58 / 16)
+    assert report["whole_stream"]["ppl@sw"] == pytest.approx(math.exp(11.5 / 3))
+
+
+def test_build_report_says_when_the_stream_is_incomplete(tmp_path):
+    run = make_run(tmp_path, {"n_fragments": 10})
+    report = build_report(run, k=2)
+    # N = 10 -> span fragments >= 5: only B [7, 1], the last fragment
+    assert report["span"]["complete"] is False
+    assert report["span"]["from_fragment"] == 5
+    assert report["metrics"]["loss"] == pytest.approx(4.0)
+    assert report["metrics"]["ppl@sw"] is None
+    assert "6 of 10" in report["metrics"]["notes"][0]
+
+
+def test_write_report_writes_strict_json_and_a_png(tmp_path):
+    run = make_run(tmp_path, {"n_fragments": 6})
+    # a diverged batch: ppl of the whole stream becomes inf
+    with LossLogWriter(run / "losses.jsonl", append=True) as log:
+        log.write({"loss": 500.0, "domain": 1, "domain_name": "B", "sequence": 5})
+    report = write_report(run)
+    text = (run / "results.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    loaded = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard {name}"))
+    assert loaded["metrics"]["ppl"] == "inf" and report["metrics"]["ppl"] == math.inf
+    assert loaded["span"]["from_fragment"] == 3
+    assert loaded["metrics"]["ppl@sw"] is None  # span 3..5 has no revisit
+    png = (run / "loss_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(png) > 5000
+
+
+def test_write_report_of_a_log_file_goes_next_to_it_or_to_out_dir(tmp_path):
+    run = make_run(tmp_path)
+    log = run / "losses.jsonl"
+    write_report(log, k=2)
+    assert (run / "results.json").exists() and (run / "loss_curve.png").exists()
+    out = tmp_path / "elsewhere"
+    write_report(log, out, from_fragment="all")
+    assert json.loads((out / "results.json").read_text())["span"]["from_fragment"] == 0
