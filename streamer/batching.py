@@ -65,7 +65,7 @@ class OffsetTracker:
 
 
 class Batcher:
-    """Assigns the first `streams` distinct keys to rows in order of arrival."""
+    """Cuts b x w batches; a stream key maps to one of the b rows for the run's life."""
 
     def __init__(self, streams: int, window: int, device: torch.device | str = "cpu"):
         self.streams = streams
@@ -75,12 +75,23 @@ class Batcher:
         self._buffers = [_Stream() for _ in range(streams)]
         self.offsets = OffsetTracker()
 
+    def _row(self, stream: str) -> int | None:
+        """Keys "0".."b-1" own their row; other keys take the lowest free row."""
+        if stream in self._rows:
+            return self._rows[stream]
+        taken = set(self._rows.values())
+        if stream.isdigit():
+            row = int(stream)
+            return row if row < self.streams and row not in taken else None
+        free = [r for r in range(self.streams) if r not in taken]
+        return free[0] if free else None
+
     def accepts(self, stream: str) -> bool:
-        return stream in self._rows or len(self._rows) < self.streams
+        return self._row(stream) is not None
 
     def add(self, record: Record, tp=None, offset: int | None = None) -> None:
         """Append a record's bytes to its stream; caller checks `accepts` first."""
-        row = self._rows.setdefault(record.stream, len(self._rows))
+        row = self._rows.setdefault(record.stream, self._row(record.stream))
         buf = self._buffers[row]
         payload = record.text.encode("utf-8")
         buf.data += payload

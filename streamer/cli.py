@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import logging
 import sys
-import time
 from pathlib import Path
 
-__all__ = ["main", "UserError"]
+__all__ = ["main", "UserError", "STRATEGY_CHOICES"]
+
+# Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
+STRATEGY_CHOICES = ("naive",)
 
 
 class UserError(Exception):
@@ -65,9 +66,7 @@ def _add_stream_flags(p) -> None:
 
 def _add_model_flags(p) -> None:
     g = p.add_argument_group("model and strategy")
-    from streamer.strategies import STRATEGIES
-
-    g.add_argument("--strategy", choices=sorted(STRATEGIES), default="naive")
+    g.add_argument("--strategy", choices=STRATEGY_CHOICES, default="naive")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto = cuda when available, else cpu")
     g.add_argument("--hidden", type=_positive_int, default=256, help="LSTM hidden size (default 256)")
@@ -91,6 +90,7 @@ def _add_run_flags(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="streamer", description="Online streaming continual learner with live monitoring.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the Kafka client's log")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not args.verbose:  # its connection errors become our one-line messages
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)
     from streamer import commands
 
     handler = getattr(commands, f"cmd_{args.command}")

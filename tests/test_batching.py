@@ -49,11 +49,13 @@ def test_records_without_truth_give_batches_without_truth():
     assert batcher.pop().truth is None
 
 
-def test_extra_streams_are_refused():
+def test_numbered_streams_own_their_row_and_extra_streams_are_refused():
     batcher = Batcher(2, 3)
-    batcher.add(Record("a", "xxxx"))
-    batcher.add(Record("b", "yyyy"))
-    assert batcher.accepts("a") and not batcher.accepts("c")
+    assert not batcher.accepts("2")  # only rows 0 and 1 exist
+    batcher.add(Record("1", "xxxx"))
+    batcher.add(Record("a", "yyyy"))  # a named stream takes the lowest free row, 0
+    assert batcher.accepts("a") and not batcher.accepts("0") and not batcher.accepts("c")
+    assert batcher.pop().batch.inputs[0].tolist() == list(b"yyy")
 
 
 def test_commit_positions_only_pass_fully_learned_records():

@@ -127,7 +127,10 @@ def _build(spec: CorpusSpec, root: Path, *, force: bool, log: Log) -> Path:
     if _is_built(target) and not force:
         log(f"corpus '{spec.name}' is already built in {target}")
         return target
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CorpusError(f"cannot create the corpus cache directory {root}: {error}") from None
     started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", suffix=".partial", dir=root))
     try:
@@ -165,7 +168,9 @@ def _move_into_place(staging: Path, target: Path) -> None:
         shutil.rmtree(retired, ignore_errors=True)
 
 
-def _manifest(spec: CorpusSpec, directory: Path, provenance: dict[str, Any], *, seconds: float) -> dict[str, Any]:
+def _manifest(
+    spec: CorpusSpec, directory: Path, provenance: dict[str, Any], *, seconds: float
+) -> dict[str, Any]:
     """Describe a freshly built directory; also checks it loads as a CALM corpus."""
     texts = load_corpus_dir(directory)
     classes = {}

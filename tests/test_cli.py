@@ -1,0 +1,140 @@
+"""The command line as a user meets it: help, one-line errors, the demo, the report, the broker."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_corpus
+
+STREAMER = [sys.executable, "-m", "streamer.cli"]
+TINY_FLAGS = ["--hidden", "32", "--embedding", "16", "--no-view"]
+
+
+def streamer(*args, env=None, timeout=240, **kw):
+    return subprocess.run([*STREAMER, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def tansu_pids() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and b"tansu" in Path(cmdline[0].decode(errors="replace")).name.encode():
+                pids.add(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("command", ["broker", "data", "produce", "learn", "demo", "report"])
+def test_every_subcommand_has_help(command):
+    result = streamer(command, "--help")
+    assert result.returncode == 0
+    assert "usage: streamer " + command in result.stdout
+
+
+def _one_clean_line(result):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_unreachable_broker_names_the_address():
+    line = _one_clean_line(streamer("learn", "--bootstrap-servers", "127.0.0.1:9", "--idle-timeout", "1", *TINY_FLAGS))
+    assert "127.0.0.1:9" in line
+
+
+def test_producer_to_unreachable_broker_names_the_address(tiny_corpus):
+    line = _one_clean_line(streamer("produce", "--corpus", str(tiny_corpus), "--bootstrap-servers", "127.0.0.1:9",
+                                    "--fragments", "3", "--manifest", str(tiny_corpus / "m.json")))
+    assert "127.0.0.1:9" in line
+
+
+def test_missing_corpus_names_the_command_that_builds_it(tmp_path):
+    line = _one_clean_line(streamer("produce", "--corpus", "calm-multilingual", env={"STREAMER_CACHE": str(tmp_path)}))
+    assert "streamer data build calm-multilingual" in line
+
+
+def test_bad_flag_value_lists_the_allowed_values():
+    line = _one_clean_line(streamer("learn", "--device", "tpu"))
+    assert "'auto', 'cpu', 'cuda'" in line
+    line = _one_clean_line(streamer("report", "x", "--from-fragment", "middle"))
+    assert "'half', 'all'" in line
+
+
+def test_report_of_a_missing_path_is_one_line(tmp_path):
+    line = _one_clean_line(streamer("report", str(tmp_path / "nope")))
+    assert "does not exist" in line
+
+
+def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    run_dir = tmp_path / "run"
+    before = tansu_pids()
+    result = streamer("demo", "--corpus", str(corpus), "--fragments", "8", "--lambda", "1500",
+                      "--run-dir", str(run_dir), *TINY_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert tansu_pids() <= before
+    for name in ("losses.jsonl", "results.json", "loss_curve.png", "manifest.json", "config.json", "checkpoint.pt"):
+        assert (run_dir / name).stat().st_size > 0, name
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len((run_dir / "losses.jsonl").read_text().splitlines()) == manifest["total_batches"]
+    assert "| all |" in result.stdout and "ppl@sw" in result.stdout
+
+    report = streamer("report", str(run_dir), "--json", "--from-fragment", "all")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert {"ppl", "ppl@sw", "rec", "per_class"} <= set(data)
+    assert set(data["per_class"]) == {"cs", "en", "fr"}
+    assert data["n_batches"] == manifest["total_batches"]
+
+
+def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", lines=3000)
+    before = tansu_pids()
+    process = subprocess.Popen([*STREAMER, "demo", "--corpus", str(corpus), "--fragments", "40", "--lambda", "20000",
+                                "--run-dir", str(tmp_path / "run"), *TINY_FLAGS],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tansu_pids() - before):
+        time.sleep(0.1)
+    assert tansu_pids() - before, "the demo never started its broker"
+    time.sleep(8)  # inside the learning loop
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Traceback" not in stderr
+    assert tansu_pids() <= before
+
+
+def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
+    before = tansu_pids()
+    process = subprocess.Popen([*STREAMER, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line.startswith("broker listening on 127.0.0.1:")
+    address = line.split()[3]
+    host, port = address.rsplit(":", 1)
+    import socket
+    socket.create_connection((host, int(port)), timeout=2).close()
+    assert tansu_pids() - before
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert tansu_pids() <= before
+
+
+def test_cli_strategy_choices_match_the_registry():
+    from streamer.cli import STRATEGY_CHOICES
+    from streamer.strategies import STRATEGIES
+
+    assert tuple(sorted(STRATEGIES)) == STRATEGY_CHOICES

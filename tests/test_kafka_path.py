@@ -1,0 +1,137 @@
+"""The whole path through the real embedded broker: produce, consume, learn, commit, export."""
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import generate_latest
+
+from monitor.calm import calm_metrics
+from monitor.exporter import create_metrics, serve
+from monitor.live import LiveMonitor
+from monitor.losslog import read_loss_log
+from producers.kafka import produce
+from streamer.learner import LearnConfig, learn
+from streamer.step import run
+from tests.helpers import TINY, batches_from_records, naive, permute_classes, small_stream
+
+CORPUS = {"en": "hello world, how are you today " * 300, "fr": "bonjour le monde, ça va bien " * 300,
+          "cs": "ahoj světe, jak se dnes máš " * 300}
+
+
+def _config(broker, topic, tmp_path, manifest, **kw):
+    return LearnConfig(
+        bootstrap_servers=broker.bootstrap_servers, topic=topic, group_id=f"{topic}-g",
+        run_dir=tmp_path / topic, run_name=topic, streams=manifest["streams"], window=manifest["window"],
+        model=TINY, seed=0, device="cpu", total_batches=manifest["total_batches"],
+        classes=tuple(manifest["classes"]), n_fragments=manifest["n_fragments"], idle_timeout_s=20, **kw)
+
+
+def _learn(config, metrics=None):
+    monitor = LiveMonitor(run=config.run_name, strategy="naive", classes=config.classes, metrics=metrics)
+    summary = asyncio.run(learn(config, monitor))
+    return summary, monitor
+
+
+@pytest.fixture
+def stream():
+    return small_stream(CORPUS, fragments=7, mean_tokens=900, streams=3, window=10, seed=2)
+
+
+def test_kafka_path_equals_the_memory_path_and_commits_what_it_learned(broker, stream, tmp_path):
+    records, manifest = stream
+    asyncio.run(produce(records, broker.bootstrap_servers, "path"))
+    metrics = create_metrics()
+    summary, monitor = _learn(_config(broker, "path", tmp_path, manifest), metrics)
+
+    assert summary.stop_reason == "end_of_stream"
+    log = read_loss_log(summary.run_dir / "losses.jsonl")
+    assert len(log) == manifest["total_batches"]
+    expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
+    assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)
+    fragments = [f["index"] for f in manifest["fragments"] for _ in range(f["n_batches"])]
+    assert [line["sequence"] for line in log] == fragments
+    assert {line["domain_name"]: line["domain"] for line in log} == {c: i for i, c in enumerate(manifest["classes"])}
+
+    # live metrics == offline metrics over the same log
+    live = monitor.tracker.snapshot()
+    offline = calm_metrics(log)
+    for key in ("loss", "ppl", "ppl@sw", "rec", "n_batches", "n_revisits"):
+        assert live[key] == pytest.approx(offline[key], rel=1e-9)
+
+    exported = generate_latest(metrics.registry).decode()
+    assert f'streamer_batches_learned_total{{run="path",strategy="naive"}} {float(len(log))}' in exported
+    assert f'streamer_switches_total{{run="path",strategy="naive"}} {float(manifest["n_fragments"] - 1)}' in exported
+
+    # committed: every record whose bytes were all inputs; the b closing bytes are still pending
+    async def committed():
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id="path-g")
+        await consumer.start()
+        try:
+            return await consumer.committed(TopicPartition("path", 0))
+        finally:
+            await consumer.stop()
+    assert asyncio.run(committed()) == len(records) - manifest["streams"]
+
+
+def test_permuted_class_headers_give_identical_losses_through_kafka(broker, stream, tmp_path):
+    records, manifest = stream
+    shuffled = permute_classes(records, {"en": "fr", "fr": "cs", "cs": "en"})
+    asyncio.run(produce(records, broker.bootstrap_servers, "plain"))
+    asyncio.run(produce(shuffled, broker.bootstrap_servers, "permuted"))
+    a, _ = _learn(_config(broker, "plain", tmp_path, manifest))
+    b, _ = _learn(_config(broker, "permuted", tmp_path, manifest))
+    log_a = read_loss_log(a.run_dir / "losses.jsonl")
+    log_b = read_loss_log(b.run_dir / "losses.jsonl")
+    assert [x["loss"] for x in log_a] == [x["loss"] for x in log_b]
+    assert [x["domain_name"] for x in log_a] != [x["domain_name"] for x in log_b]
+
+
+def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stream, tmp_path):
+    records, manifest = stream
+
+    async def produce_bad_then_good():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+        await producer.start()
+        await producer.send_and_wait("dirty", key=b"0", value=b"\xff\xfe broken")
+        await producer.send_and_wait("dirty", key=None, value=b"no key")
+        await producer.send_and_wait("dirty", key=b"0", value=b"x", headers=[("streamer.class", b"en")])
+        await producer.send_and_wait("dirty", key=b"99", value=b"a fourth stream")
+        await producer.stop()
+        await produce(records, broker.bootstrap_servers, "dirty")
+    asyncio.run(produce_bad_then_good())
+    summary, monitor = _learn(_config(broker, "dirty", tmp_path, manifest))
+
+    assert summary.batches == manifest["total_batches"]
+    assert monitor.dead_letters == {"bad_utf8": 1, "missing_key": 1, "bad_headers": 1, "extra_stream": 1}
+
+    async def dead_letters():
+        consumer = AIOKafkaConsumer("dirty.dlq", bootstrap_servers=broker.bootstrap_servers,
+                                    auto_offset_reset="earliest", group_id="dlq-reader")
+        await consumer.start()
+        try:
+            batch = await consumer.getmany(timeout_ms=5000)
+            return [dict(m.headers)["streamer.reason"].decode() for ms in batch.values() for m in ms]
+        finally:
+            await consumer.stop()
+    assert sorted(asyncio.run(dead_letters())) == ["bad_headers", "bad_utf8", "extra_stream", "missing_key"]
+
+
+def test_metrics_endpoint_serves_the_catalogue_during_a_run(broker, stream, tmp_path):
+    records, manifest = stream
+    asyncio.run(produce(records, broker.bootstrap_servers, "scraped"))
+    metrics = create_metrics()
+    server, _ = serve(metrics, 0)
+    try:
+        _learn(_config(broker, "scraped", tmp_path, manifest), metrics)
+        port = server.server_address[1]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    for name in ("streamer_batch_loss", "streamer_rolling_perplexity", "streamer_loss_after_switch_mean",
+                 "streamer_recovery_batches_mean", "streamer_tokens_per_second", "streamer_consumer_lag_records",
+                 "streamer_batches_learned_total", "streamer_switches_total"):
+        assert f"\n{name}{{" in body, name
+    assert json.loads((tmp_path / "scraped" / "config.json").read_text())["device"] == "cpu"
