@@ -98,7 +98,7 @@ class LiveView:
         self.enabled = enabled
         self.plain_interval_s = plain_interval_s
         self._live: Live | None = None
-        self._last_plain = 0.0
+        self._last_plain: float | None = None
 
     @property
     def interactive(self) -> bool:
@@ -117,7 +117,7 @@ class LiveView:
             self._live.update(render(snapshot))
             return
         now = time.monotonic()
-        if force or now - self._last_plain >= self.plain_interval_s:
+        if force or self._last_plain is None or now - self._last_plain >= self.plain_interval_s:
             self._last_plain = now
             self.console.print(plain_line(snapshot), highlight=False, soft_wrap=True)
 
