@@ -107,7 +107,13 @@ def json_safe(value: Any) -> Any:
 def _title(report: Mapping) -> str:
     config = report["config"]
     parts = [Path(report["run"]).name]
-    parts += [f"{key}={config[key]}" for key in ("strategy", "model") if key in config]
+    if "strategy" in config:
+        parts.append(f"strategy={config['strategy']}")
+    model = config.get("model_name") or config.get("model")
+    if isinstance(config.get("model"), Mapping) and "hidden" in config["model"]:
+        model = f"{model} (hidden {config['model']['hidden']})"
+    if model:
+        parts.append(f"model={model}")
     ppl = report["metrics"]["ppl"]
     if ppl is not None:
         parts.append(f"ppl={ppl:.3g} (fragments >= {report['span']['from_fragment']})")

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stream_flags(p)
     _add_model_flags(p)
     _add_run_flags(p)
-    p.set_defaults(fragments=30, mean_tokens=8_000, minutes=3.0, metrics_port=0)
+    p.set_defaults(fragments=40, mean_tokens=10_000, minutes=3.0, metrics_port=0)
 
     p = sub.add_parser("report", help="metrics, results.json and plots from run directories or loss logs")
     p.add_argument("paths", nargs="+", type=Path, help="run directories or losses.jsonl files")

@@ -185,6 +185,7 @@ def test_live_fields():
         "batches_in_fragment": 2,
         "last_loss_after_switch": pytest.approx(3.0),  # seq 4's first two losses (2+4)/2
         "last_rec": 0,
+        "last_revisit_class": "A",  # seq 4 is a revisit of class A
         "mean_loss_after_switch": pytest.approx(11.5 / 3),
         "mean_rec": pytest.approx(1.0),
     }
