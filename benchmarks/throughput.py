@@ -90,12 +90,14 @@ def main() -> None:
     batches = min(args.batches, manifest["total_batches"])
     config = LearnConfig(bootstrap_servers="", topic="bench", run_dir=Path(tempfile.mkdtemp()) / "bench",
                          model=LSTMConfig(hidden=args.hidden), device=args.device, max_batches=batches)
-    memory = memory_path(config, records, batches)
+    before = memory_path(config, records, batches)
     full, wall = kafka_path(config, records)
+    after = memory_path(config, records, batches)  # before and after, to average out drift in machine load
+    memory = (before + after) / 2
     device = resolve_device(args.device)
     print(f"corpus {name}; {batches} batches of 10x20 byte tokens; LSTM hidden {args.hidden}; "
           f"device {device}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"memory path : {memory:10,.0f} tokens/s")
+    print(f"memory path : {memory:10,.0f} tokens/s  (mean of {before:,.0f} before and {after:,.0f} after)")
     print(f"kafka path  : {full:10,.0f} tokens/s  (broker, aiokafka, batching, metrics, loss log; "
           f"{wall:.1f}s wall incl. group join)")
     print(f"ratio kafka/memory: {full / memory:.3f}")

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,26 +128,42 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
                 monitor.set_lag(await source.lag())
 
     async def step_loop(log: LossLogWriter) -> None:
+        """Steps run one at a time, in order, in the worker thread. While step t+1
+        computes, the loop logs, exports and commits step t (at most two in flight)."""
+        in_flight: deque = deque()
+        submitted = 0
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step") as worker:
             while state["stop"] is None:
+                if in_flight and (len(in_flight) == 2 or queue.empty() or (limit and submitted >= limit)):
+                    await finish(log, *in_flight.popleft())
+                    continue
+                if limit and submitted >= limit:
+                    break
                 try:
                     ready = await asyncio.wait_for(queue.get(), timeout=0.5)
                 except asyncio.TimeoutError:
                     _check_idle_and_time()
                     continue
                 monitor.set_queue_depth(queue.qsize())
-                result = await loop.run_in_executor(
-                    worker, prequential_step, strategy, ready.batch, ready.truth, state["batches"])
-                log.write(monitor.observe(result))
-                await source.commit(ready.commit)
-                state["commit"] = ready.commit
-                state["batches"] += 1
-                state["tokens"] += result.tokens
-                if on_step:
-                    on_step()
-                if limit and state["batches"] >= limit:
-                    state["stop"] = "max_batches" if config.max_batches else "end_of_stream"
-                _check_idle_and_time()
+                future = loop.run_in_executor(
+                    worker, prequential_step, strategy, ready.batch, ready.truth, submitted)
+                in_flight.append((future, ready))
+                submitted += 1
+            while in_flight:  # a stop condition never abandons a step already taken
+                await finish(log, *in_flight.popleft())
+
+    async def finish(log: LossLogWriter, future, ready) -> None:
+        result = await future
+        log.write(monitor.observe(result))
+        await source.commit(ready.commit)
+        state["commit"] = ready.commit
+        state["batches"] += 1
+        state["tokens"] += result.tokens
+        if on_step:
+            on_step()
+        if limit and state["batches"] >= limit:
+            state["stop"] = "max_batches" if config.max_batches else "end_of_stream"
+        _check_idle_and_time()
 
     def _check_idle_and_time() -> None:
         now = time.monotonic()
