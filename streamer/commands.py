@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -175,9 +176,25 @@ def _finish(summary, manifest_path: Path | None) -> dict:
           f"({summary.tokens / max(summary.seconds, 1e-9):,.0f} tokens/s); stopped: {summary.stop_reason}"
           + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else ""))
     report = write_report(summary.run_dir)
+    span = report["span"]
+    print(f"\nCALM metrics over the paper's span (fragments >= {span['from_fragment']} "
+          f"of {span['n_fragments_expected']}):\n")
     print(format_table(report["metrics"]))
+    print("\nWhole stream (fragments >= 0):\n")
+    print(format_table(report["whole_stream"]))
     print(f"run directory: {summary.run_dir} (losses.jsonl, results.json, loss_curve.png, checkpoint.pt)")
     return report
+
+
+def run_with_report_on_interrupt(run_dir: Path, main):
+    """Run `main()`; on Ctrl-C still write the report of what was learned, then re-raise."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        if (run_dir / "losses.jsonl").exists() and (run_dir / "losses.jsonl").stat().st_size:
+            write_report(run_dir)
+            print(f"streamer: interrupted; report of the batches learned so far in {run_dir}", file=sys.stderr)
+        raise
 
 
 def cmd_learn(args) -> int:
@@ -194,7 +211,7 @@ def cmd_learn(args) -> int:
     if manifest is not None:
         (run_dir).mkdir(parents=True, exist_ok=True)
         (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    summary = asyncio.run(_learn_with_view(config, args))
+    summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(_learn_with_view(config, args)))
     _finish(summary, args.manifest)
     return 0
 

@@ -27,7 +27,8 @@ def _ensure_corpus(args):
 def run_demo(args) -> int:
     import asyncio
 
-    from streamer.commands import _default_run_dir, _finish, _learn_config, _learn_with_view, _schedule
+    from streamer.commands import (_default_run_dir, _finish, _learn_config, _learn_with_view, _schedule,
+                                   run_with_report_on_interrupt)
 
     corpus = _ensure_corpus(args)
     run_dir = args.run_dir or _default_run_dir(args.strategy)
@@ -43,11 +44,13 @@ def run_demo(args) -> int:
         producer = produce_stream(records, bootstrap, topic)
         return asyncio.run(_learn_with_view(config, args, producer=producer))
 
-    if args.bootstrap_servers:
-        summary = run(args.bootstrap_servers)
-    else:
+    def run_somewhere():
+        if args.bootstrap_servers:
+            return run(args.bootstrap_servers)
         with EmbeddedBroker() as broker:
             print(f"embedded broker on {broker.bootstrap_servers}", flush=True)
-            summary = run(broker.bootstrap_servers)
+            return run(broker.bootstrap_servers)
+
+    summary = run_with_report_on_interrupt(run_dir, run_somewhere)
     _finish(summary, manifest_path)
     return 0

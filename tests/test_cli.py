@@ -102,19 +102,24 @@ def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path):
 def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", lines=3000)
     before = tansu_pids()
-    process = subprocess.Popen([*STREAMER, "demo", "--corpus", str(corpus), "--fragments", "40", "--lambda", "20000",
+    process = subprocess.Popen([*STREAMER, "demo", "--corpus", str(corpus), "--fragments", "100", "--lambda", "50000",
                                 "--run-dir", str(tmp_path / "run"), *TINY_FLAGS],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (tansu_pids() - before):
         time.sleep(0.1)
     assert tansu_pids() - before, "the demo never started its broker"
-    time.sleep(8)  # inside the learning loop
+    log = tmp_path / "run" / "losses.jsonl"
+    while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0):
+        time.sleep(0.1)
+    time.sleep(1)  # inside the learning loop
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     assert "Traceback" not in stderr
     assert tansu_pids() <= before
+    results = json.loads((tmp_path / "run" / "results.json").read_text())  # the report of what was learned
+    assert results["whole_stream"]["n_batches"] > 0
 
 
 def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
