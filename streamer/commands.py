@@ -128,7 +128,7 @@ def _default_run_dir(strategy: str) -> Path:
 
 
 async def _learn_with_view(config, args, producer=None):
-    """Run the learner (and optionally a producer coroutine) under the live view."""
+    """Run the learner (and optionally `producer()`, a coroutine factory) under the live view."""
     from streamer.learner import learn, resolve_device
 
     try:
@@ -158,7 +158,7 @@ async def _learn_with_view(config, args, producer=None):
         with view:
             tasks = [asyncio.create_task(learn(config, monitor, on_step))]
             if producer is not None:
-                tasks.append(asyncio.create_task(producer))
+                tasks.append(asyncio.create_task(producer()))
             try:
                 results = await asyncio.gather(*tasks)
             finally:

@@ -41,7 +41,9 @@ def run_demo(args) -> int:
     def run(bootstrap: str):
         config = _learn_config(args, bootstrap=bootstrap, topic=topic, group=f"{topic}-learner",
                                run_dir=run_dir, manifest=manifest)
-        producer = produce_stream(records, bootstrap, topic)
+        def producer():
+            return produce_stream(records, bootstrap, topic)
+
         return asyncio.run(_learn_with_view(config, args, producer=producer))
 
     def run_somewhere():

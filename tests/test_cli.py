@@ -143,3 +143,13 @@ def test_cli_strategy_choices_match_the_registry():
     from streamer.strategies import STRATEGIES
 
     assert tuple(sorted(STRATEGIES)) == STRATEGY_CHOICES
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA to provoke the error")
+def test_an_error_after_the_broker_started_still_stops_it(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    before = tansu_pids()
+    line = _one_clean_line(streamer("demo", "--corpus", str(corpus), "--fragments", "4", "--device", "cuda",
+                                    "--run-dir", str(tmp_path / "run"), *TINY_FLAGS))
+    assert "cuda" in line
+    assert tansu_pids() <= before
