@@ -51,7 +51,7 @@ def test_every_stream_slice_is_exactly_its_windows_and_records_are_ordered():
         per_stream[record.stream] += record.text.encode()
     total = manifest["total_batches"]
     assert total == sum(f["n_batches"] for f in manifest["fragments"])
-    for stream, data in per_stream.items():
+    for data in per_stream.values():
         assert len(data) == total * 10 + 1  # plus the closing byte for the last target
     # the bytes of each window belong to exactly one fragment, the one the manifest says
     for fragment in manifest["fragments"]:
