@@ -1,6 +1,7 @@
 """Every Prometheus metric of streamer, declared in one place.
 
-Labels stay few and fixed: run, strategy, class. Never a label per record.
+Labels stay few and fixed: run, strategy, and class, partition or reason where a
+metric needs one. Never a label per record.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ __all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE"]
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
 RUN_CLASS = ("run", "strategy", "class")
+RUN_PARTITION = ("run", "strategy", "partition")
+RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see streamer/wire.py)
 
 # name, type, labels, help: the README's table is generated from this list.
 CATALOGUE = [
@@ -23,13 +26,19 @@ CATALOGUE = [
     ("loss_after_switch_mean", "gauge", RUN_CLASS, "Mean over revisits of the loss of the first k batches after a switch, nats (log of ppl@sw)"),
     ("recovery_batches_last", "gauge", RUN_CLASS, "Batches until the loss fell below the previous fragment's mean, latest revisit"),
     ("recovery_batches_mean", "gauge", RUN_CLASS, "Mean recovery time over revisits, batches (rec)"),
+    ("class_loss_mean", "gauge", RUN_CLASS, "Mean recorded loss of the class so far, nats"),
     ("switches_total", "counter", RUN, "Class switches seen in the stream (ground truth, evaluation only)"),
+    ("switches_detected_total", "counter", RUN, "Switches found by the drift detector on the loss, without labels"),
+    ("batches_since_detected_switch", "gauge", RUN, "Batches since the drift detector last fired (its state)"),
     ("tokens_per_second", "gauge", RUN, "Tokens learned per second over the last few seconds"),
     ("tokens_total", "counter", RUN, "Tokens learned"),
     ("batches_learned_total", "counter", RUN, "Batches scored then learned"),
-    ("consumer_lag_records", "gauge", RUN, "Records in the topic beyond the consumer position, all partitions"),
+    ("consumer_lag_records", "gauge", RUN_PARTITION, "Records in the partition beyond the consumer position"),
     ("queue_depth", "gauge", RUN, "Batches waiting for the model worker"),
-    ("dead_letter_total", "counter", RUN, "Records sent to the dead-letter topic instead of the model"),
+    ("dead_letter_total", "counter", RUN_REASON, "Records sent to the dead-letter topic instead of the model, by reason"),
+    ("checkpoint_age_seconds", "gauge", RUN, "Seconds since the last checkpoint was written"),
+    ("gpu_memory_bytes", "gauge", RUN, "GPU memory allocated by the model (only on a GPU)"),
+    ("forgetting", "gauge", RUN_CLASS, "Forgetting per class from the probe matrix (only when probe sets exist)"),
     ("predict_seconds", "histogram", RUN, "Time to score a batch"),
     ("learn_seconds", "histogram", RUN, "Time to learn from a batch"),
 ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from river import stats, utils
 
 from monitor.calm import CalmTracker
+from monitor.drift import make_detector
 
 __all__ = ["LiveMonitor", "ViewSnapshot"]
 
@@ -37,6 +38,7 @@ class ViewSnapshot:
     per_class: dict  # class -> {ppl, ppl@sw, rec, n_batches}
     from_fragment: int
     switches: int
+    detected_switches: int
     tokens_per_s: float
     lag: int
     queue_depth: int
@@ -52,7 +54,8 @@ def _exp(x: float | None) -> float | None:
 
 class LiveMonitor:
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
-                 total_batches: int | None = None, metrics=None, spark_width: int = 60):
+                 total_batches: int | None = None, metrics=None, spark_width: int = 60,
+                 detector: str = "page-hinkley"):
         self.run, self.strategy = run, strategy
         self.total_batches = total_batches
         self.from_fragment = from_fragment
@@ -71,6 +74,10 @@ class LiveMonitor:
         self._queue_depth = 0
         self._dead = Counter()
         self._started = time.monotonic()
+        self._detector = make_detector(detector)
+        self._detected = 0
+        self._since_detected = 0
+        self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
 
     def class_id(self, name: str) -> int:
         return self._class_ids.setdefault(name, len(self._class_ids))
@@ -94,19 +101,43 @@ class LiveMonitor:
         while self._rate_window and now - self._rate_window[0][0] > 5.0:
             self._rate_window.popleft()
         self.tracker.update(result.loss, domain, name, fragment)
+        sums = self._class_sums.setdefault(name, [0.0, 0])
+        sums[0] += result.loss
+        sums[1] += 1
+        detected = self._detect(result.loss)
         if self.metrics is not None:
-            self._export(result, name, switched)
+            self._export(result, name, switched, detected)
         return {
             "loss": result.loss, "domain": domain, "domain_name": name, "sequence": fragment,
             "batch": result.index, "tokens": result.tokens, "train_loss": result.train_loss,
             "predict_s": round(result.predict_s, 6), "learn_s": round(result.learn_s, 6),
-            "time": round(result.finished_at, 3),
+            "time": round(result.finished_at, 3), "detected_switch": detected,
         }
 
-    def set_lag(self, lag: int) -> None:
-        self._lag = lag
+    def _detect(self, loss: float) -> bool:
+        """Feed the label-free detector; True when it signals a switch at this batch."""
+        self._since_detected += 1
+        if self._detector is None or not math.isfinite(loss):
+            return False
+        self._detector.update(loss)
+        if self._detector.drift_detected:
+            self._detected += 1
+            self._since_detected = 0
+            return True
+        return False
+
+    def set_lag(self, lag_by_partition: dict) -> None:
+        """Lag per partition ({partition: records}); the view shows the sum."""
+        self._lag = sum(lag_by_partition.values())
         if self.metrics is not None:
-            self.metrics.consumer_lag_records.labels(self.run, self.strategy).set(lag)
+            for partition, lag in lag_by_partition.items():
+                self.metrics.consumer_lag_records.labels(self.run, self.strategy, str(partition)).set(lag)
+
+    def checkpointed(self, at: float) -> None:
+        """A checkpoint was written at wall time `at`; the exporter reports its age."""
+        if self.metrics is not None:
+            self.metrics.checkpoint_age_seconds.labels(self.run, self.strategy).set_function(
+                lambda: time.time() - at)
 
     def set_queue_depth(self, depth: int) -> None:
         self._queue_depth = depth
@@ -116,7 +147,7 @@ class LiveMonitor:
     def dead_letter(self, reason: str) -> None:
         self._dead[reason] += 1
         if self.metrics is not None:
-            self.metrics.dead_letter_total.labels(self.run, self.strategy).inc()
+            self.metrics.dead_letter_total.labels(self.run, self.strategy, reason).inc()
 
     @property
     def dead_letters(self) -> dict:
@@ -129,9 +160,17 @@ class LiveMonitor:
         tokens = sum(t for _, t in list(self._rate_window)[1:])
         return tokens / span if span > 0 else 0.0
 
-    def _export(self, result, name: str, switched: bool) -> None:
+    def _export(self, result, name: str, switched: bool, detected: bool) -> None:
         m, labels = self.metrics, (self.run, self.strategy)
         m.batch_loss.labels(*labels, name).set(result.loss)
+        total, count = self._class_sums[name]
+        m.class_loss_mean.labels(*labels, name).set(total / count)
+        m.batches_since_detected_switch.labels(*labels).set(self._since_detected)
+        if detected:
+            m.switches_detected_total.labels(*labels).inc()
+        gpu_memory = getattr(result, "gpu_memory_bytes", None)
+        if gpu_memory is not None:
+            m.gpu_memory_bytes.labels(*labels).set(gpu_memory)
         m.rolling_perplexity.labels(*labels).set(_exp(self._rolling.get()))
         m.tokens_per_second.labels(*labels).set(self.tokens_per_second())
         m.tokens_total.labels(*labels).inc(result.tokens)
@@ -172,7 +211,7 @@ class LiveMonitor:
             overall={key: snap[key] for key in ("ppl", "ppl@sw", "rec")},
             per_class={cls: {key: v[key] for key in ("ppl", "ppl@sw", "rec", "n_batches")}
                        for cls, v in snap["per_class"].items()},
-            from_fragment=self.from_fragment, switches=self._switches,
+            from_fragment=self.from_fragment, switches=self._switches, detected_switches=self._detected,
             tokens_per_s=self.tokens_per_second(), lag=self._lag,
             queue_depth=self._queue_depth, dead_letters=dict(self._dead),
             elapsed_s=time.monotonic() - self._started,

@@ -68,7 +68,7 @@ def render(snapshot: ViewSnapshot):
         _fmt(None if snapshot.last_loss is None else 2.718281828459045 ** snapshot.last_loss),
         ("  rolling ppl ", "dim"), _fmt(snapshot.rolling_ppl),
         ("  class ", "dim"), snapshot.current_class or "n/a",
-        ("  switches ", "dim"), str(snapshot.switches),
+        ("  switches ", "dim"), f"{snapshot.switches} true / {snapshot.detected_switches} detected",
     )
     io = Text.assemble(
         ("tokens/s ", "dim"), f"{snapshot.tokens_per_s:,.0f}", ("  lag ", "dim"), str(snapshot.lag),

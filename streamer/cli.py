@@ -11,6 +11,7 @@ __all__ = ["main", "UserError", "STRATEGY_CHOICES"]
 
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
 STRATEGY_CHOICES = ("naive",)
+DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
 
 
 class UserError(Exception):
@@ -83,6 +84,10 @@ def _add_run_flags(p) -> None:
     g.add_argument("--from-fragment", type=_span, default="all",
                    help="live metrics span: 'all' (default), 'half' (the paper's N/2, needs a manifest) or an index")
     g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
+    g.add_argument("--detector", choices=DETECTOR_CHOICES, default="page-hinkley",
+                   help="drift detector that finds switches in the loss without labels (default page-hinkley)")
+    g.add_argument("--checkpoint-every", type=_positive_float, default=300.0,
+                   help="seconds between checkpoints (one is always written at the end; default 300)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -120,6 +120,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
         idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
         classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"),
         from_fragment=_from_fragment(args.from_fragment, manifest.get("n_fragments")),
+        checkpoint_every_s=args.checkpoint_every,
     )
 
 
@@ -142,7 +143,7 @@ async def _learn_with_view(config, args, producer=None):
         print(f"metrics: http://{args.metrics_host}:{port}/metrics", flush=True)
     monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes,
                           k=10, from_fragment=config.from_fragment, total_batches=config.max_batches or config.total_batches,
-                          metrics=metrics)
+                          metrics=metrics, detector=args.detector)
     view = LiveView(console=Console(force_terminal=False) if args.no_view else console)
     last = [0.0]
 

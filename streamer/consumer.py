@@ -101,13 +101,13 @@ class KafkaSource:
         if positions:
             await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in positions.items()})
 
-    async def lag(self) -> int:
-        """Records in the log beyond the consumer's position, summed over partitions."""
-        total = 0
+    async def lag(self) -> dict[int, int]:
+        """Records in the log beyond the consumer's position, per assigned partition."""
+        lags = {}
         for tp in self._consumer.assignment():
             highwater = self._consumer.highwater(tp)
             if highwater is None:
                 continue
             position = await self._consumer.position(tp)
-            total += max(0, highwater - position)
-        return total
+            lags[tp.partition] = max(0, highwater - position)
+        return lags

@@ -53,6 +53,7 @@ class LearnConfig:
     n_fragments: int | None = None
     k: int = 10
     from_fragment: int = 0
+    checkpoint_every_s: float = 300.0  # also written at the end of every run
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
     queue: asyncio.Queue = asyncio.Queue(maxsize=config.queue_size)
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {}}
+    state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {},
+             "checkpointed": time.monotonic()}
     limit = config.max_batches or config.total_batches
 
     async def fetch_loop() -> None:
@@ -134,6 +136,11 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
         submitted = 0
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step") as worker:
             while state["stop"] is None:
+                if time.monotonic() - state["checkpointed"] >= config.checkpoint_every_s:
+                    while in_flight:  # the saved state and offsets must be those after one same step
+                        await finish(log, *in_flight.popleft())
+                    await loop.run_in_executor(worker, checkpoint)
+                    continue
                 if in_flight and (len(in_flight) == 2 or queue.empty() or (limit and submitted >= limit)):
                     await finish(log, *in_flight.popleft())
                     continue
@@ -151,6 +158,11 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
                 submitted += 1
             while in_flight:  # a stop condition never abandons a step already taken
                 await finish(log, *in_flight.popleft())
+
+    def checkpoint() -> None:
+        _save_checkpoint(config, strategy, state["commit"], state["batches"])
+        state["checkpointed"] = time.monotonic()
+        monitor.checkpointed(time.time())
 
     async def finish(log: LossLogWriter, future, ready) -> None:
         result = await future
@@ -185,14 +197,18 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await source.stop()
-    _save_checkpoint(config, strategy, state["commit"], state["batches"])
+    checkpoint()
     return RunSummary(state["batches"], state["tokens"], time.monotonic() - started,
                       state["stop"] or "stopped", monitor.dead_letters, config.run_dir)
 
 
 def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int) -> None:
-    """A plain dict: model, optimizer and strategy state, config, next offset per partition."""
+    """A plain dict: model, optimizer and strategy state, config, next offset per partition.
+
+    Written to a temporary file and renamed, so a crash never leaves half a checkpoint."""
+    partial = config.run_dir / "checkpoint.pt.partial"
     torch.save({
         "strategy": strategy.state_dict(), "config": asdict(config), "batches": batches,
         "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in commit.items()},
-    }, config.run_dir / "checkpoint.pt")
+    }, partial)
+    partial.replace(config.run_dir / "checkpoint.pt")

@@ -25,6 +25,7 @@ class StepResult:
     predict_s: float
     learn_s: float
     finished_at: float  # wall clock, seconds since the epoch
+    gpu_memory_bytes: int | None = None  # allocated by torch, when on a GPU
 
 
 def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None, index: int) -> StepResult:
@@ -41,6 +42,7 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
         index=index, loss=loss, train_loss=train_loss, grad_norm=grad_norm,
         tokens=batch.tokens, truth=truth, predict_s=predicted - started,
         learn_s=learned - predicted, finished_at=time.time(),
+        gpu_memory_bytes=torch.cuda.memory_allocated() if batch.inputs.is_cuda else None,
     )
 
 

@@ -138,11 +138,13 @@ def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
     assert tansu_pids() <= before
 
 
-def test_cli_strategy_choices_match_the_registry():
-    from streamer.cli import STRATEGY_CHOICES
+def test_cli_choices_match_the_registries():
+    from monitor.drift import DETECTORS
+    from streamer.cli import DETECTOR_CHOICES, STRATEGY_CHOICES
     from streamer.strategies import STRATEGIES
 
     assert tuple(sorted(STRATEGIES)) == STRATEGY_CHOICES
+    assert tuple(sorted([*DETECTORS, "none"])) == DETECTOR_CHOICES
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA to provoke the error")

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from monitor.exporter import CATALOGUE, create_metrics
 from monitor.live import LiveMonitor
 
-LABELS = {"run", "strategy", "class"}
+LABELS = {"run", "strategy", "class", "partition", "reason"}
 
 
 def _result(index, loss, class_name, fragment, tokens=200):
@@ -19,7 +19,7 @@ def _result(index, loss, class_name, fragment, tokens=200):
 
 def test_catalogue_uses_only_the_fixed_labels_and_fresh_registries_are_isolated():
     for _, _, labels, help_text in CATALOGUE:
-        assert set(labels) <= LABELS and help_text
+        assert labels[:2] == ("run", "strategy") and set(labels) <= LABELS and len(labels) <= 3 and help_text
     a, b = create_metrics(), create_metrics()
     a.batches_learned_total.labels("r", "naive").inc()
     assert 'streamer_batches_learned_total{run="r"' in generate_latest(a.registry).decode()
@@ -61,3 +61,33 @@ def test_loss_log_line_is_calm_format():
     assert {k: line[k] for k in ("loss", "domain", "domain_name", "sequence")} == \
         {"loss": 2.5, "domain": 1, "domain_name": "y", "sequence": 4}
     assert line["batch"] == 0 and line["tokens"] == 200
+
+
+def test_detected_switches_lag_dead_letters_class_means_and_checkpoint_age_are_exported():
+    import random
+    import time
+
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), metrics=metrics)
+    rng = random.Random(0)
+    # 60 batches around 2 nats, then a jump to 5 nats: Page-Hinkley (mode up) must fire soon after 60
+    losses = [2 + rng.uniform(-0.1, 0.1) for _ in range(60)] + [5 + rng.uniform(-0.1, 0.1) for _ in range(20)]
+    detected = [i for i, loss in enumerate(losses)
+                if monitor.observe(_result(i, loss, "a" if i < 60 else "b", 0 if i < 60 else 1))["detected_switch"]]
+    assert detected and 60 <= detected[0] <= 62 and all(i >= 60 for i in detected)
+    monitor.set_lag({0: 5, 1: 7})
+    monitor.dead_letter("bad_utf8")
+    monitor.dead_letter("bad_utf8")
+    monitor.dead_letter("extra_stream")
+    monitor.checkpointed(time.time() - 30)
+    text = generate_latest(metrics.registry).decode()
+    assert f'streamer_switches_detected_total{{run="r",strategy="naive"}} {float(len(detected))}' in text
+    assert 'streamer_consumer_lag_records{partition="1",run="r",strategy="naive"} 7.0' in text
+    assert 'streamer_dead_letter_total{reason="bad_utf8",run="r",strategy="naive"} 2.0' in text
+    assert 'streamer_dead_letter_total{reason="extra_stream",run="r",strategy="naive"} 1.0' in text
+    class_b = sum(losses[60:]) / 20
+    line = next(x for x in text.splitlines() if x.startswith('streamer_class_loss_mean{class="b"'))
+    assert math.isclose(float(line.split()[-1]), class_b)
+    age = next(x for x in text.splitlines() if x.startswith("streamer_checkpoint_age_seconds{"))
+    assert 29 <= float(age.split()[-1]) < 60
+    assert monitor.snapshot().lag == 12

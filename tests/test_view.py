@@ -11,7 +11,7 @@ SNAPSHOT = ViewSnapshot(
     overall={"ppl": 4.0, "ppl@sw": 9.5, "rec": 2.25},
     per_class={"en": {"ppl": 3.0, "ppl@sw": None, "rec": None, "n_batches": 20},
                "fr": {"ppl": 5.0, "ppl@sw": 9.5, "rec": 2.25, "n_batches": 30}},
-    from_fragment=0, switches=4, tokens_per_s=1234.0, lag=7, queue_depth=2, dead_letters={"bad_utf8": 3},
+    from_fragment=0, switches=4, detected_switches=2, tokens_per_s=1234.0, lag=7, queue_depth=2, dead_letters={"bad_utf8": 3},
     elapsed_s=12.0,
 )
 
@@ -26,7 +26,7 @@ def test_render_shows_progress_perplexities_table_and_io():
     text = _text(render(SNAPSHOT))
     assert "50/200 batches" in text
     assert "rolling ppl 3.50" in text and "ppl 2.72" in text  # exp(1.0)
-    assert "class fr" in text and "switches 4" in text
+    assert "class fr" in text and "switches 4 true / 2 detected" in text
     assert "tokens/s 1,234" in text and "lag 7" in text and "dead letters 3" in text
     rows = {line.split("│")[2].strip(): line for line in text.splitlines() if line.count("│") >= 6}
     assert "n/a" in rows["en"] and "3.00" in rows["en"]

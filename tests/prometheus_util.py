@@ -1,0 +1,150 @@
+"""A real Prometheus for tests: install Debian's package on demand, start it, query it.
+
+Nothing here knows about streamer's rules or metrics, so the rule tests and a
+live-scrape test share it. Without root or apt-get the install raises a
+RuntimeError that says so: the tests fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+__all__ = ["ensure_prometheus", "start_prometheus", "stop", "query"]
+
+PACKAGE = "prometheus"  # Debian 12: prometheus 2.42, which ships promtool too
+INSTALL_TIMEOUT_S = 600
+READY_TIMEOUT_S = 30
+
+
+@functools.cache
+def ensure_prometheus() -> tuple[str, str]:
+    """Paths of the `prometheus` and `promtool` binaries, installing Debian's package if needed."""
+    if shutil.which("promtool") is None or shutil.which("prometheus") is None:
+        _install_package()
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        raise RuntimeError(f"apt-get installed {PACKAGE!r} but prometheus/promtool are still not on PATH")
+    return prometheus, promtool
+
+
+def _install_package() -> None:
+    apt_get = shutil.which("apt-get")
+    if apt_get is None:
+        raise RuntimeError(f"promtool is not installed and there is no apt-get to install Debian's {PACKAGE!r} package")
+    if os.geteuid() != 0:
+        raise RuntimeError(f"promtool is not installed; run `apt-get install -y {PACKAGE}` as root (these tests need it)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Recommends would add prometheus-node-exporter, a second daemon the tests do not need.
+    install = [apt_get, "install", "-y", "--no-install-recommends", PACKAGE]
+    if _run(install, env).returncode != 0:
+        update = _run([apt_get, "update"], env)
+        retry = _run(install, env)
+        if retry.returncode != 0:
+            raise RuntimeError(
+                f"`apt-get install -y {PACKAGE}` failed (after apt-get update, rc {update.returncode}):\n"
+                f"{retry.stdout[-2000:]}"
+            )
+    _stop_packaged_service()
+
+
+def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=INSTALL_TIMEOUT_S
+    )
+
+
+def _stop_packaged_service() -> None:
+    """Where the package's postinst started its own daemon on :9090, stop it: tests start their own."""
+    invoke_rc = shutil.which("invoke-rc.d")
+    if invoke_rc is not None:
+        subprocess.run([invoke_rc, PACKAGE, "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_prometheus(config_text: str, tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """Write `config_text` to tmp_path/prometheus.yml, start Prometheus on a free loopback port.
+
+    Returns (process, base_url) once /-/ready answers; the log is tmp_path/prometheus.log.
+    Rule files named relatively in the config resolve against tmp_path.
+    """
+    prometheus, _ = ensure_prometheus()
+    tmp_path = Path(tmp_path)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(config_text, encoding="utf-8")
+    storage = tmp_path / "tsdb"
+    storage.mkdir(exist_ok=True)
+    address = f"127.0.0.1:{_free_port()}"
+    log = open(tmp_path / "prometheus.log", "wb")
+    process = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={storage}",
+            f"--web.listen-address={address}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()  # the child holds its own descriptor
+    base_url = f"http://{address}"
+    try:
+        _wait_ready(process, base_url, tmp_path / "prometheus.log")
+    except BaseException:
+        stop(process)
+        raise
+    return process, base_url
+
+
+def _wait_ready(process: subprocess.Popen, base_url: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"prometheus exited with {process.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/-/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"prometheus at {base_url} not ready after {READY_TIMEOUT_S}s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Terminate a Prometheus from start_prometheus (kill it if it lingers) and reap it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def query(base_url: str, expr: str, timeout_s: float = 5) -> list[dict]:
+    """Instant query; returns the API's `data.result` list (each with `metric` and `value`)."""
+    url = f"{base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as error:  # a bad expression answers 400 with a JSON error
+        body = {"status": "error", "error": error.read().decode(errors="replace")}
+    if body.get("status") != "success":
+        raise RuntimeError(f"query {expr!r} failed: {body}")
+    return body["data"]["result"]

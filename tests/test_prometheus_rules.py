@@ -1,0 +1,107 @@
+"""The Prometheus config, recording rules and alerts under deploy/prometheus, checked by promtool.
+
+promtool comes from Debian's prometheus package, installed on first use
+(tests/prometheus_util.py); without root or apt-get these tests fail with a
+RuntimeError saying so.
+"""
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from tests.prometheus_util import ensure_prometheus, query, start_prometheus, stop
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+CONFIG = DEPLOY / "prometheus.yml"
+RULES = DEPLOY / "rules.yml"
+RULES_TEST = DEPLOY / "rules_test.yml"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    _, binary = ensure_prometheus()
+    return subprocess.run(
+        [binary, *args], cwd=DEPLOY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60
+    )
+
+
+def test_config_is_valid_and_loads_the_rules():
+    result = promtool("check", "config", str(CONFIG))
+    assert result.returncode == 0, result.stdout
+    assert "1 rule files found" in result.stdout
+
+
+def test_rules_are_valid():
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout
+
+
+def test_rule_unit_tests_pass():
+    result = promtool("test", "rules", str(RULES_TEST))
+    assert result.returncode == 0, result.stdout
+    assert "SUCCESS" in result.stdout
+
+
+def alert_names(rules_text: str) -> set[str]:
+    return set(re.findall(r"^\s*-\s*alert:\s*(\w+)\s*$", rules_text, flags=re.MULTILINE))
+
+
+def alert_cases(test_text: str) -> tuple[set[str], set[str]]:
+    """(alerts expected to fire, alerts expected silent) in a promtool test file.
+
+    PyYAML is not a dependency, so this reads the layout rules_test.yml keeps:
+    `alertname: X` directly above `exp_alerts: []` (silent) or `exp_alerts:`
+    followed by a list (firing).
+    """
+    firing, silent = set(), set()
+    for name, rest in re.findall(r"^\s*alertname:\s*(\w+)\s*\n\s*exp_alerts:(.*)$", test_text, flags=re.MULTILINE):
+        (silent if rest.strip() == "[]" else firing).add(name)
+    return firing, silent
+
+
+def test_every_alert_has_a_firing_and_a_silent_case():
+    names = alert_names(RULES.read_text(encoding="utf-8"))
+    assert names >= {
+        "StreamerSwitchSpike",
+        "StreamerLearnerStalled",
+        "StreamerConsumerLagGrowing",
+        "StreamerLossNotFinite",
+        "StreamerExporterDown",
+    }
+    firing, silent = alert_cases(RULES_TEST.read_text(encoding="utf-8"))
+    assert names - firing == set(), "alerts never tested firing"
+    assert names - silent == set(), "alerts never tested silent"
+    assert firing | silent <= names, "rules_test.yml tests alerts that rules.yml lacks"
+
+
+def test_every_alert_has_severity_summary_and_description():
+    blocks = re.split(r"^\s*-\s*(?=alert:|record:)", RULES.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    alerts = [block for block in blocks if block.startswith("alert:")]
+    assert len(alerts) == len(alert_names(RULES.read_text(encoding="utf-8")))
+    for block in alerts:
+        for field in ("severity:", "summary:", "description:"):
+            assert field in block, f"{block.splitlines()[0]} lacks {field}"
+
+
+def test_a_running_prometheus_loads_the_rules_and_misses_the_exporter(tmp_path):
+    """No streamer target at all: the absent() branch of StreamerExporterDown goes pending."""
+    config = f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {RULES}
+"""
+    process, base_url = start_prometheus(config, tmp_path)
+    try:
+        deadline = time.monotonic() + 15
+        pending = []
+        while not pending and time.monotonic() < deadline:
+            pending = query(base_url, 'ALERTS{alertname="StreamerExporterDown"}')
+            time.sleep(0.2)
+        assert [alert["metric"]["alertstate"] for alert in pending] == ["pending"]
+        assert pending[0]["metric"]["job"] == "streamer"
+        assert query(base_url, "streamer:batches_per_second") == []
+    finally:
+        stop(process)
+    assert process.returncode is not None
