@@ -159,10 +159,12 @@ def _switch_annotation(name: str, kind: str, colour: str) -> dict:
 
 def build_dashboard() -> dict:
     """The dashboard as Grafana's JSON model (schemaVersion 39)."""
-    builtin = {"builtIn": 1, "datasource": GRAFANA_ANNOTATIONS, "enable": False, "hide": True,
+    # Grafana's default built-in query, left on: the switch annotations carry this dashboard's uid, and
+    # Grafana versions differ on whether a tag query returns dashboard-scoped annotations; where both
+    # return them the markers coincide.
+    builtin = {"builtIn": 1, "datasource": GRAFANA_ANNOTATIONS, "enable": True, "hide": True,
                "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
                "target": {"type": "dashboard", "limit": 100, "matchAny": False, "tags": []}}
-    # built-in disabled: it would draw the switch annotations (posted with this dashboard's uid) a second time
     return {
         "id": None, "uid": DASHBOARD_UID, "title": "streamer: online continual learning",
         "description": "Prequential loss, CALM metrics, throughput, Kafka and drift detection of streamer runs.",

@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     p.set_defaults(fragments=40, mean_tokens=10_000, minutes=3.0, metrics_port=0)
 
+    from monitor.dashboard import add_monitor_parser
+
+    add_monitor_parser(sub)
+
     p = sub.add_parser("report", help="metrics, results.json and plots from run directories or loss logs")
     p.add_argument("paths", nargs="+", type=Path, help="run directories or losses.jsonl files")
     p.add_argument("--json", action="store_true", help="print one JSON object per path")
