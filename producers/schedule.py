@@ -1,11 +1,15 @@
-"""The CALM stream schedule: fragments, seeded class order, b parallel streams.
+"""Stream schedules: fragments of classes cut into b parallel byte streams.
 
-Fragment lengths follow the CALM library: drawn in chunks of b x w tokens
-from a truncated exponential (loc 0.1 s, scale s, s = lambda / (b w)),
-rounded, at least one chunk. Classes come in seeded random order and a class
-never follows itself. Tokens are UTF-8 bytes; each stream's slice of a
-fragment is exactly n_batches x w bytes (cut at a character boundary and
-padded with spaces), so every batch belongs to exactly one fragment.
+Schedules (producers/orders.py): `calm` (CALM: N fragments, seeded order with no
+class twice in a row, lengths from CALM's truncated exponential in chunks of
+b x w tokens), `sequence` (each class once: given order, size high-to-low or
+low-to-high, or one of the balanced permutations), `recurring` (R seeded rounds
+over all classes) and `independent` (each stream follows its own CALM schedule,
+so the b streams switch at different moments). Tokens are UTF-8 bytes; each
+stream's slice of a fragment is exactly n x w bytes (cut at a character boundary
+and padded with spaces), so with synchronised streams every batch belongs to
+exactly one fragment. A held-out probe split per class (the tail of its text)
+is never streamed.
 """
 
 from __future__ import annotations
@@ -14,54 +18,63 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from producers.orders import (SCHEDULES, SEQUENCE_ORDERS, ScheduleError, calm_lengths, calm_order,
+                              recurring_order, sequence_order)
 from streamer.wire import Record, Truth
 
-__all__ = ["CalmSchedule", "ScheduleError", "plan_fragments", "class_order", "build_stream"]
-
-
-class ScheduleError(ValueError):
-    pass
+__all__ = ["Schedule", "CalmSchedule", "ScheduleError", "plan_fragments", "class_order", "build_stream",
+           "split_probe"]
 
 
 @dataclass(frozen=True)
-class CalmSchedule:
-    n_fragments: int = 100
+class Schedule:
+    kind: str = "calm"  # one of SCHEDULES
+    n_fragments: int = 100  # calm and independent (per stream)
     mean_tokens: int = 10_000  # lambda: mean fragment length in tokens over all b streams
     streams: int = 10  # b
     window: int = 20  # w
     record_tokens: int = 20  # bytes of text per record, cut at a character boundary
     seed: int = 0
+    order: str = "given"  # sequence: one of SEQUENCE_ORDERS
+    given_order: tuple[str, ...] = ()  # sequence with order "given": the explicit order
+    permutation: int = 0  # sequence with order "permutation": which balanced permutation
+    repeats: int = 2  # recurring: R rounds
+    probe_tokens: int = 0  # bytes of each class held out as its probe split (never streamed)
 
     def validate(self) -> None:
-        for name in ("n_fragments", "mean_tokens", "streams", "window", "record_tokens"):
+        if self.kind not in SCHEDULES:
+            raise ScheduleError(f"unknown schedule {self.kind!r}; choose from {', '.join(SCHEDULES)}")
+        if self.order not in SEQUENCE_ORDERS:
+            raise ScheduleError(f"unknown order {self.order!r}; choose from {', '.join(SEQUENCE_ORDERS)}")
+        for name in ("n_fragments", "mean_tokens", "streams", "window", "record_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ScheduleError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.probe_tokens < 0:
+            raise ScheduleError(f"probe_tokens must be >= 0, got {self.probe_tokens}")
 
 
-def plan_fragments(schedule: CalmSchedule, rng: np.random.Generator) -> list[int]:
-    """Fragment lengths in batches (chunks of b x w tokens)."""
-    scale = schedule.mean_tokens / (schedule.streams * schedule.window)
-    # truncated exponential on [loc, loc + 10 s], as in the CALM library
-    u = rng.random(schedule.n_fragments)
-    width = 1.0 - np.exp(-10.0)
-    draws = 0.1 * scale - scale * np.log1p(-u * width)
-    return [int(n) for n in np.maximum(1, np.rint(draws))]
+CalmSchedule = Schedule  # the default kind is CALM's
+
+
+def plan_fragments(schedule: Schedule, rng: np.random.Generator) -> list[int]:
+    """CALM fragment lengths in batches (chunks of b x w tokens)."""
+    return calm_lengths(schedule.n_fragments, schedule.mean_tokens / (schedule.streams * schedule.window), rng)
 
 
 def class_order(classes: list[str], n_fragments: int, rng: np.random.Generator) -> list[str]:
-    """Balanced, shuffled, with no class twice in a row."""
-    if len(classes) < 2 and n_fragments > 1:
-        raise ScheduleError("a CALM stream needs at least two classes")
-    order = [classes[i % len(classes)] for i in range(n_fragments)]
-    rng.shuffle(order)
-    for _ in range(100 * n_fragments):
-        repeats = [i for i in range(1, len(order)) if order[i] == order[i - 1]]
-        if not repeats:
-            return order
-        i = repeats[0]
-        j = int(rng.integers(len(order)))
-        order[i], order[j] = order[j], order[i]
-    raise ScheduleError("could not order the classes without repeats; use more classes or fragments")
+    return calm_order(classes, n_fragments, rng)
+
+
+def split_probe(text: str, probe_bytes: int) -> tuple[str, str]:
+    """(streamed part, held-out probe): the probe is the last whole lines of about `probe_bytes`."""
+    if probe_bytes <= 0:
+        return text, ""
+    data = text.encode("utf-8")
+    if probe_bytes >= len(data) // 2:
+        raise ScheduleError(f"a probe split of {probe_bytes} bytes would take half of a class of {len(data)} bytes")
+    cut = text.rfind("\n", 0, len(data[:-probe_bytes].decode("utf-8", errors="ignore")))
+    cut = cut if cut > 0 else len(data[:-probe_bytes].decode("utf-8", errors="ignore"))
+    return text[:cut], text[cut:].lstrip("\n")
 
 
 def _take(text: str, start: int, budget: int) -> tuple[str, int]:
@@ -109,46 +122,92 @@ def _records(text: str, stream: str, position: int, size: int, truth: dict) -> l
     return out
 
 
-def build_stream(corpus: dict[str, str], schedule: CalmSchedule, produced: float = 0.0):
-    """Return (records in production order, manifest dict)."""
+def _plans(schedule: Schedule, classes: list[str], sizes: dict[str, int], rng) -> list[list[tuple[str, int]]]:
+    """Per stream, [(class, length in windows)]; synchronised schedules share one plan."""
+    b, w = schedule.streams, schedule.window
+    if schedule.kind == "independent":
+        per_stream = schedule.mean_tokens / (b * w)  # each stream's own mean, in windows
+        plans = [list(zip(calm_order(classes, schedule.n_fragments, rng),
+                          calm_lengths(schedule.n_fragments, per_stream, rng))) for _ in range(b)]
+        shortest = min(sum(n for _, n in plan) for plan in plans)
+        return [_trim(plan, shortest) for plan in plans]
+    if schedule.kind == "calm":
+        order = calm_order(classes, schedule.n_fragments, rng)
+        lengths = plan_fragments(schedule, rng)
+    elif schedule.kind == "sequence":
+        order = sequence_order(classes, schedule.order, sizes, given=schedule.given_order,
+                               permutation=schedule.permutation)
+        lengths = [max(1, round(schedule.mean_tokens / (b * w)))] * len(order)
+    else:  # recurring
+        order = recurring_order(classes, schedule.repeats, rng)
+        lengths = calm_lengths(len(order), schedule.mean_tokens / (b * w), rng)
+    return [list(zip(order, lengths))] * b
+
+
+def _trim(plan: list[tuple[str, int]], total: int) -> list[tuple[str, int]]:
+    out, used = [], 0
+    for name, n in plan:
+        if used >= total:
+            break
+        out.append((name, min(n, total - used)))
+        used += out[-1][1]
+    return out
+
+
+def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0.0):
+    """Return (records in production order, manifest dict).
+
+    The manifest's `probe` holds each class's held-out text under "text";
+    `producers.stream.prepare_stream` moves those texts into files beside it.
+    """
     schedule.validate()
     classes = sorted(corpus)
+    if any(not corpus[name].strip() for name in classes):
+        raise ScheduleError(f"class {next(n for n in classes if not corpus[n].strip())!r} has no text")
+    split = {name: split_probe(corpus[name], schedule.probe_tokens) for name in classes}
     rng = np.random.default_rng(schedule.seed)
-    lengths = plan_fragments(schedule, rng)
-    order = class_order(classes, schedule.n_fragments, rng)
+    sizes = {name: len(split[name][0].encode("utf-8")) for name in classes}
+    plans = _plans(schedule, classes, sizes, rng)
     b, w = schedule.streams, schedule.window
     columns = {}
     for name in classes:
-        text = corpus[name]
-        if not text:
-            raise ScheduleError(f"class {name!r} has no text")
+        text = split[name][0]
         size = -(-len(text) // b)
         columns[name] = [_Column(text[i * size:(i + 1) * size] or text) for i in range(b)]
+    synchronised = schedule.kind != "independent"
     timed: list[tuple[int, int, Record]] = []
-    fragments, batch = [], 0
-    for index, (name, n_batches) in enumerate(zip(order, lengths)):
-        spans = []
-        for s in range(b):
-            text, start, end = columns[name][s].read(n_batches * w)
+    per_stream = []
+    for s, plan in enumerate(plans):
+        window, fragments = 0, []
+        for k, (name, n) in enumerate(plan):
+            index = k if synchronised else k * b + s
+            text, start, end = columns[name][s].read(n * w)
             truth = {"class_name": name, "fragment": index, "produced": produced}
-            for position, record in _records(text, str(s), batch * w, schedule.record_tokens, truth):
+            for position, record in _records(text, str(s), window * w, schedule.record_tokens, truth):
                 timed.append((position // w, s, record))
-            spans.append([start, end])
-        fragments.append({
-            "index": index, "class": name, "n_batches": n_batches, "start_batch": batch,
-            "tokens": [batch * w, (batch + n_batches) * w], "char_spans": spans,
-        })
-        batch += n_batches
-    for s in range(b):  # one closing byte so the last window has its last target
-        last = fragments[-1]
-        timed.append((batch, s, Record(str(s), "\n", Truth(last["class"], last["index"], batch * w, produced))))
+            fragments.append({"index": index, "class": name, "n_batches": n, "start_batch": window,
+                              "tokens": [window * w, (window + n) * w], "char_span": [start, end]})
+            window += n
+        last = fragments[-1]  # one closing byte so the last window has its last target
+        timed.append((window, s, Record(str(s), "\n", Truth(last["class"], last["index"], window * w, produced))))
+        per_stream.append(fragments)
     timed.sort(key=lambda item: (item[0], item[1]))
     records = [record for _, _, record in timed]
+    total = sum(f["n_batches"] for f in per_stream[0])
     manifest = {
-        "schedule": "calm", "level": "byte", "classes": classes, **asdict(schedule),
-        "n_fragments": schedule.n_fragments, "total_batches": batch, "total_records": len(records),
-        "tokens_per_batch": b * w,
+        "schedule": schedule.kind, "level": "byte", "classes": classes, **asdict(schedule),
+        "n_fragments": len(per_stream[0]) if synchronised else sum(len(f) for f in per_stream),
+        "total_batches": total, "total_records": len(records), "tokens_per_batch": b * w,
         "wrapped": {name: sum(c.wraps for c in columns[name]) for name in classes},
-        "fragments": fragments,
+        "probe": {"tokens": schedule.probe_tokens,
+                  "classes": {name: {"text": split[name][1], "bytes": len(split[name][1].encode("utf-8"))}
+                              for name in classes if split[name][1]}},
     }
+    if synchronised:
+        manifest["fragments"] = [{**f, "char_spans": [per_stream[s][i]["char_span"] for s in range(b)]}
+                                 for i, f in enumerate(per_stream[0])]
+        for f in manifest["fragments"]:
+            del f["char_span"]
+    else:
+        manifest["streams"] = per_stream
     return records, manifest

@@ -1,29 +1,73 @@
-"""Build a CALM stream from a corpus directory, write its manifest, replay it into Kafka."""
+"""Build a stream from a corpus directory, write its manifest and probe split, replay it into Kafka."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
-from producers.corpora import load_corpus_dir
+from producers.corpora import load_user_data
 from producers.kafka import produce
-from producers.schedule import CalmSchedule, build_stream
+from producers.schedule import Schedule, build_stream
+from streamer.wire import Record
 
-__all__ = ["prepare_stream", "produce_stream"]
+__all__ = ["prepare_stream", "produce_stream", "looped"]
 
 
-def prepare_stream(corpus_dir: Path, schedule: CalmSchedule, manifest_path: Path | None = None):
-    """Return (records, manifest); write the manifest (ground truth) when a path is given."""
-    corpus = load_corpus_dir(Path(corpus_dir))
+def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | None = None):
+    """Return (records, manifest); with a path, write the manifest (ground truth) and the
+    probe split (`<manifest stem>.probe/<class>.txt`, never streamed) beside it."""
+    corpus = _running_text(Path(corpus_dir))
     records, manifest = build_stream(corpus, schedule)
     manifest["corpus"] = str(corpus_dir)
+    probes = manifest["probe"]["classes"]
     if manifest_path is not None:
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
+        if probes:
+            probe_dir = manifest_path.with_name(manifest_path.name.removesuffix(".json") + ".probe")
+            probe_dir.mkdir(exist_ok=True)
+            manifest["probe"]["dir"] = str(probe_dir)
+        for name, probe in probes.items():
+            text = probe.pop("text")
+            (probe_dir / f"{name}.txt").write_text(text, encoding="utf-8")
+            probe["file"] = f"{name}.txt"
+            probe["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
         manifest_path.write_text(json.dumps(manifest, indent=1))
     return records, manifest
 
 
-async def produce_stream(records, bootstrap_servers: str, topic: str, *, rate: float | None = None,
-                         partitions: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
-    return await produce(records, bootstrap_servers, topic, rate=rate, partitions=partitions, progress=progress)
+def _running_text(path: Path) -> dict[str, str]:
+    """Class -> running text from a CALM directory or any user-data format; labelled
+    utterances become one line each (a language-model stream over utterances)."""
+    data = load_user_data(path)
+    if data.kind == "running":
+        return data.texts
+    return {name: "\n".join(example.text for example in examples) for name, examples in data.examples.items()}
+
+
+def looped(records: list[Record], manifest: dict) -> Iterator[Record]:
+    """Replay the stream forever: each pass continues positions and fragment indices."""
+    fragments = 1 + max(r.truth.fragment for r in records if r.truth)
+    span = {}  # bytes per stream in one pass
+    for record in records:
+        span[record.stream] = span.get(record.stream, 0) + len(record.text.encode("utf-8"))
+    lap = 0
+    while True:
+        for record in records:
+            truth = record.truth
+            if truth is not None:
+                truth = dataclasses.replace(truth, fragment=truth.fragment + lap * fragments,
+                                            position=truth.position + lap * span[record.stream])
+            yield dataclasses.replace(record, truth=truth)
+        lap += 1
+
+
+async def produce_stream(records: Iterable[Record], bootstrap_servers: str, topic: str, *,
+                         rate: float | None = None, token_rate: float | None = None, partitions: int = 1,
+                         truth_topic: bool = True,
+                         progress: Callable[[int, int], None] | None = None) -> int:
+    return await produce(records, bootstrap_servers, topic, rate=rate, token_rate=token_rate,
+                         partitions=partitions, truth_topic=f"{topic}.truth" if truth_topic else None,
+                         progress=progress)

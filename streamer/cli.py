@@ -12,6 +12,8 @@ __all__ = ["main", "UserError", "STRATEGY_CHOICES"]
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
 STRATEGY_CHOICES = ("naive",)
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
+SCHEDULE_CHOICES = ("calm", "sequence", "recurring", "independent")  # tested against producers.orders
+ORDER_CHOICES = ("given", "h2l", "l2h", "permutation")
 
 
 class UserError(Exception):
@@ -53,7 +55,18 @@ def _span(text: str) -> str | int:
 
 
 def _add_stream_flags(p) -> None:
-    g = p.add_argument_group("stream schedule (CALM)")
+    g = p.add_argument_group("stream schedule")
+    g.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="calm",
+                   help="calm (default), sequence (each class once), recurring (R rounds), "
+                        "independent (each stream switches on its own clock)")
+    g.add_argument("--order", choices=ORDER_CHOICES, default="given",
+                   help="sequence: given (--given-order), h2l / l2h by class size, or a balanced permutation")
+    g.add_argument("--given-order", type=lambda text: tuple(c for c in text.split(",") if c), default=(),
+                   help="sequence: the class order, comma-separated")
+    g.add_argument("--permutation", type=int, default=0, help="sequence: which balanced permutation (0..N-1)")
+    g.add_argument("--repeats", type=_positive_int, default=2, help="recurring: rounds over all classes (R)")
+    g.add_argument("--probe-tokens", type=int, default=5000,
+                   help="bytes per class held out as the probe split, never streamed (default 5000; 0 = none)")
     g.add_argument("--fragments", type=_positive_int, default=100, help="N: fragments in the stream (default 100)")
     g.add_argument("--lambda", dest="mean_tokens", type=_positive_int, default=10_000,
                    help="mean fragment length in tokens over all streams (default 10000)")
@@ -117,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", default="streamer")
     p.add_argument("--partitions", type=_positive_int, default=1)
     p.add_argument("--rate", type=_positive_float, help="records per second (default: as fast as possible)")
+    p.add_argument("--token-rate", type=_positive_float, help="bytes of text per second")
+    p.add_argument("--loop", action="store_true", help="replay forever (positions and fragments continue), for a daemon")
+    p.add_argument("--no-truth-topic", action="store_true",
+                   help="do not announce fragments on the <topic>.truth sidecar topic")
     p.add_argument("--manifest", type=Path, help="ground-truth manifest path (default <topic>.manifest.json)")
     _add_stream_flags(p)
 

@@ -20,8 +20,8 @@ from monitor.report import write_report
 from monitor.view import LiveView
 from producers.corpora import CORPORA, CorpusError, build_corpus, corpus_info, corpus_path, default_cache_root, list_corpora
 from producers.kafka import ProduceError, ensure_topic
-from producers.schedule import CalmSchedule, ScheduleError
-from producers.stream import prepare_stream, produce_stream
+from producers.schedule import Schedule, ScheduleError
+from producers.stream import looped, prepare_stream, produce_stream
 from streamer.broker import BrokerError, EmbeddedBroker
 from streamer.cli import UserError
 from streamer.consumer import SourceError
@@ -64,17 +64,19 @@ def cmd_data(args) -> int:
 
 def _corpus_dir(name_or_dir: str, cache: Path | None) -> Path:
     path = Path(name_or_dir)
-    if path.is_dir():
+    if path.exists():  # a directory or a file of the user's own data
         return path
     if name_or_dir in CORPORA:
         return corpus_path(name_or_dir, cache or default_cache_root())
-    raise UserError(f"--corpus {name_or_dir!r} is neither a directory nor a corpus name "
+    raise UserError(f"--corpus {name_or_dir!r} is neither a path nor a corpus name "
                     f"(known: {', '.join(sorted(CORPORA))})")
 
 
-def _schedule(args) -> CalmSchedule:
-    return CalmSchedule(n_fragments=args.fragments, mean_tokens=args.mean_tokens, streams=args.streams,
-                        window=args.window, record_tokens=args.window, seed=args.seed)
+def _schedule(args) -> Schedule:
+    return Schedule(kind=args.schedule, n_fragments=args.fragments, mean_tokens=args.mean_tokens,
+                    streams=args.streams, window=args.window, record_tokens=args.window, seed=args.seed,
+                    order=args.order, given_order=args.given_order, permutation=args.permutation,
+                    repeats=args.repeats, probe_tokens=args.probe_tokens)
 
 
 def cmd_produce(args) -> int:
@@ -85,11 +87,13 @@ def cmd_produce(args) -> int:
           f"{len(records)} records; manifest {manifest_path}", flush=True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    stream = looped(records, manifest) if args.loop else records
     with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mb]:.2f} MB"),
                   console=console, disable=not console.is_terminal) as progress:
-        task = progress.add_task("produce", total=len(records), mb=0.0)
+        task = progress.add_task("produce", total=None if args.loop else len(records), mb=0.0)
         sent = asyncio.run(produce_stream(
-            records, args.bootstrap_servers, args.topic, rate=args.rate, partitions=args.partitions,
+            stream, args.bootstrap_servers, args.topic, rate=args.rate, token_rate=args.token_rate,
+            partitions=args.partitions, truth_topic=not args.no_truth_topic,
             progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
     return 0

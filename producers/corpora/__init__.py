@@ -11,6 +11,7 @@ from .cache import (
     list_corpora,
 )
 from .calm_dir import CorpusError, load_corpus_dir
+from .user import UserData, UserExample, load_user_data
 
 __all__ = [
     "CORPORA",
@@ -23,4 +24,7 @@ __all__ = [
     "default_cache_root",
     "list_corpora",
     "load_corpus_dir",
+    "load_user_data",
+    "UserData",
+    "UserExample",
 ]

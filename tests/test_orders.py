@@ -1,0 +1,168 @@
+"""Schedules: distributions, orders, independence, probe splits, loops and the truth sidecar."""
+
+import asyncio
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from producers.orders import (ScheduleError, balanced_permutations, calm_lengths, recurring_order,
+                              sequence_order)
+from producers.schedule import Schedule, build_stream, split_probe
+from producers.stream import looped, prepare_stream, produce_stream
+
+CLASSES = ["cs", "de", "en", "es", "fr"]
+
+
+def numbered_corpus(lines=600):
+    """Every line unique, so a held-out line can be looked for in the stream."""
+    return {c: "\n".join(f"{c} line {i} žluťoučký" for i in range(lines)) for c in CLASSES[:3]}
+
+
+def test_calm_lengths_pass_a_kolmogorov_smirnov_test_against_the_shifted_truncated_exponential():
+    s = 40.0
+    draws = np.sort(np.array(calm_lengths(5000, s, np.random.default_rng(7)), dtype=float))
+    # rounding to integers: compare against the CDF of the rounded variable at each integer
+    def cdf(x):  # P(rint(X) <= x), X ~ loc 0.1 s + truncated exponential(scale s) on [0, 10 s]
+        upper = x + 0.5 - 0.1 * s
+        if upper <= 0:
+            return 0.0
+        return min(1.0, (1 - math.exp(-upper / s)) / (1 - math.exp(-10.0)))
+    n = len(draws)
+    values = np.unique(draws)
+    at_or_below = np.searchsorted(draws, values, side="right") / n
+    below = np.searchsorted(draws, values, side="left") / n
+    d = max(max(abs(a - cdf(v)), abs(b - cdf(v - 1))) for v, a, b in zip(values, at_or_below, below))
+    assert d < 1.36 / math.sqrt(n)  # 5% critical value (conservative for a discrete distribution)
+    assert abs(draws.mean() - 1.1 * s) < 0.05 * s
+
+
+def test_balanced_permutations_put_every_class_in_every_position_once():
+    orders = balanced_permutations(CLASSES)
+    assert len(orders) == len(CLASSES)
+    for position in range(len(CLASSES)):
+        assert sorted(order[position] for order in orders) == CLASSES
+    assert all(sorted(order) == CLASSES for order in orders)
+
+
+def test_sequence_orders():
+    sizes = {"cs": 3, "de": 5, "en": 9, "es": 1, "fr": 7}
+    assert sequence_order(CLASSES, "h2l", sizes) == ["en", "fr", "de", "cs", "es"]
+    assert sequence_order(CLASSES, "l2h", sizes) == ["es", "cs", "de", "fr", "en"]
+    assert sequence_order(CLASSES, "given", sizes, given=["fr", "en", "de", "es", "cs"])[0] == "fr"
+    with pytest.raises(ScheduleError, match="each class once"):
+        sequence_order(CLASSES, "given", sizes, given=["fr", "en"])
+    with pytest.raises(ScheduleError, match="0..4"):
+        sequence_order(CLASSES, "permutation", sizes, permutation=5)
+
+
+def test_recurring_visits_each_class_r_times_never_twice_in_a_row():
+    for seed in range(20):
+        order = recurring_order(CLASSES, 3, np.random.default_rng(seed))
+        assert sorted(order) == sorted(CLASSES * 3)
+        assert all(a != b for a, b in zip(order, order[1:]))
+
+
+@pytest.mark.parametrize("kind", ["calm", "sequence", "recurring", "independent"])
+def test_every_schedule_is_reproducible_and_leaks_no_class_information(kind):
+    corpus = numbered_corpus()
+    schedule = Schedule(kind=kind, n_fragments=6, mean_tokens=900, streams=3, window=10, seed=1,
+                        order="h2l", probe_tokens=300)
+    a, manifest = build_stream(corpus, schedule)
+    b, _ = build_stream(corpus, schedule)
+    assert a == b
+    c, _ = build_stream(corpus, Schedule(**{**schedule.__dict__, "seed": 2}))
+    assert kind == "sequence" or a != c
+    for record in a:  # values are the class's own text or padding spaces, nothing else
+        piece = record.text.strip()
+        assert not piece or piece in corpus[record.truth.class_name] or record.text == "\n"
+    streamed = {name: "".join(r.text for r in a if r.truth.class_name == name) for name in corpus}
+    for name, probe in manifest["probe"]["classes"].items():
+        held_out = probe["text"].splitlines()
+        assert held_out and all(line not in streamed[name] for line in held_out)
+
+
+def test_independent_streams_switch_at_different_moments():
+    schedule = Schedule(kind="independent", n_fragments=8, mean_tokens=600, streams=3, window=10, seed=3)
+    records, manifest = build_stream(numbered_corpus(), schedule)
+    starts = [{f["start_batch"] for f in stream[1:]} for stream in manifest["streams"]]
+    assert starts[0] != starts[1] or starts[1] != starts[2]
+    totals = {sum(f["n_batches"] for f in stream) for stream in manifest["streams"]}
+    assert totals == {manifest["total_batches"]}
+    for stream in manifest["streams"]:
+        classes = [f["class"] for f in stream]
+        assert all(x != y for x, y in zip(classes, classes[1:]))
+
+
+def test_probe_split_takes_whole_lines_from_the_end():
+    text = "\n".join(f"line {i}" for i in range(100))
+    kept, probe = split_probe(text, 50)
+    assert kept + "\n" + probe == text
+    assert probe.startswith("line ") and len(probe.encode()) >= 40
+    with pytest.raises(ScheduleError, match="half"):
+        split_probe("short text", 100)
+
+
+def test_loop_continues_positions_and_fragments(tmp_path):
+    schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=10, seed=0)
+    records, manifest = prepare_stream(_write(tmp_path, numbered_corpus()), schedule, tmp_path / "m.json")
+    two_laps = list(itertools.islice(looped(records, manifest), 2 * len(records)))
+    lap = len(records)
+    for first, second in zip(two_laps[:lap], two_laps[lap:]):
+        assert second.text == first.text
+        assert second.truth.fragment == first.truth.fragment + 3
+        per_stream = sum(len(r.text.encode()) for r in records if r.stream == first.stream)
+        assert second.truth.position == first.truth.position + per_stream
+    assert json.loads((tmp_path / "m.json").read_text())["probe"]["classes"] == {}
+
+
+def _write(tmp_path, corpus):
+    directory = tmp_path / "corpus"
+    directory.mkdir()
+    for name, text in corpus.items():
+        (directory / f"{name}.txt").write_text(text, encoding="utf-8")
+    return directory
+
+
+def test_probe_files_are_written_beside_the_manifest(tmp_path):
+    schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=10, probe_tokens=200)
+    _, manifest = prepare_stream(_write(tmp_path, numbered_corpus()), schedule, tmp_path / "s.json")
+    saved = json.loads((tmp_path / "s.json").read_text())["probe"]
+    assert saved["dir"].endswith("s.probe") and set(saved["classes"]) == {"cs", "de", "en"}
+    for name, probe in saved["classes"].items():
+        assert "text" not in probe
+        assert (tmp_path / "s.probe" / probe["file"]).read_text().startswith(f"{name} line ")
+
+
+def test_truth_sidecar_announces_every_fragment_of_every_stream(broker):
+    schedule = Schedule(n_fragments=4, mean_tokens=300, streams=2, window=10, seed=5)
+    records, manifest = build_stream(numbered_corpus(), schedule)
+    asyncio.run(produce_stream(records, broker.bootstrap_servers, "sidecar"))
+
+    async def read():
+        consumer = AIOKafkaConsumer("sidecar.truth", bootstrap_servers=broker.bootstrap_servers,
+                                    auto_offset_reset="earliest", group_id="truth-reader")
+        await consumer.start()
+        try:
+            batch = await consumer.getmany(timeout_ms=5000)
+            return [json.loads(m.value) for ms in batch.values() for m in ms]
+        finally:
+            await consumer.stop()
+    events = asyncio.run(read())
+    expected = {(str(s), f["index"], f["class"]) for f in manifest["fragments"] for s in range(2)}
+    assert {(e["stream"], e["fragment"], e["class_name"]) for e in events} == expected
+
+
+def test_a_jsonl_file_of_utterances_streams_as_running_text_per_class(tmp_path):
+    path = tmp_path / "utterances.jsonl"
+    lines = [{"text": f"turn on the light number {i}", "class": "en", "label": "HassTurnOn"} for i in range(300)]
+    lines += [{"text": f"allume la lumière numéro {i}", "class": "fr", "label": "HassTurnOn"} for i in range(300)]
+    path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines), encoding="utf-8")
+    records, manifest = prepare_stream(path, Schedule(n_fragments=4, mean_tokens=300, streams=2, window=10),
+                                       tmp_path / "u.json")
+    assert manifest["classes"] == ["en", "fr"]
+    assert {r.truth.class_name for r in records} == {"en", "fr"}
+    assert any("allume la lumière" in r.text or "numéro" in r.text for r in records)
