@@ -20,8 +20,16 @@ def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | N
     """Return (records, manifest); with a path, write the manifest (ground truth) and the
     probe split (`<manifest stem>.probe/<class>.txt`, never streamed) beside it."""
     corpus = _running_text(Path(corpus_dir))
+    level = _corpus_level(Path(corpus_dir))
+    bytes_per_token = 1.0
+    if level == "word":  # lambda counts words: convert with the corpus's own bytes per word
+        data_bytes = sum(len(t.encode("utf-8")) for t in corpus.values())
+        bytes_per_token = data_bytes / max(1, sum(len(t.split()) for t in corpus.values()))
+        schedule = dataclasses.replace(schedule, mean_tokens=max(1, round(schedule.mean_tokens * bytes_per_token)))
     records, manifest = build_stream(corpus, schedule)
     manifest["corpus"] = str(corpus_dir)
+    manifest["corpus_level"] = level
+    manifest["bytes_per_corpus_token"] = round(bytes_per_token, 4)
     probes = manifest["probe"]["classes"]
     if manifest_path is not None:
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,10 +46,19 @@ def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | N
     return records, manifest
 
 
+def _corpus_level(path: Path) -> str:
+    """The token level of a built corpus (its manifest says), else bytes."""
+    try:
+        return json.loads((path / "manifest.json").read_text()).get("level", "byte")
+    except (OSError, ValueError):
+        return "byte"
+
+
 def _running_text(path: Path) -> dict[str, str]:
     """Class -> running text from a CALM directory or any user-data format; labelled
     utterances become one line each (a language-model stream over utterances)."""
-    data = load_user_data(path)
+    built = (path / "manifest.json").is_file()  # a corpus built into the cache is a CALM directory
+    data = load_user_data(path, format="calm" if built else "auto")
     if data.kind == "running":
         return data.texts
     return {name: "\n".join(example.text for example in examples) for name, examples in data.examples.items()}

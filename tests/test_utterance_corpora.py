@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,10 @@ from producers.corpora.utterances import (
 )
 
 CLASSES = {
-    "fr": [Utterance("allume la lumière de la cuisine", "HassTurnOn"), Utterance("éteins tout", "HassTurnOff")],
+    "fr": [
+        Utterance("allume la lumière de la cuisine", "HassTurnOn"),
+        Utterance("éteins tout", "HassTurnOff"),
+    ],
     "cs": [Utterance("rozsviť v kuchyni", "HassTurnOn"), Utterance("line\u2028separator", "HassTurnOn")],
 }
 
@@ -91,7 +95,8 @@ def test_empty_class_is_reported(tmp_path):
 def test_undecodable_bytes_are_reported_with_file_and_offset(tmp_path):
     path = _corpus_with(tmp_path, b'{"text": "caf\xe9", "label": "x"}\n')
     assert _message(path) == (
-        f"class file {path / 'fr.jsonl'} is not valid UTF-8: byte 0xe9 at byte offset 13 (invalid continuation byte)"
+        f"class file {path / 'fr.jsonl'} is not valid UTF-8: "
+        "byte 0xe9 at byte offset 13 (invalid continuation byte)"
     )
 
 
@@ -117,20 +122,24 @@ def test_missing_or_wrong_fields_are_reported_with_file_and_line(tmp_path):
 
 
 def test_detokenize_joins_multiwoz_tokens():
-    assert detokenize("I ' m looking for a hotel , please .   Thanks !") == "I'm looking for a hotel, please. Thanks!"
+    assert detokenize("I ' m after a hotel , please .   Thanks !") == "I'm after a hotel, please. Thanks!"
     assert detokenize("I do n't know ; it 's christ 's college ?") == "I don't know; it's christ's college?"
 
 
 def test_templates_become_domain_classes_with_filled_placeholders():
-    templates = {
-        "Hotel-Inform": {"Stay;": ["#HOTEL-INFORM-STAY# nights .", "#HOTEL-INFORM-STAY# nights ."]},
-        "Taxi-Request": {"none;": ["What car is it ?"]},
-        "general-thank": {"none;": ["Thanks !"]},
-        **{f"{domain.title()}-Inform": {"none;": [f"I need the {domain} ."]} for domain in DOMAINS},
-    }
+    templates = {f"{domain.title()}-Inform": {"none;": [f"I need the {domain} ."]} for domain in DOMAINS}
+    templates["Hotel-Inform"]["Stay;"] = ["#HOTEL-INFORM-STAY# nights .", "#HOTEL-INFORM-STAY# nights ."]
+    templates["Taxi-Request"] = {"none;": ["What car is it ?"]}
+    templates["general-thank"] = {"none;": ["Thanks !"]}
     classes, counts = utterances_from_templates(templates, {"hotel": {"stay": ["3"]}})
-    assert classes["hotel"] == [Utterance("I need the hotel.", "Hotel-Inform"), Utterance("3 nights.", "Hotel-Inform")]
-    assert classes["taxi"] == [Utterance("I need the taxi.", "Taxi-Inform"), Utterance("What car is it?", "Taxi-Request")]
+    assert classes["hotel"] == [
+        Utterance("I need the hotel.", "Hotel-Inform"),
+        Utterance("3 nights.", "Hotel-Inform"),
+    ]
+    assert classes["taxi"] == [
+        Utterance("I need the taxi.", "Taxi-Inform"),
+        Utterance("What car is it?", "Taxi-Request"),
+    ]
     assert counts["dropped_acts"] == {"general-thank": 1}
     assert counts["duplicates"] == 1
 
@@ -181,7 +190,7 @@ def test_intents_build_has_five_languages_of_many_intents(intents_corpus):
     assert provenance["license"] == "Apache-2.0"
 
 
-def test_intents_build_is_deterministic(intents_corpus, tmp_path):
+def test_intents_build_is_deterministic(intents_corpus):
     out_dir, _ = intents_corpus
     from home_assistant_intents import get_intents
 
@@ -204,7 +213,7 @@ def test_multiwoz_build_has_seven_domains_labeled_with_their_acts(multiwoz_corpu
         )
         assert all(act.startswith(f"{domain.title()}-") for act in acts), acts
         assert len(set(utterances)) == len(utterances), f"duplicate examples in {domain}"
-        assert not any("#" in utterance.text for utterance in utterances)
+        assert not any(re.search(r"#[A-Z]+-[A-Z]+-[A-Z]+#", utterance.text) for utterance in utterances)
     for domain in ("hotel", "restaurant", "train"):
         assert len(classes[domain]) >= 5000  # measured: hotel 7,918, restaurant 6,580, train 5,273
     for domain in ("attraction", "taxi", "hospital", "police"):
@@ -212,3 +221,9 @@ def test_multiwoz_build_has_seven_domains_labeled_with_their_acts(multiwoz_corpu
     assert set(provenance["dropped_acts"]) == {"general-bye", "general-greet", "general-thank"}
     assert provenance["placeholders_left_unfilled"] == 0
     assert provenance["sources"][0]["version"] == "3.0.1"
+
+
+def test_intents_build_names_the_packages_when_they_are_missing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "home_assistant_intents", None)  # makes the import fail
+    with pytest.raises(CorpusError, match=r"pip install home-assistant-intents hassil$"):
+        build_intents_multilingual(tmp_path, print)

@@ -22,6 +22,9 @@ from typing import Any, Callable
 
 from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir
 from .libreoffice import build_calm_multilingual
+from .multidomain import DESCRIPTION as _MULTIDOMAIN_DESCRIPTION
+from .multidomain import NAME as _MULTIDOMAIN
+from .multidomain import build_calm_multidomain
 
 __all__ = [
     "CorpusMissing",
@@ -67,6 +70,12 @@ CORPORA: dict[str, CorpusSpec] = {
         "lines filtered by detected language",
         level="char",
         builder=build_calm_multilingual,
+    ),
+    _MULTIDOMAIN: CorpusSpec(
+        name=_MULTIDOMAIN,
+        description=_MULTIDOMAIN_DESCRIPTION,
+        level="word",
+        builder=build_calm_multidomain,
     ),
 }
 

@@ -10,11 +10,12 @@ only ever varies the last alternatives. So each template is expanded by
 seeded random walks instead: every alternative, optional, permutation and
 list value is drawn at random. The lists a home supplies at run time (areas,
 floors, device names) and the free-text wildcards (shopping items, timer
-names, ...) are filled from the small per-language tables below; one form
+names, ...) are filled from the small per-language tables below. One form
 per value cannot follow Czech and German declension everywhere, and the
-templates are permissive matching grammars (they accept "le|la|l'" in any
-slot), so some sentences are not grammatical. Numbers are written as digits or, where the list allows, as words
-(hassil's number speller). Duplicates are dropped and each intent keeps at
+templates are permissive matching grammars (they accept "le|la|l'" where only
+one is right), so some sentences are not grammatical. Numbers are written as
+digits or, where the list allows, as words (hassil's number speller).
+Duplicates are dropped and each intent keeps at
 most `max_per_intent` sentences, drawn with a fixed seed.
 """
 
@@ -79,7 +80,7 @@ _SLOT_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
     "es": {
         "area": ("cocina", "salón", "dormitorio", "garaje"),
         "floor": ("planta baja", "primer piso", "sótano"),
-        "name": ("lámpara del techo", "lámpara del escritorio", "ventilador", "termostato", "puerta del garaje"),
+        "name": ("lámpara del techo", "lámpara de mesa", "ventilador", "termostato", "puerta del garaje"),
         "message": ("la cena está lista", "salimos en cinco minutos"),
         "timer_name": ("pizza", "colada", "pasta"),
         "timer_command": ("apaga las luces", "cierra las persianas"),
@@ -201,7 +202,8 @@ class _Walker:
         if isinstance(expression, ex.RuleReference):
             rule = self._rules.get(expression.rule_name)
             if rule is None:
-                raise CorpusError(f"hassil template refers to a missing expansion rule <{expression.rule_name}>")
+                missing = expression.rule_name
+                raise CorpusError(f"hassil template refers to a missing expansion rule <{missing}>")
             return self.walk(rule.expression)
         raise CorpusError(f"hassil template holds an expression this builder does not know: {expression!r}")
 

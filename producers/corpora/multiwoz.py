@@ -50,7 +50,7 @@ LICENSE = "MIT (MultiWOZ data) within convlab (Apache-2.0)"
 _TEMPLATES = "convlab/nlg/template/multiwoz/auto_user_template_nlg.json"
 _DB_DIR = "convlab/e2e/damd/multiwoz/db"
 _VALUE_SET = f"{_DB_DIR}/value_set_processed.json"
-_DATABASES = ("attraction", "hospital", "hotel", "restaurant", "train")  # <domain>_db_processed.json
+_DATABASES = ("attraction", "hospital", "hotel", "restaurant", "train")
 _SEED = "multiwoz-domains"
 _DOWNLOAD_TIMEOUT_S = 600.0
 _STDERR_TAIL_CHARS = 400
@@ -104,7 +104,7 @@ def build_multiwoz_domains(out_dir: Path, log: Log) -> dict[str, Any]:
                 "package": "convlab",
                 "version": CONVLAB_VERSION,
                 "archive": archive.name,
-                "files": [_TEMPLATES, _VALUE_SET, *(f"{_DB_DIR}/{name}_db_processed.json" for name in _DATABASES)],
+                "files": [_TEMPLATES, _VALUE_SET, *(_database_file(name) for name in _DATABASES)],
                 "license": f"Apache-2.0 (archive LICENSE: {license_text})",
                 "data": "MultiWOZ 2.x user turns (MultiWOZ is MIT-licensed)",
             }
@@ -199,7 +199,9 @@ def slot_values(
             if pattern is not None and slot not in values.get(domain, {}):
                 kept = {value for value in found if pattern.fullmatch(value)}
                 values.setdefault(domain, {})[slot] = kept
-    return {domain: {slot: sorted(found) for slot, found in slots.items()} for domain, slots in values.items()}
+    return {
+        domain: {slot: sorted(found) for slot, found in slots.items()} for domain, slots in values.items()
+    }
 
 
 def _read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, dict[str, list[str]]], str]:
@@ -210,13 +212,16 @@ def _read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, dict[str, li
             templates = _read_json(tar, f"{root}/{_TEMPLATES}", archive)
             value_set = _read_json(tar, f"{root}/{_VALUE_SET}", archive)
             databases = {
-                name: _read_json(tar, f"{root}/{_DB_DIR}/{name}_db_processed.json", archive)
-                for name in _DATABASES
+                name: _read_json(tar, f"{root}/{_database_file(name)}", archive) for name in _DATABASES
             }
             license_text = " ".join(_read_member(tar, f"{root}/LICENSE", archive).split()[:4])
     except (tarfile.TarError, OSError, EOFError) as error:
         raise CorpusError(f"cannot read {archive}: {error}; delete it and build again") from None
     return templates, slot_values(databases, value_set), license_text
+
+
+def _database_file(domain: str) -> str:
+    return f"{_DB_DIR}/{domain}_db_processed.json"
 
 
 def _read_member(tar: tarfile.TarFile, name: str, archive: Path) -> str:
@@ -230,7 +235,9 @@ def _read_member(tar: tarfile.TarFile, name: str, archive: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise CorpusError(f"{name} in {archive.name} is not valid UTF-8 at byte offset {error.start}") from None
+        raise CorpusError(
+            f"{name} in {archive.name} is not valid UTF-8 at byte offset {error.start}"
+        ) from None
 
 
 def _read_json(tar: tarfile.TarFile, name: str, archive: Path) -> Any:

@@ -123,5 +123,7 @@ def _parse_line(file: Path, number: int, line: str) -> Utterance:
     for field in ("text", "label"):
         if not isinstance(record.get(field), str):
             problem = "is missing" if field not in record else "is not a string"
-            raise CorpusError(f'{file}:{number}: field "{field}" {problem}; each line needs "text" and "label"')
+            raise CorpusError(
+                f'{file}:{number}: field "{field}" {problem}; each line needs "text" and "label"'
+            )
     return Utterance(text=record["text"], label=record["label"])
