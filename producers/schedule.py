@@ -209,5 +209,5 @@ def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0
         for f in manifest["fragments"]:
             del f["char_span"]
     else:
-        manifest["streams"] = per_stream
+        manifest["stream_fragments"] = per_stream
     return records, manifest

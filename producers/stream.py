@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from producers.corpora import load_user_data
+from producers.corpora.utterances import load_utterance_dir
 from producers.kafka import produce
 from producers.schedule import Schedule, build_stream
 from streamer.wire import Record
@@ -57,6 +58,9 @@ def _corpus_level(path: Path) -> str:
 def _running_text(path: Path) -> dict[str, str]:
     """Class -> running text from a CALM directory or any user-data format; labelled
     utterances become one line each (a language-model stream over utterances)."""
+    level = _corpus_level(path)
+    if level == "utterance":  # a built utterance corpus: one <class>.jsonl per class
+        return {name: "\n".join(u.text for u in utterances) for name, utterances in load_utterance_dir(path).items()}
     built = (path / "manifest.json").is_file()  # a corpus built into the cache is a CALM directory
     data = load_user_data(path, format="calm" if built else "auto")
     if data.kind == "running":

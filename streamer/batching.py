@@ -20,7 +20,7 @@ __all__ = ["BatchTruth", "ReadyBatch", "Batcher", "OffsetTracker"]
 
 @dataclass(frozen=True)
 class BatchTruth:
-    """The majority (class, fragment) of a batch's input tokens, from headers."""
+    """The majority class of a batch's input tokens and its largest fragment, from headers."""
 
     class_name: str
     fragment: int
@@ -132,8 +132,14 @@ class Batcher:
                 span_start = span_end
         if not votes:
             return None
-        (class_name, fragment), _ = max(votes.items(), key=lambda kv: (kv[1], -kv[0][1]))
-        return BatchTruth(class_name, fragment)
+        by_class: Counter = Counter()
+        for (class_name, _), count in votes.items():
+            by_class[class_name] += count
+        # the class with most tokens (independent streams mix classes), then its largest fragment;
+        # ties go to the earlier fragment
+        winner = max(by_class.items(), key=lambda kv: (kv[1], -min(f for c, f in votes if c == kv[0])))[0]
+        fragment = max((f for c, f in votes if c == winner), key=lambda f: (votes[(winner, f)], -f))
+        return BatchTruth(winner, fragment)
 
     def _release(self, buf: _Stream) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""

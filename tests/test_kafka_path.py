@@ -135,3 +135,21 @@ def test_metrics_endpoint_serves_the_catalogue_during_a_run(broker, stream, tmp_
                  "streamer_batches_learned_total", "streamer_switches_total"):
         assert f"\n{name}{{" in body, name
     assert json.loads((tmp_path / "scraped" / "config.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.parametrize("kind", ["sequence", "recurring", "independent"])
+def test_every_schedule_is_learned_through_kafka_without_changes_to_the_learner(broker, tmp_path, kind):
+    from producers.schedule import Schedule, build_stream
+
+    schedule = Schedule(kind=kind, n_fragments=5, mean_tokens=600, streams=3, window=10, seed=1,
+                        order="l2h", repeats=2, probe_tokens=200)
+    records, manifest = build_stream(CORPUS, schedule)
+    topic = f"schedule-{kind}"
+    asyncio.run(produce(records, broker.bootstrap_servers, topic))
+    summary, monitor = _learn(_config(broker, topic, tmp_path, manifest))
+    assert summary.stop_reason == "end_of_stream"
+    log = read_loss_log(summary.run_dir / "losses.jsonl")
+    assert len(log) == manifest["total_batches"]
+    if kind != "independent":  # synchronised streams: every batch has its fragment's class
+        expected = [f["class"] for f in manifest["fragments"] for _ in range(f["n_batches"])]
+        assert [line["domain_name"] for line in log] == expected

@@ -88,11 +88,11 @@ def test_every_schedule_is_reproducible_and_leaks_no_class_information(kind):
 def test_independent_streams_switch_at_different_moments():
     schedule = Schedule(kind="independent", n_fragments=8, mean_tokens=600, streams=3, window=10, seed=3)
     records, manifest = build_stream(numbered_corpus(), schedule)
-    starts = [{f["start_batch"] for f in stream[1:]} for stream in manifest["streams"]]
+    starts = [{f["start_batch"] for f in stream[1:]} for stream in manifest["stream_fragments"]]
     assert starts[0] != starts[1] or starts[1] != starts[2]
-    totals = {sum(f["n_batches"] for f in stream) for stream in manifest["streams"]}
+    totals = {sum(f["n_batches"] for f in stream) for stream in manifest["stream_fragments"]}
     assert totals == {manifest["total_batches"]}
-    for stream in manifest["streams"]:
+    for stream in manifest["stream_fragments"]:
         classes = [f["class"] for f in stream]
         assert all(x != y for x, y in zip(classes, classes[1:]))
 

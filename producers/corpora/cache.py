@@ -25,6 +25,9 @@ from .libreoffice import build_calm_multilingual
 from .multidomain import DESCRIPTION as _MULTIDOMAIN_DESCRIPTION
 from .multidomain import NAME as _MULTIDOMAIN
 from .multidomain import build_calm_multidomain
+from .intents import build_intents_multilingual
+from .multiwoz import build_multiwoz_domains
+from .utterances import describe_utterance_dir
 
 __all__ = [
     "CorpusMissing",
@@ -76,6 +79,20 @@ CORPORA: dict[str, CorpusSpec] = {
         description=_MULTIDOMAIN_DESCRIPTION,
         level="word",
         builder=build_calm_multidomain,
+    ),
+    "intents-multilingual": CorpusSpec(
+        name="intents-multilingual",
+        description="smart-home utterances in en, fr, de, es, cs labelled by intent, expanded from "
+        "PyPI home-assistant-intents with hassil (Apache-2.0)",
+        level="utterance",
+        builder=build_intents_multilingual,
+    ),
+    "multiwoz-domains": CorpusSpec(
+        name="multiwoz-domains",
+        description="real MultiWOZ user turns by domain, labelled by dialogue act, from the source "
+        "archive of PyPI convlab 3.0.1",
+        level="utterance",
+        builder=build_multiwoz_domains,
     ),
 }
 
@@ -180,7 +197,11 @@ def _move_into_place(staging: Path, target: Path) -> None:
 def _manifest(
     spec: CorpusSpec, directory: Path, provenance: dict[str, Any], *, seconds: float
 ) -> dict[str, Any]:
-    """Describe a freshly built directory; also checks it loads as a CALM corpus."""
+    """Describe a freshly built directory; also checks it loads as a CALM or utterance corpus."""
+    if spec.level == "utterance":
+        return _fixed_fields(spec, seconds) | {
+            key: value for key, value in provenance.items() if key != "classes"
+        } | {"classes": describe_utterance_dir(directory)}
     texts = load_corpus_dir(directory)
     classes = {}
     for name, text in texts.items():
@@ -192,7 +213,13 @@ def _manifest(
             "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
         }
-    fixed = {
+    fixed = _fixed_fields(spec, seconds)
+    extra = {key: value for key, value in provenance.items() if key not in fixed and key != "classes"}
+    return {**fixed, **extra, "classes": classes}
+
+
+def _fixed_fields(spec: CorpusSpec, seconds: float) -> dict[str, Any]:
+    return {
         "name": spec.name,
         "description": spec.description,
         "level": spec.level,
@@ -200,8 +227,6 @@ def _manifest(
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(seconds, 1),
     }
-    extra = {key: value for key, value in provenance.items() if key not in fixed and key != "classes"}
-    return {**fixed, **extra, "classes": classes}
 
 
 def _spec(name: str) -> CorpusSpec:
