@@ -23,7 +23,7 @@ from producers.orders import (SCHEDULES, SEQUENCE_ORDERS, ScheduleError, calm_le
 from streamer.wire import Record, Truth
 
 __all__ = ["Schedule", "CalmSchedule", "ScheduleError", "plan_fragments", "class_order", "build_stream",
-           "split_probe"]
+           "split_probe", "plan_streams"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def _records(text: str, stream: str, position: int, size: int, truth: dict) -> l
     return out
 
 
-def _plans(schedule: Schedule, classes: list[str], sizes: dict[str, int], rng) -> list[list[tuple[str, int]]]:
+def plan_streams(schedule: Schedule, classes: list[str], sizes: dict[str, int], rng) -> list[list[tuple[str, int]]]:
     """Per stream, [(class, length in windows)]; synchronised schedules share one plan."""
     b, w = schedule.streams, schedule.window
     if schedule.kind == "independent":
@@ -167,7 +167,7 @@ def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0
     split = {name: split_probe(corpus[name], schedule.probe_tokens) for name in classes}
     rng = np.random.default_rng(schedule.seed)
     sizes = {name: len(split[name][0].encode("utf-8")) for name in classes}
-    plans = _plans(schedule, classes, sizes, rng)
+    plans = plan_streams(schedule, classes, sizes, rng)
     b, w = schedule.streams, schedule.window
     columns = {}
     for name in classes:

@@ -12,39 +12,53 @@ from producers.corpora import load_user_data
 from producers.corpora.utterances import load_utterance_dir
 from producers.kafka import produce
 from producers.schedule import Schedule, build_stream
+from producers.utterance_stream import build_utterance_stream
 from streamer.wire import Record
 
 __all__ = ["prepare_stream", "produce_stream", "looped"]
 
 
-def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | None = None):
+def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | None = None,
+                   *, probe_examples: int = 50, utterances: bool | None = None):
     """Return (records, manifest); with a path, write the manifest (ground truth) and the
-    probe split (`<manifest stem>.probe/<class>.txt`, never streamed) beside it."""
-    corpus = _running_text(Path(corpus_dir))
-    level = _corpus_level(Path(corpus_dir))
-    bytes_per_token = 1.0
-    if level == "word":  # lambda counts words: convert with the corpus's own bytes per word
-        data_bytes = sum(len(t.encode("utf-8")) for t in corpus.values())
-        bytes_per_token = data_bytes / max(1, sum(len(t.split()) for t in corpus.values()))
-        schedule = dataclasses.replace(schedule, mean_tokens=max(1, round(schedule.mean_tokens * bytes_per_token)))
-    records, manifest = build_stream(corpus, schedule)
+    probe split (`<manifest stem>.probe/<class>.txt`, never streamed) beside it.
+
+    Labelled utterances (a built utterance corpus, JSONL, CSV/TSV, HF datasets) stream one
+    utterance per record with its label header, unless `utterances=False` turns them into
+    running text; running text streams in byte windows."""
+    path = Path(corpus_dir)
+    level, kind, data = _load(path)
+    if kind == "utterance" and utterances is not False:
+        records, manifest = build_utterance_stream(data, schedule, probe_examples=probe_examples)
+    else:
+        corpus = data if kind == "running" else {c: "\n".join(t for t, _ in xs) for c, xs in data.items()}
+        bytes_per_token = 1.0
+        if level == "word":  # lambda counts words: convert with the corpus's own bytes per word
+            data_bytes = sum(len(t.encode("utf-8")) for t in corpus.values())
+            bytes_per_token = data_bytes / max(1, sum(len(t.split()) for t in corpus.values()))
+            schedule = dataclasses.replace(schedule, mean_tokens=max(1, round(schedule.mean_tokens * bytes_per_token)))
+        records, manifest = build_stream(corpus, schedule)
+        manifest["bytes_per_corpus_token"] = round(bytes_per_token, 4)
     manifest["corpus"] = str(corpus_dir)
     manifest["corpus_level"] = level
-    manifest["bytes_per_corpus_token"] = round(bytes_per_token, 4)
-    probes = manifest["probe"]["classes"]
     if manifest_path is not None:
-        manifest_path.parent.mkdir(parents=True, exist_ok=True)
-        if probes:
-            probe_dir = manifest_path.with_name(manifest_path.name.removesuffix(".json") + ".probe")
-            probe_dir.mkdir(exist_ok=True)
-            manifest["probe"]["dir"] = str(probe_dir)
-        for name, probe in probes.items():
-            text = probe.pop("text")
-            (probe_dir / f"{name}.txt").write_text(text, encoding="utf-8")
-            probe["file"] = f"{name}.txt"
-            probe["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        manifest_path.write_text(json.dumps(manifest, indent=1))
+        _write_manifest(manifest, manifest_path)
     return records, manifest
+
+
+def _write_manifest(manifest: dict, manifest_path: Path) -> None:
+    manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    probes = manifest["probe"]["classes"]
+    probe_dir = manifest_path.with_name(manifest_path.name.removesuffix(".json") + ".probe")
+    if probes:
+        probe_dir.mkdir(exist_ok=True)
+        manifest["probe"]["dir"] = str(probe_dir)
+    for name, probe in probes.items():
+        text = probe.pop("text")
+        (probe_dir / f"{name}.txt").write_text(text, encoding="utf-8")
+        probe["file"] = f"{name}.txt"
+        probe["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    manifest_path.write_text(json.dumps(manifest, indent=1))
 
 
 def _corpus_level(path: Path) -> str:
@@ -55,17 +69,16 @@ def _corpus_level(path: Path) -> str:
         return "byte"
 
 
-def _running_text(path: Path) -> dict[str, str]:
-    """Class -> running text from a CALM directory or any user-data format; labelled
-    utterances become one line each (a language-model stream over utterances)."""
+def _load(path: Path):
+    """(level, kind, data): kind "running" -> {class: text}; "utterance" -> {class: [(text, label)]}."""
     level = _corpus_level(path)
     if level == "utterance":  # a built utterance corpus: one <class>.jsonl per class
-        return {name: "\n".join(u.text for u in utterances) for name, utterances in load_utterance_dir(path).items()}
+        return level, "utterance", {c: [(u.text, u.label) for u in us] for c, us in load_utterance_dir(path).items()}
     built = (path / "manifest.json").is_file()  # a corpus built into the cache is a CALM directory
     data = load_user_data(path, format="calm" if built else "auto")
     if data.kind == "running":
-        return data.texts
-    return {name: "\n".join(example.text for example in examples) for name, examples in data.examples.items()}
+        return level, "running", data.texts
+    return "utterance", "utterance", {c: [(e.text, e.label) for e in es] for c, es in data.examples.items()}
 
 
 def looped(records: list[Record], manifest: dict) -> Iterator[Record]:

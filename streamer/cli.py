@@ -67,6 +67,10 @@ def _add_stream_flags(p) -> None:
     g.add_argument("--repeats", type=_positive_int, default=2, help="recurring: rounds over all classes (R)")
     g.add_argument("--probe-tokens", type=int, default=5000,
                    help="bytes per class held out as the probe split, never streamed (default 5000; 0 = none)")
+    g.add_argument("--probe-examples", type=int, default=50,
+                   help="utterance corpora: utterances per class held out as the probe split (default 50)")
+    g.add_argument("--as-text", action="store_true",
+                   help="stream a labelled utterance corpus as running text instead of one utterance per record")
     g.add_argument("--fragments", type=_positive_int, default=100, help="N: fragments in the stream (default 100)")
     g.add_argument("--lambda", dest="mean_tokens", type=_positive_int, default=10_000,
                    help="mean fragment length in tokens over all streams (default 10000)")

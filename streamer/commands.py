@@ -82,7 +82,7 @@ def _schedule(args) -> Schedule:
 def cmd_produce(args) -> int:
     corpus = _corpus_dir(args.corpus, args.cache)
     manifest_path = args.manifest or Path(f"{args.topic}.manifest.json")
-    records, manifest = prepare_stream(corpus, _schedule(args), manifest_path)
+    records, manifest = prepare_stream(corpus, _schedule(args), manifest_path, **_stream_options(args))
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -97,6 +97,10 @@ def cmd_produce(args) -> int:
             progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
     return 0
+
+
+def _stream_options(args) -> dict:
+    return {"probe_examples": args.probe_examples, "utterances": False if args.as_text else None}
 
 
 def _from_fragment(spec, n_fragments: int | None) -> int:

@@ -28,12 +28,12 @@ def run_demo(args) -> int:
     import asyncio
 
     from streamer.commands import (_default_run_dir, _finish, _learn_config, _learn_with_view, _schedule,
-                                   run_with_report_on_interrupt)
+                                   _stream_options, run_with_report_on_interrupt)
 
     corpus = _ensure_corpus(args)
     run_dir = args.run_dir or _default_run_dir(args.strategy)
     manifest_path = run_dir / "manifest.json"
-    records, manifest = prepare_stream(corpus, _schedule(args), manifest_path)
+    records, manifest = prepare_stream(corpus, _schedule(args), manifest_path, **_stream_options(args))
     print(f"stream: {manifest['n_fragments']} fragments of {', '.join(manifest['classes'])}, "
           f"{manifest['total_batches']} batches of {args.streams}x{args.window} bytes", flush=True)
     topic = f"demo-{int(time.time())}"

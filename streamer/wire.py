@@ -14,6 +14,7 @@ _HEADER_CLASS = "streamer.class"
 _HEADER_FRAGMENT = "streamer.fragment"
 _HEADER_POSITION = "streamer.position"
 _HEADER_PRODUCED = "streamer.produced"
+_HEADER_LABEL = "streamer.label"  # optional: the label of an utterance record
 _REQUIRED = (_HEADER_CLASS, _HEADER_FRAGMENT, _HEADER_POSITION, _HEADER_PRODUCED)
 
 
@@ -33,6 +34,7 @@ class Truth:
     fragment: int
     position: int  # token offset of the record's first token within its stream
     produced: float  # producer wall-clock time, seconds since the epoch
+    label: str | None = None  # utterance streams: the example's label (intent, act)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ def encode(record: Record) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
             (_HEADER_POSITION, str(t.position).encode()),
             (_HEADER_PRODUCED, repr(t.produced).encode()),
         ]
+        if t.label is not None:
+            headers.append((_HEADER_LABEL, t.label.encode("utf-8")))
     return record.stream.encode("utf-8"), record.text.encode("utf-8"), headers
 
 
@@ -67,7 +71,7 @@ def decode(key: bytes | None, value: bytes | None, headers) -> Record:
         text = value.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WireError("bad_utf8", f"record is not valid UTF-8: {exc}") from None
-    found = {name: raw for name, raw in (headers or ()) if name in _REQUIRED}
+    found = {name: raw for name, raw in (headers or ()) if name in _REQUIRED or name == _HEADER_LABEL}
     if not found:
         return Record(stream, text, None)
     missing = [name for name in _REQUIRED if name not in found]
@@ -79,6 +83,7 @@ def decode(key: bytes | None, value: bytes | None, headers) -> Record:
             fragment=int(found[_HEADER_FRAGMENT]),
             position=int(found[_HEADER_POSITION]),
             produced=float(found[_HEADER_PRODUCED]),
+            label=found[_HEADER_LABEL].decode("utf-8") if _HEADER_LABEL in found else None,
         )
     except (UnicodeDecodeError, ValueError) as exc:
         raise WireError("bad_headers", f"record has malformed truth headers: {exc}") from None

@@ -153,3 +153,18 @@ def test_every_schedule_is_learned_through_kafka_without_changes_to_the_learner(
     if kind != "independent":  # synchronised streams: every batch has its fragment's class
         expected = [f["class"] for f in manifest["fragments"] for _ in range(f["n_batches"])]
         assert [line["domain_name"] for line in log] == expected
+
+
+def test_an_utterance_stream_is_learned_through_kafka(broker, tmp_path):
+    from producers.schedule import Schedule
+    from producers.utterance_stream import build_utterance_stream
+
+    examples = {"en": [(f"turn on light {i}", "on") for i in range(200)],
+                "fr": [(f"allume la lumière {i}", "on") for i in range(200)]}
+    records, manifest = build_utterance_stream(
+        examples, Schedule(n_fragments=6, mean_tokens=30, streams=3, window=10, seed=2), probe_examples=10)
+    asyncio.run(produce(records, broker.bootstrap_servers, "utterances"))
+    summary, _ = _learn(_config(broker, "utterances", tmp_path, manifest))
+    assert summary.stop_reason == "end_of_stream" and summary.batches == manifest["total_batches"] > 0
+    log = read_loss_log(summary.run_dir / "losses.jsonl")
+    assert {line["domain_name"] for line in log} == {"en", "fr"}

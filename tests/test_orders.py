@@ -156,13 +156,23 @@ def test_truth_sidecar_announces_every_fragment_of_every_stream(broker):
     assert {(e["stream"], e["fragment"], e["class_name"]) for e in events} == expected
 
 
-def test_a_jsonl_file_of_utterances_streams_as_running_text_per_class(tmp_path):
+def test_a_jsonl_file_of_utterances_streams_one_labelled_utterance_per_record(tmp_path):
     path = tmp_path / "utterances.jsonl"
     lines = [{"text": f"turn on the light number {i}", "class": "en", "label": "HassTurnOn"} for i in range(300)]
-    lines += [{"text": f"allume la lumière numéro {i}", "class": "fr", "label": "HassTurnOn"} for i in range(300)]
+    lines += [{"text": f"allume la lumière numéro {i}", "class": "fr", "label": "HassTurnOff"} for i in range(300)]
     path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines), encoding="utf-8")
-    records, manifest = prepare_stream(path, Schedule(n_fragments=4, mean_tokens=300, streams=2, window=10),
-                                       tmp_path / "u.json")
-    assert manifest["classes"] == ["en", "fr"]
-    assert {r.truth.class_name for r in records} == {"en", "fr"}
-    assert any("allume la lumière" in r.text or "numéro" in r.text for r in records)
+    schedule = Schedule(n_fragments=6, mean_tokens=40, streams=2, window=10, seed=3)
+    records, manifest = prepare_stream(path, schedule, tmp_path / "u.json", probe_examples=20)
+    assert manifest["classes"] == ["en", "fr"] and manifest["level"] == "utterance"
+    texts = {x["text"]: x for x in lines}
+    for record in records:  # one utterance per record, its label and class in the headers
+        source = texts[record.text.rstrip("\n")]
+        assert record.truth.label == source["label"] and record.truth.class_name == source["class"]
+    per_fragment = {}
+    for record in records:
+        per_fragment[record.truth.fragment] = per_fragment.get(record.truth.fragment, 0) + 1
+    assert per_fragment == {f["index"]: 2 * f["n_utterances"] for f in manifest["fragments"]}
+    held_out = set((tmp_path / "u.probe" / "en.txt").read_text().splitlines())
+    assert len(held_out) == 20 and not held_out & {r.text.rstrip("\n") for r in records}
+    as_text, text_manifest = prepare_stream(path, schedule, None, utterances=False)
+    assert text_manifest["level"] == "byte" and all(r.truth.label is None for r in as_text)

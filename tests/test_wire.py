@@ -31,3 +31,10 @@ def test_bad_records_raise_with_a_reason(key, value, headers, reason):
 
 def test_unrelated_headers_are_ignored():
     assert decode(b"1", b"hi", [("trace-id", b"abc")]) == Record("1", "hi")
+
+
+def test_utterance_label_travels_as_an_optional_header():
+    record = Record("2", "turn on the kitchen light\n", Truth("en", 3, 77, 1.5, label="HassTurnOn"))
+    key, value, headers = encode(record)
+    assert ("streamer.label", b"HassTurnOn") in headers
+    assert decode(key, value, headers) == record
