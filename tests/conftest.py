@@ -31,3 +31,18 @@ def tiny_corpus(tmp_path) -> Path:
 def broker():
     with EmbeddedBroker() as running:
         yield running
+
+
+FIGURES: list[str] = []  # measured sizes and times, printed at the end of the run
+
+
+def figure(text: str) -> None:
+    """Record a measured figure (not a check) for the terminal summary."""
+    FIGURES.append(text.strip("\n"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("measured (figures, not checks)")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

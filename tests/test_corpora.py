@@ -1,5 +1,6 @@
 """producers.corpora: text extraction, language filter, corpus directories, the cache, the real build."""
 
+from tests.conftest import figure  # noqa: E402
 import dataclasses
 import hashlib
 import json
@@ -356,7 +357,7 @@ def built(tmp_path_factory):
     logs: list[str] = []
     started = time.monotonic()
     path = build_corpus("calm-multilingual", root, log=logs.append)
-    print(f"\ncalm-multilingual built in {time.monotonic() - started:.1f} s")  # a figure, not a check
+    figure(f"\ncalm-multilingual built in {time.monotonic() - started:.1f} s")  # a figure, not a check
     return root, path, logs
 
 
@@ -431,7 +432,7 @@ def test_second_real_build_is_a_no_op(built, monkeypatch):
     logs: list[str] = []
     started = time.monotonic()
     assert build_corpus("calm-multilingual", root, log=logs.append) == path
-    print(f"\nsecond build returned in {time.monotonic() - started:.3f} s")
+    figure(f"\nsecond build returned in {time.monotonic() - started:.3f} s")
     assert {entry.name: entry.stat().st_mtime_ns for entry in path.iterdir()} == before
     assert logs == [f"corpus 'calm-multilingual' is already built in {path}"]
     assert [entry["built"] for entry in list_corpora(root) if entry["name"] == "calm-multilingual"] == [True]

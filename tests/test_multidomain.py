@@ -1,5 +1,6 @@
 """producers.corpora.multidomain: the vocabulary rule, wiki markup, errors, and the real build once."""
 
+from tests.conftest import figure  # noqa: E402
 import hashlib
 import json
 import shutil
@@ -100,10 +101,10 @@ def built(tmp_path_factory):
     logs: list[str] = []
     started = time.monotonic()
     path = _build(spec, root, force=False, log=logs.append)
-    print(f"\n{NAME} built in {time.monotonic() - started:.1f} s")  # a figure, not a check
+    figure(f"\n{NAME} built in {time.monotonic() - started:.1f} s")  # a figure, not a check
     texts = load_corpus_dir(path)
     for name, text in texts.items():
-        print(f"  {name}: {len(text.split()):,} words, {text.count(chr(10)):,} lines")
+        figure(f"  {name}: {len(text.split()):,} words, {text.count(chr(10)):,} lines")
     return path, texts, returned["provenance"], logs
 
 
@@ -113,7 +114,7 @@ def test_real_build_writes_four_large_word_level_classes(built):
     assert entries == sorted([f"{name}.txt" for name in DOMAINS] + ["manifest.json", "vocab"])
     assert list(texts) == list(DOMAINS)
     words = {name: len(text.split()) for name, text in texts.items()}
-    print(f"\nwords per domain: {words}, total {sum(words.values()):,}")
+    figure(f"\nwords per domain: {words}, total {sum(words.values()):,}")
     assert sum(words.values()) >= 1_000_000
     for name, text in texts.items():
         assert words[name] >= 50_000, name
@@ -186,7 +187,7 @@ def test_real_build_domains_have_distinctive_words(built):
             if n >= 100
         }
         top = sorted(ratio, key=lambda word: (-ratio[word], word))[:20]
-        print(f"\n{name}: " + ", ".join(f"{word} ({ratio[word]:.0f}x)" for word in top))
+        figure(f"\n{name}: " + ", ".join(f"{word} ({ratio[word]:.0f}x)" for word in top))
         assert len(top) == 20 and min(ratio[word] for word in top) >= 10, name
         distinctive[name] = set(top)
     names = list(distinctive)

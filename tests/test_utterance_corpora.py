@@ -1,5 +1,6 @@
 """Labeled utterance corpora: the .jsonl directory format and the real intents / MultiWOZ builds."""
 
+from tests.conftest import figure  # noqa: E402
 import json
 import re
 import sys
@@ -153,7 +154,7 @@ def _build(builder, tmp_path_factory, name):
     started = time.monotonic()
     provenance = builder(out_dir, messages.append)
     seconds = time.monotonic() - started
-    print(f"\n{name}: built in {seconds:.1f} s; " + "; ".join(messages))
+    figure(f"\n{name}: built in {seconds:.1f} s; " + "; ".join(messages))
     return out_dir, provenance
 
 
@@ -174,7 +175,7 @@ def test_intents_build_has_five_languages_of_many_intents(intents_corpus):
     assert sorted(classes) == sorted(LANGUAGES)
     for language, utterances in classes.items():
         labels = Counter(utterance.label for utterance in utterances)
-        print(
+        figure(
             f"intents {language}: {len(utterances)} examples, {len(labels)} intents, "
             f"{described[language]['characters']:,} characters, {described[language]['bytes']:,} bytes"
         )
@@ -207,7 +208,7 @@ def test_multiwoz_build_has_seven_domains_labeled_with_their_acts(multiwoz_corpu
     assert sorted(classes) == sorted(DOMAINS)
     for domain, utterances in classes.items():
         acts = Counter(utterance.label for utterance in utterances)
-        print(
+        figure(
             f"multiwoz {domain}: {len(utterances)} examples, acts {dict(acts)}, "
             f"{described[domain]['characters']:,} characters"
         )
