@@ -33,15 +33,9 @@ def broker():
         yield running
 
 
-FIGURES: list[str] = []  # measured sizes and times, printed at the end of the run
-
-
-def figure(text: str) -> None:
-    """Record a measured figure (not a check) for the terminal summary."""
-    FIGURES.append(text.strip("\n"))
-
-
 def pytest_terminal_summary(terminalreporter):
+    from tests.figures import FIGURES  # the module the tests import, not a copy of this one
+
     if FIGURES:
         terminalreporter.section("measured (figures, not checks)")
         for line in FIGURES:

@@ -1,6 +1,6 @@
 """producers.corpora: text extraction, language filter, corpus directories, the cache, the real build."""
 
-from tests.conftest import figure  # noqa: E402
+from tests.figures import figure  # noqa: E402
 import dataclasses
 import hashlib
 import json

@@ -1,6 +1,6 @@
 """producers.corpora.multidomain: the vocabulary rule, wiki markup, errors, and the real build once."""
 
-from tests.conftest import figure  # noqa: E402
+from tests.figures import figure  # noqa: E402
 import hashlib
 import json
 import shutil

@@ -1,6 +1,6 @@
 """Labeled utterance corpora: the .jsonl directory format and the real intents / MultiWOZ builds."""
 
-from tests.conftest import figure  # noqa: E402
+from tests.figures import figure  # noqa: E402
 import json
 import re
 import sys
