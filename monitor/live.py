@@ -78,6 +78,8 @@ class LiveMonitor:
         self._detected = 0
         self._since_detected = 0
         self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
+        self._probe_trained: set[str] = set()  # classes whose first fragment has ended
+        self._probe_best: dict[str, float] = {}
 
     def class_id(self, name: str) -> int:
         return self._class_ids.setdefault(name, len(self._class_ids))
@@ -132,6 +134,19 @@ class LiveMonitor:
         if self.metrics is not None:
             for partition, lag in lag_by_partition.items():
                 self.metrics.consumer_lag_records.labels(self.run, self.strategy, str(partition)).set(lag)
+
+    def probed(self, row: dict) -> None:
+        """A probe evaluation: per class, forgetting = current held-out loss minus the best
+        (lowest) held-out loss it had at an earlier evaluation after it was first learned
+        (Chaudhry et al.'s per-class forgetting, with the sign flipped for losses)."""
+        if row.get("ended_class"):
+            self._probe_trained.add(row["ended_class"])
+        for name, loss in row["scores"].items():
+            best = self._probe_best.get(name)
+            if name in self._probe_trained and best is not None and self.metrics is not None:
+                self.metrics.forgetting.labels(self.run, self.strategy, name).set(max(0.0, loss - best))
+            if name in self._probe_trained:
+                self._probe_best[name] = loss if best is None else min(best, loss)
 
     def checkpointed(self, at: float) -> None:
         """A checkpoint was written at wall time `at`; the exporter reports its age."""

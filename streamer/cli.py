@@ -103,6 +103,9 @@ def _add_run_flags(p) -> None:
     g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
     g.add_argument("--detector", choices=DETECTOR_CHOICES, default="page-hinkley",
                    help="drift detector that finds switches in the loss without labels (default page-hinkley)")
+    g.add_argument("--probe-every", type=int, default=500,
+                   help="score each class's held-out probe split every N batches (0: only at switches; default 500)")
+    g.add_argument("--no-probe", action="store_true", help="do not score the probe split (needs a manifest)")
     g.add_argument("--checkpoint-every", type=_positive_float, default=300.0,
                    help="seconds between checkpoints (one is always written at the end; default 300)")
 

@@ -129,7 +129,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
         idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
         classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"),
         from_fragment=_from_fragment(args.from_fragment, manifest.get("n_fragments")),
-        checkpoint_every_s=args.checkpoint_every,
+        checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every),
     )
 
 
@@ -137,7 +137,7 @@ def _default_run_dir(strategy: str) -> Path:
     return Path("runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{strategy}"
 
 
-async def _learn_with_view(config, args, producer=None):
+async def _learn_with_view(config, args, producer=None, manifest=None):
     """Run the learner (and optionally `producer()`, a coroutine factory) under the live view."""
     from streamer.learner import learn, resolve_device
 
@@ -166,7 +166,12 @@ async def _learn_with_view(config, args, producer=None):
         await ensure_topic(config.bootstrap_servers, config.topic)
     try:
         with view:
-            tasks = [asyncio.create_task(learn(config, monitor, on_step))]
+            probe_set = None
+            if manifest and not args.no_probe:
+                from streamer.probe import load_probe_set
+
+                probe_set = load_probe_set(manifest, rows=config.streams, window=config.window)
+            tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             try:
@@ -184,7 +189,8 @@ async def _learn_with_view(config, args, producer=None):
 def _finish(summary, manifest_path: Path | None) -> dict:
     print(f"{summary.batches} batches, {summary.tokens} tokens in {summary.seconds:.1f}s "
           f"({summary.tokens / max(summary.seconds, 1e-9):,.0f} tokens/s); stopped: {summary.stop_reason}"
-          + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else ""))
+          + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else "")
+          + (f"; {summary.probes} probe evaluations took {summary.probe_seconds:.1f}s" if summary.probes else ""))
     report = write_report(summary.run_dir)
     span = report["span"]
     print(f"\nCALM metrics over the paper's span (fragments >= {span['from_fragment']} "
@@ -221,7 +227,8 @@ def cmd_learn(args) -> int:
     if manifest is not None:
         (run_dir).mkdir(parents=True, exist_ok=True)
         (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(_learn_with_view(config, args)))
+    summary = run_with_report_on_interrupt(
+        run_dir, lambda: asyncio.run(_learn_with_view(config, args, manifest=manifest)))
     _finish(summary, args.manifest)
     return 0
 

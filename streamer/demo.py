@@ -44,7 +44,7 @@ def run_demo(args) -> int:
         def producer():
             return produce_stream(records, bootstrap, topic)
 
-        return asyncio.run(_learn_with_view(config, args, producer=producer))
+        return asyncio.run(_learn_with_view(config, args, producer=producer, manifest=manifest))
 
     def run_somewhere():
         if args.bootstrap_servers:

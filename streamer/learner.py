@@ -54,6 +54,8 @@ class LearnConfig:
     k: int = 10
     from_fragment: int = 0
     checkpoint_every_s: float = 300.0  # also written at the end of every run
+    probe_every: int = 500  # score the probe split every this many batches (0: only at switches)
+    probe_at_switches: bool = True  # and at every true switch (headers, evaluation only)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class RunSummary:
     stop_reason: str
     dead_letters: dict
     run_dir: Path
+    probes: int = 0
+    probe_seconds: float = 0.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,8 +94,11 @@ def _write_config(config: LearnConfig, device: torch.device, params: int) -> Non
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 
-async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunSummary:
-    """Consume, score, learn and commit until a stop condition; `on_step()` after each batch."""
+async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_set=None) -> RunSummary:
+    """Consume, score, learn and commit until a stop condition; `on_step()` after each batch.
+
+    With a `probe_set` (streamer.probe), the held-out probe split of every class is scored
+    between steps at every true switch and every `probe_every` batches, into probes.jsonl."""
     device = resolve_device(config.device)
     strategy = build_strategy(config, device)
     _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()))
@@ -101,7 +108,7 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {},
-             "checkpointed": time.monotonic()}
+             "checkpointed": time.monotonic(), "probes": 0, "probe_seconds": 0.0, "truth": None}
     limit = config.max_batches or config.total_batches
 
     async def fetch_loop() -> None:
@@ -152,12 +159,40 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
                     _check_idle_and_time()
                     continue
                 monitor.set_queue_depth(queue.qsize())
+                trigger = _probe_trigger(ready.truth, submitted)
+                if trigger:  # the model as it is after batch submitted-1, before learning this one
+                    while in_flight:
+                        await finish(log, *in_flight.popleft())
+                    await probe(worker, trigger, submitted)
+                state["truth"] = ready.truth or state["truth"]
                 future = loop.run_in_executor(
                     worker, prequential_step, strategy, ready.batch, ready.truth, submitted)
                 in_flight.append((future, ready))
                 submitted += 1
             while in_flight:  # a stop condition never abandons a step already taken
                 await finish(log, *in_flight.popleft())
+
+    def _probe_trigger(truth, index: int) -> str | None:
+        if probe_set is None or index == 0:
+            return None
+        previous = state["truth"]
+        if config.probe_at_switches and truth and previous and truth.fragment != previous.fragment:
+            return "switch"
+        if config.probe_every and index % config.probe_every == 0:
+            return "periodic"
+        return None
+
+    async def probe(worker, trigger: str, index: int) -> None:
+        scores, seconds = await loop.run_in_executor(worker, probe_set.score, strategy.model)
+        previous = state["truth"]
+        row = {"batch": index, "trigger": trigger,
+               "ended_class": previous.class_name if trigger == "switch" and previous else None,
+               "scores": scores, "seconds": round(seconds, 4), "time": round(time.time(), 3)}
+        with (config.run_dir / "probes.jsonl").open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        state["probes"] += 1
+        state["probe_seconds"] += seconds
+        monitor.probed(row)
 
     def checkpoint() -> None:
         _save_checkpoint(config, strategy, state["commit"], state["batches"])
@@ -199,7 +234,8 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None) -> RunS
         await source.stop()
     checkpoint()
     return RunSummary(state["batches"], state["tokens"], time.monotonic() - started,
-                      state["stop"] or "stopped", monitor.dead_letters, config.run_dir)
+                      state["stop"] or "stopped", monitor.dead_letters, config.run_dir,
+                      state["probes"], state["probe_seconds"])
 
 
 def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int) -> None:

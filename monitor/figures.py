@@ -1,0 +1,229 @@
+"""Figures across runs: loss after a switch (CALM Fig. 1b), a probe matrix heatmap, gate weights (Fig. 1d).
+
+Each ``plot_*`` function draws on a bare matplotlib Figure with an Agg canvas (no
+pyplot, no global backend) and returns a :class:`PlotResult`: the saved path, or
+``path=None`` and the reason nothing was drawn when the data are missing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from monitor.plots import rolling_mean
+
+__all__ = [
+    "PlotResult",
+    "after_switch_curves",
+    "plot_after_switch",
+    "plot_gate_weights",
+    "plot_probe_heatmap",
+    "strategy_after_switch",
+]
+
+
+class PlotResult(NamedTuple):
+    """The saved PNG, or ``path=None`` with the reason nothing was drawn."""
+
+    path: Path | None
+    reason: str | None = None
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=120)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _finite_loss(record: Mapping) -> float:
+    loss = float(record["loss"])
+    return loss if math.isfinite(loss) else math.nan
+
+
+def after_switch_curves(records: Sequence[Mapping], horizon: int) -> np.ndarray:
+    """Mean loss at each of the first ``horizon`` batches after a switch, over all switches of one run.
+
+    A switch is a change of ``sequence`` between consecutive records; offset 0 is the
+    first batch of the new fragment, and a fragment is never read past its end, so
+    offset j averages over the switches whose new fragment has more than j batches.
+    Offsets no switch reaches, and non-finite losses, are NaN (skipped in the mean).
+    """
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, got {horizon!r}")
+    totals = np.zeros(horizon)
+    counts = np.zeros(horizon)
+    offset = horizon  # before the first switch: not counted
+    for index, record in enumerate(records):
+        if index > 0 and record["sequence"] != records[index - 1]["sequence"]:
+            offset = 0
+        if offset < horizon:
+            loss = _finite_loss(record)
+            if not math.isnan(loss):
+                totals[offset] += loss
+                counts[offset] += 1
+            offset += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, totals / np.maximum(counts, 1), np.nan)
+
+
+def strategy_after_switch(groups: Mapping[str, Sequence[Sequence[Mapping]]], horizon: int) -> dict:
+    """Per strategy: the per-run curves of :func:`after_switch_curves`, their mean, min and max
+    over runs (NaN-skipping) and the number of runs; strategies with no switch are left out."""
+    summary: dict[str, dict] = {}
+    for strategy, runs in groups.items():
+        curves = [after_switch_curves(list(records), horizon) for records in runs]
+        curves = [curve for curve in curves if not np.all(np.isnan(curve))]
+        if not curves:
+            continue
+        stacked = np.vstack(curves)
+        with warnings.catch_warnings():  # an offset no run reaches is NaN, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            summary[strategy] = {
+                "n_runs": len(curves),
+                "runs": [curve.tolist() for curve in curves],
+                "mean": np.nanmean(stacked, axis=0).tolist(),
+                "min": np.nanmin(stacked, axis=0).tolist(),
+                "max": np.nanmax(stacked, axis=0).tolist(),
+            }
+    return summary
+
+
+def plot_after_switch(
+    groups: Mapping[str, Sequence[Sequence[Mapping]]],
+    path: str | os.PathLike,
+    *,
+    horizon: int = 15,
+    k_label: str = "",
+) -> PlotResult:
+    """CALM Fig. 1b: per strategy, the mean loss over the first ``horizon`` batches after a switch
+    (mean over the switches of a run, then over the strategy's runs), with a min-max band over
+    runs. ``k_label`` (e.g. "MultiLingual, λ = 10k") is added to the title."""
+    curves = strategy_after_switch(groups, horizon)
+    if not curves:
+        return PlotResult(None, "no switch in any run's loss log")
+    figure = _figure(8, 4.5)
+    axes = figure.add_subplot()
+    offsets = np.arange(horizon)
+    palette = _palette(len(curves))
+    for colour, (strategy, curve) in zip(palette, curves.items()):
+        runs = curve["n_runs"]
+        axes.plot(offsets, curve["mean"], color=colour, marker="o", markersize=3, linewidth=1.6,
+                  label=f"{strategy} (mean of {runs} run{'s' if runs != 1 else ''})")
+        if runs > 1:
+            axes.fill_between(offsets, curve["min"], curve["max"], color=colour, alpha=0.2, linewidth=0)
+    if any(curve["n_runs"] > 1 for curve in curves.values()):
+        from matplotlib.patches import Patch
+
+        handles, labels = axes.get_legend_handles_labels()
+        handles.append(Patch(facecolor="0.5", alpha=0.3))
+        labels.append("band: min-max over runs")
+        axes.legend(handles, labels, fontsize="small", frameon=False)
+    else:
+        axes.legend(fontsize="small", frameon=False)
+    axes.set_xlabel("batches after the switch")
+    axes.set_ylabel("loss (nats)")
+    axes.set_xticks(offsets[:: max(1, horizon // 15)])
+    axes.grid(alpha=0.3)
+    title = "Loss after a switch (mean over switches, then over runs)"
+    axes.set_title(f"{title}\n{k_label}" if k_label else title, fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path)
+    return PlotResult(Path(path))
+
+
+def plot_probe_heatmap(
+    matrix_values: Sequence[Sequence[float | None]],
+    stages: Sequence,
+    classes: Sequence,
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+) -> PlotResult:
+    """The probe matrix R (rows: stages, columns: classes) as a heatmap with each value in its cell;
+    ``None`` or non-finite cells are blank and marked "n/a"."""
+    if not matrix_values or not stages or not classes:
+        return PlotResult(None, "empty probe matrix")
+    shape = (len(stages), len(classes))
+    if len(matrix_values) != shape[0] or any(len(row) != shape[1] for row in matrix_values):
+        return PlotResult(None, f"probe matrix is not {shape[0]} stages x {shape[1]} classes")
+    values = np.array([[math.nan if v is None else float(v) for v in row] for row in matrix_values])
+    finite = np.isfinite(values)
+    if not finite.any():
+        return PlotResult(None, "probe matrix has no finite value")
+    figure = _figure(max(4.5, 1.0 + 0.7 * shape[1]), max(3.5, 1.2 + 0.45 * shape[0]))
+    axes = figure.add_subplot()
+    masked = np.ma.masked_invalid(values)
+    image = axes.imshow(masked, cmap="viridis", aspect="auto", interpolation="nearest")
+    figure.colorbar(image, ax=axes, fraction=0.05)
+    if values.size <= 900:
+        low, high = float(values[finite].min()), float(values[finite].max())
+        middle = (low + high) / 2
+        for row in range(shape[0]):
+            for column in range(shape[1]):
+                value = values[row, column]
+                text = f"{value:.3g}" if math.isfinite(value) else "n/a"
+                colour = "black" if math.isfinite(value) and value > middle else "white"
+                if not math.isfinite(value):
+                    colour = "0.3"
+                axes.text(column, row, text, ha="center", va="center", color=colour, fontsize="small")
+    axes.set_xticks(range(shape[1]), [str(c) for c in classes], rotation=45 if shape[1] > 6 else 0)
+    axes.set_yticks(range(shape[0]), [str(s) for s in stages])
+    axes.set_xlabel("class")
+    axes.set_ylabel("stage")
+    if title:
+        axes.set_title(title, fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path)
+    return PlotResult(Path(path))
+
+
+def plot_gate_weights(rows: Sequence[Mapping], path: str | os.PathLike) -> PlotResult:
+    """CALM Fig. 1d: the gate weight of each expert over time, stacked, from loss-log rows with a
+    ``"gates"`` list; dashed lines at the true switches (up to 200). Long runs are smoothed."""
+    rows = list(rows)
+    gated = [(index, row) for index, row in enumerate(rows) if isinstance(row.get("gates"), (list, tuple))]
+    if not gated:
+        return PlotResult(None, "no gate weights logged")
+    widths = {len(row["gates"]) for _, row in gated}
+    if len(widths) != 1 or 0 in widths:
+        return PlotResult(None, f"gate vectors have differing or zero lengths: {sorted(widths)}")
+    use_step = all("step" in row for _, row in gated)
+    x = np.array([row["step"] if use_step else index for index, row in gated], dtype=float)
+    weights = np.array([[float(g) for g in row["gates"]] for _, row in gated])
+    window = max(1, len(gated) // 500)
+    if window > 1:
+        weights = np.column_stack([rolling_mean(weights[:, e], window) for e in range(weights.shape[1])])
+    figure = _figure(12, 4)
+    axes = figure.add_subplot()
+    experts = weights.shape[1]
+    axes.stackplot(x, weights.T, colors=_palette(experts), labels=[f"expert {e}" for e in range(experts)],
+                   alpha=0.85)
+    switches = [x[i] for i in range(1, len(gated)) if gated[i][1].get("sequence") != gated[i - 1][1].get("sequence")]
+    if 0 < len(switches) <= 200:
+        axes.vlines(switches, 0, 1, transform=axes.get_xaxis_transform(), colors="0.2",
+                    linestyles="dashed", linewidth=0.7, label="true switch")
+    axes.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)
+    axes.set_xlabel("batch" if not use_step else "step")
+    axes.set_ylabel("gate weight" + (f" (rolling mean, {window} batches)" if window > 1 else ""))
+    axes.set_title("Gate weights over time")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    figure.tight_layout()
+    figure.savefig(path)
+    return PlotResult(Path(path))
+
+
+def _palette(count: int) -> list:
+    import matplotlib
+
+    name = "tab10" if count <= 10 else "tab20"
+    colormap = matplotlib.colormaps[name]
+    return [colormap(i % colormap.N) for i in range(count)]

@@ -1,0 +1,78 @@
+"""Held-out probe scoring: the loss of each class's probe split under the current model.
+
+Runs between steps, off the hot path: eval mode (no dropout), no gradient, a fresh
+hidden state, the model's training flag restored; no parameter, optimizer or
+strategy state changes. Cost is bounded by `max_bytes` per class.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+__all__ = ["ProbeSet", "load_probe_set"]
+
+
+class ProbeSet:
+    """Each class's probe bytes cut into `rows` parallel rows, scored window by window."""
+
+    def __init__(self, texts: dict[str, str], *, rows: int = 10, window: int = 20, max_bytes: int = 2000):
+        self.rows, self.window, self.max_bytes = rows, window, max_bytes
+        self._grids: dict[str, torch.Tensor] = {}
+        for name, text in sorted(texts.items()):
+            data = text.encode("utf-8")[:max_bytes]
+            per_row = (len(data) - 1) // rows
+            windows = per_row // window
+            if windows < 1:
+                continue
+            usable = windows * window + 1
+            grid = torch.tensor(list(data[: rows * usable]), dtype=torch.long).view(rows, usable)
+            self._grids[name] = grid
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self._grids)
+
+    @torch.no_grad()
+    def score(self, model) -> tuple[dict[str, float], float]:
+        """({class: mean cross-entropy in nats}, seconds taken)."""
+        started = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        losses = {}
+        try:
+            for name, grid in self._grids.items():
+                grid = grid.to(device)
+                state = model.initial_state(self.rows, device)
+                total = torch.zeros((), device=device)
+                count = 0
+                for start in range(0, grid.shape[1] - 1, self.window):
+                    inputs = grid[:, start:start + self.window]
+                    targets = grid[:, start + 1:start + self.window + 1]
+                    logits, state = model(inputs, state)
+                    total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             reduction="sum")
+                    count += targets.numel()
+                losses[name] = total / count
+            values = torch.stack(list(losses.values())).tolist() if losses else []  # GPU sync point
+        finally:
+            model.train(was_training)
+        return dict(zip(losses, values)), time.perf_counter() - started
+
+
+def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2000) -> ProbeSet | None:
+    """The probe split the producer saved beside its manifest (None when there is none)."""
+    probe = manifest.get("probe") or {}
+    directory = probe.get("dir")
+    if not directory or not probe.get("classes"):
+        return None
+    texts = {}
+    for name, entry in probe["classes"].items():
+        path = Path(directory) / entry["file"]
+        if path.is_file():
+            texts[name] = path.read_text(encoding="utf-8")
+    return ProbeSet(texts, rows=rows, window=window, max_bytes=max_bytes) if texts else None

@@ -1,0 +1,230 @@
+"""Reports across runs: Table 1 per strategy, forgetting table, after-switch / heatmap / gate figures."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from monitor.compare import (
+    FORGETTING_MISSING_NOTE,
+    forgetting_table_markdown,
+    load_runs,
+    summarise_runs,
+    table1_markdown,
+    write_comparison,
+)
+from monitor.figures import (
+    after_switch_curves,
+    plot_after_switch,
+    plot_gate_weights,
+    plot_probe_heatmap,
+    strategy_after_switch,
+)
+from monitor.losslog import LossLogWriter
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def report(run, strategy, seed, ppl, ppl_sw, rec, **config):
+    return {
+        "run": f"runs/{run}",
+        "config": {"strategy": strategy, "seed": seed, "run_name": run, **config},
+        "span": {"from_fragment": 5, "n_fragments_expected": 10, "n_fragments_seen": 10, "complete": True},
+        "metrics": {"ppl": ppl, "ppl@sw": ppl_sw, "rec": rec, "notes": []},
+    }
+
+
+def three_reports():
+    # the oracle comes first here; the summary puts it last, as in CALM's Table 1
+    return [
+        report("ind-0", "independent", 0, 7.0, 7.5, 1.0),
+        report("naive-0", "naive", 0, 10.0, 12.0, 4.0, parameters=1234),
+        report("naive-1", "naive", 1, 12.0, 16.0, None, parameters=1234),
+    ]
+
+
+def test_summarise_runs_by_hand():
+    summary = summarise_runs(three_reports())
+    assert [entry["strategy"] for entry in summary] == ["naive", "independent"]
+    naive, oracle = summary
+    assert naive["n_runs"] == 2 and naive["seeds"] == [0, 1] and naive["runs"] == ["naive-0", "naive-1"]
+    assert naive["parameters"] == 1234 and oracle["parameters"] is None
+    assert not naive["oracle"] and oracle["oracle"]
+    # ppl: mean (10 + 12) / 2 = 11; deviations -1, +1; sum of squares 2; / (n - 1 = 1) = 2; std sqrt(2)
+    assert naive["metrics"]["ppl"]["mean"] == pytest.approx(11.0)
+    assert naive["metrics"]["ppl"]["std"] == pytest.approx(math.sqrt(2))  # 1.41421...
+    # ppl@sw: mean (12 + 16) / 2 = 14; deviations -2, +2; sum of squares 8; / 1 = 8; std sqrt(8)
+    assert naive["metrics"]["ppl@sw"]["mean"] == pytest.approx(14.0)
+    assert naive["metrics"]["ppl@sw"]["std"] == pytest.approx(math.sqrt(8))  # 2.82842...
+    # rec: naive-1 has none, so the mean is naive-0's 4 alone, no std, one missing
+    assert naive["metrics"]["rec"] == {"mean": 4.0, "std": None, "n": 1, "missing": 1}
+    assert any("rec: no value in 1 of 2 runs (naive-1)" in note for note in naive["notes"])
+    # one run: the value itself, std None
+    assert oracle["metrics"]["ppl"] == {"mean": 7.0, "std": None, "n": 1, "missing": 0}
+    assert oracle["notes"] == []
+
+
+def test_summarise_runs_none_inf_and_missing_config():
+    reports = [
+        report("a", "naive", 0, None, None, None),
+        report("b", "naive", 0, math.inf, 9.0, 2.0),
+        {"run": "runs/c", "config": {}, "span": {"complete": False, "from_fragment": 0},
+         "metrics": {"ppl": 5.0, "ppl@sw": None, "rec": None}},
+    ]
+    naive, unknown = summarise_runs(reports)
+    assert naive["metrics"]["ppl"] == {"mean": math.inf, "std": None, "n": 1, "missing": 1}
+    assert naive["metrics"]["rec"] == {"mean": 2.0, "std": None, "n": 1, "missing": 1}
+    assert any("not finite" in note for note in naive["notes"])
+    assert any("seed(s) [0] appear in more than one run" in note for note in naive["notes"])
+    assert unknown["strategy"] == "unknown" and unknown["seeds"] == [None]
+    assert unknown["metrics"]["ppl@sw"] == {"mean": None, "std": None, "n": 0, "missing": 1}
+    assert any("incomplete stream in c" in note for note in unknown["notes"])
+    text = table1_markdown([naive, unknown])
+    assert "| naive | 2 | inf | 9.00 | 2.00 | n/a |" in text
+    assert "| unknown | 1 | 5.00 | n/a | n/a | n/a |" in text
+
+
+def test_table1_markdown_text():
+    text = table1_markdown(summarise_runs(three_reports()))
+    lines = text.splitlines()
+    assert lines[0] == "| strategy | runs | ppl | ppl@sw | rec | params |"
+    assert lines[2] == "| naive | 2 | 11.00 ± 1.41 | 14.00 ± 2.83 | 4.00 | 1,234 |"
+    assert lines[3] == "| independent (oracle) | 1 | 7.00 | 7.50 | 1.00 | n/a |"
+    assert "sample standard deviation (ddof=1)" in text
+    assert "Evaluated span: fragments >= 5." in text
+    assert "- naive: rec: no value in 1 of 2 runs (naive-1); mean over the other 1" in text
+
+
+def test_forgetting_table():
+    reports = three_reports()
+    assert forgetting_table_markdown(reports) == FORGETTING_MISSING_NOTE
+    assert FORGETTING_MISSING_NOTE.count("\n") == 1 and "probe" in FORGETTING_MISSING_NOTE
+    reports[1]["forgetting"] = {"forgetting": 0.5, "bwt": -0.25, "per_class": {"en": 1.0}}
+    reports[2]["forgetting"] = {"forgetting": 1.5, "bwt": None}
+    text = forgetting_table_markdown(reports)
+    lines = text.splitlines()
+    assert lines[0] == "| strategy | runs | forgetting | bwt |"
+    # forgetting: mean (0.5 + 1.5) / 2 = 1; deviations -0.5, +0.5; sum of squares 0.5; std sqrt(0.5) = 0.707
+    assert lines[2] == "| naive | 2/2 | 1.00 ± 0.71 | -0.25 |"
+    assert lines[3] == "| independent (oracle) | 0/1 | n/a | n/a |"
+
+
+def tiny_records():
+    # sequences 0 0 | 1 1 1 | 2 | 3 3: switches at indices 2, 5 and 6
+    sequences = [0, 0, 1, 1, 1, 2, 3, 3]
+    losses = [9, 9, 5, 3, 1, 7, 4, 2]
+    return [{"loss": float(loss), "domain": s % 2, "domain_name": "AB"[s % 2], "sequence": s}
+            for s, loss in zip(sequences, losses)]
+
+
+def test_after_switch_curves_by_hand():
+    curve = after_switch_curves(tiny_records(), 4)
+    # offset 0: first batch of fragments 1, 2, 3 -> (5 + 7 + 4) / 3 = 16/3
+    # offset 1: fragments 1 and 3 (fragment 2 has one batch) -> (3 + 2) / 2 = 2.5
+    # offset 2: fragment 1 only -> 1; offset 3: no fragment that long -> NaN
+    np.testing.assert_allclose(curve[:3], [16 / 3, 2.5, 1.0])
+    assert math.isnan(curve[3])
+    # fragment 0 precedes the first switch and never counts
+    assert np.isnan(after_switch_curves(tiny_records()[:2], 3)).all()
+
+    second = [dict(r, loss=r["loss"] + 1.0) for r in tiny_records()]  # every loss 1 higher
+    curves = strategy_after_switch({"naive": [tiny_records(), second]}, 3)["naive"]
+    assert curves["n_runs"] == 2
+    np.testing.assert_allclose(curves["mean"], [16 / 3 + 0.5, 3.0, 1.5])
+    np.testing.assert_allclose(curves["min"], [16 / 3, 2.5, 1.0])
+    np.testing.assert_allclose(curves["max"], [16 / 3 + 1, 3.5, 2.0])
+
+
+def synthetic_run(seed, recovery, fragments=12, length=30):
+    """Loss jumps at each switch and decays with time constant ``recovery`` batches."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for sequence in range(fragments):
+        domain = sequence % 3
+        for t in range(length):
+            loss = 2.0 + 3.0 * math.exp(-t / recovery) + 0.2 * rng.standard_normal()
+            records.append({"loss": loss, "domain": domain, "domain_name": "abc"[domain],
+                            "sequence": sequence, "step": len(records)})
+    return records
+
+
+def assert_png(path, min_bytes=5000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert len(data) > min_bytes
+
+
+def test_plot_after_switch(tmp_path):
+    groups = {"naive": [synthetic_run(0, 6.0), synthetic_run(1, 6.0)],
+              "poe": [synthetic_run(2, 2.0), synthetic_run(3, 2.0)]}
+    result = plot_after_switch(groups, tmp_path / "after_switch.png", horizon=15,
+                               k_label="synthetic, 30 batches per fragment")
+    assert result.path == tmp_path / "after_switch.png" and result.reason is None
+    assert_png(result.path)
+    curves = strategy_after_switch(groups, 15)
+    # faster recovery: lower loss a few batches after the switch
+    assert curves["poe"]["mean"][5] < curves["naive"]["mean"][5]
+
+    empty = plot_after_switch({"naive": [tiny_records()[:2]]}, tmp_path / "none.png")
+    assert empty.path is None and "no switch" in empty.reason
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_probe_heatmap(tmp_path):
+    values = [[2.1, None, None], [2.5, 1.9, None], [3.0, 2.2, 1.7]]
+    result = plot_probe_heatmap(values, ["after en", "after fr", "after cs"], ["en", "fr", "cs"],
+                                tmp_path / "probe.png", title="R (held-out loss)")
+    assert_png(result.path, min_bytes=2000)
+    assert plot_probe_heatmap([], [], [], tmp_path / "x.png", title="").path is None
+    bad = plot_probe_heatmap([[1.0, 2.0]], ["s0"], ["a"], tmp_path / "x.png", title="")
+    assert bad.path is None and "1 stages x 1 classes" in bad.reason
+
+
+def test_plot_gate_weights(tmp_path):
+    rows = synthetic_run(0, 4.0, fragments=6, length=40)
+    for index, row in enumerate(rows):
+        logits = np.array([math.sin(index / 15 + e) for e in range(3)]) * 3
+        row["gates"] = (np.exp(logits) / np.exp(logits).sum()).tolist()
+    result = plot_gate_weights(rows, tmp_path / "gates.png")
+    assert_png(result.path)
+    absent = plot_gate_weights(synthetic_run(0, 4.0), tmp_path / "no_gates.png")
+    assert absent == (None, "no gate weights logged")
+    assert not (tmp_path / "no_gates.png").exists()
+
+
+def write_run(directory, records, config):
+    directory.mkdir(parents=True)
+    with LossLogWriter(directory / "losses.jsonl") as log:
+        for record in records:
+            log.write(record)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_write_comparison_writes_all_files(tmp_path):
+    paths = [
+        write_run(tmp_path / "naive-0", synthetic_run(0, 6.0), {"strategy": "naive", "seed": 0, "parameters": 99}),
+        write_run(tmp_path / "naive-1", synthetic_run(1, 6.0), {"strategy": "naive", "seed": 1, "parameters": 99}),
+        write_run(tmp_path / "poe-0", synthetic_run(2, 2.0), {"strategy": "poe", "seed": 0}),
+    ]
+    runs = load_runs(paths)
+    runs[0][0]["metrics"]["ppl"] = math.inf  # a diverged run: written as "inf"
+    runs[2][0]["probe_matrix"] = {"stages": [0, 1], "classes": ["a", "b"], "values": [[1.0, None], [1.5, 0.9]]}
+    runs[2][0]["forgetting"] = {"forgetting": 0.3, "bwt": -0.3}
+    out = tmp_path / "compare"
+    comparison = write_comparison(runs, out)
+    for name in ("table1.md", "forgetting.md", "after_switch.png", "probe_matrix_poe-0.png", "comparison.json"):
+        assert (out / name).exists(), name
+        assert name in comparison["files"]
+    assert_png(out / "after_switch.png")
+    saved = json.loads((out / "comparison.json").read_text())  # strict JSON
+    naive = saved["strategies"][0]
+    assert naive["strategy"] == "naive" and naive["n_runs"] == 2 and naive["parameters"] == 99
+    assert naive["metrics"]["ppl"]["mean"] == "inf" and naive["metrics"]["ppl"]["std"] is None
+    assert saved["strategies"][1]["metrics"]["ppl"]["std"] is None  # one poe run
+    assert set(saved["after_switch"]["curves"]) == {"naive", "poe"}
+    assert len(saved["after_switch"]["curves"]["naive"]["mean"]) == 15
+    assert "| poe | 1/1 | 0.30 | -0.30 |" in (out / "forgetting.md").read_text()
+    assert "| naive | 2 | inf |" in (out / "table1.md").read_text()
+    assert saved["skipped"] == {}

@@ -1,0 +1,70 @@
+"""Probe scoring never changes the model and fills probes.jsonl at every true switch."""
+
+import asyncio
+import copy
+import json
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from monitor.exporter import create_metrics
+from monitor.live import LiveMonitor
+from producers.kafka import produce
+from producers.schedule import Schedule, build_stream
+from streamer.learner import LearnConfig, learn
+from streamer.models import LSTMConfig, LSTMLanguageModel
+from streamer.probe import ProbeSet
+from tests.helpers import TINY
+
+TEXTS = {"en": "hello world, how are you today? " * 40, "cs": "ahoj světe, jak se dnes máš? " * 40}
+
+
+def test_scoring_changes_nothing_and_is_the_plain_held_out_loss():
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(LSTMConfig(embedding=8, hidden=16, dropout=0.5))
+    model.train()
+    before = copy.deepcopy(model.state_dict())
+    probe = ProbeSet(TEXTS, rows=2, window=5, max_bytes=400)
+    first, seconds = probe.score(model)
+    second, _ = probe.score(model)
+    assert first == second and seconds > 0  # no dropout: deterministic
+    assert model.training  # flag restored
+    assert all(torch.equal(t, before[n]) for n, t in model.state_dict().items())
+    # by hand: the same bytes, one forward over the whole row with a fresh state
+    data = TEXTS["en"].encode()[:400]
+    per_row = (len(data) - 1) // 2 // 5 * 5 + 1
+    grid = torch.tensor(list(data[: 2 * per_row])).view(2, per_row)
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(grid[:, :-1], model.initial_state(2))
+        expected = F.cross_entropy(logits.reshape(-1, 256), grid[:, 1:].reshape(-1)).item()
+    assert first["en"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_learner_probes_at_every_switch_without_changing_the_losses(broker, tmp_path):
+    corpus = {"en": "hello world, how are you today " * 300, "fr": "bonjour le monde, ça va bien " * 300,
+              "cs": "ahoj světe, jak se dnes máš " * 300}
+    schedule = Schedule(n_fragments=6, mean_tokens=900, streams=3, window=10, seed=2, probe_tokens=600)
+    records, manifest = build_stream(corpus, schedule)
+    probe_texts = {name: entry["text"] for name, entry in manifest["probe"]["classes"].items()}
+    runs = {}
+    for name, probe_set in (("without", None), ("with", ProbeSet(probe_texts, rows=3, window=10))):
+        topic = f"probe-{name}"
+        asyncio.run(produce(records, broker.bootstrap_servers, topic))
+        config = LearnConfig(bootstrap_servers=broker.bootstrap_servers, topic=topic, group_id=topic,
+                             run_dir=tmp_path / name, streams=3, window=10, model=TINY, device="cpu",
+                             total_batches=manifest["total_batches"], idle_timeout_s=20, probe_every=25)
+        metrics = create_metrics()
+        monitor = LiveMonitor(run=name, strategy="naive", classes=tuple(manifest["classes"]), metrics=metrics)
+        summary = asyncio.run(learn(config, monitor, probe_set=probe_set))
+        runs[name] = [json.loads(line)["loss"] for line in (tmp_path / name / "losses.jsonl").open()]
+    assert runs["with"] == runs["without"]  # scoring the probe never touched the model
+    rows = [json.loads(line) for line in (tmp_path / "with" / "probes.jsonl").open()]
+    switches = [f["start_batch"] for f in manifest["fragments"][1:]]
+    assert [r["batch"] for r in rows if r["trigger"] == "switch"] == switches
+    assert [r["ended_class"] for r in rows if r["trigger"] == "switch"] == [f["class"] for f in manifest["fragments"][:-1]]
+    periodic = [r["batch"] for r in rows if r["trigger"] == "periodic"]
+    assert periodic == [b for b in range(25, manifest["total_batches"], 25) if b not in switches]
+    assert all(set(r["scores"]) == set(corpus) for r in rows)
+    assert summary.probes == len(rows)
