@@ -120,6 +120,12 @@ def _panels() -> list[dict]:
                description="Ground-truth class switches (evaluation only) beside the drift detector's detections."),
         _panel("timeseries", "Batches since detected switch", [(_m("batches_since_detected_switch"), per_run)],
                description="The drift detector's state: batches since it last fired."),
+        _panel("timeseries", "Detector precision, recall and delay",
+               [(_m("detection_precision"), "precision " + per_run), (_m("detection_recall"), "recall " + per_run),
+                (_m("detection_delay_batches"), "delay (batches) " + per_run)],
+               optional=True, width=24,
+               description="The detector scored against the true switches (tolerance 10 batches; evaluation only). "
+               "Precision and delay exist once the detector has fired."),
         _row("Operations"),
         _panel("stat", "Checkpoint age", [(_m("checkpoint_age_seconds"), per_run)], unit="s",
                description="Seconds since the last checkpoint was written.", **_stat_options()),

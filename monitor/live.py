@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from river import stats, utils
 
 from monitor.calm import CalmTracker
+from monitor.detection import DetectionTracker
 from monitor.drift import make_detector
 
 __all__ = ["LiveMonitor", "ViewSnapshot"]
@@ -55,7 +56,7 @@ def _exp(x: float | None) -> float | None:
 class LiveMonitor:
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
                  total_batches: int | None = None, metrics=None, spark_width: int = 60,
-                 detector: str = "page-hinkley"):
+                 detector: str = "page-hinkley", detection_tolerance: int = 10):
         self.run, self.strategy = run, strategy
         self.total_batches = total_batches
         self.from_fragment = from_fragment
@@ -75,6 +76,7 @@ class LiveMonitor:
         self._dead = Counter()
         self._started = time.monotonic()
         self._detector = make_detector(detector)
+        self.detection = DetectionTracker(tolerance=detection_tolerance)
         self._detected = 0
         self._since_detected = 0
         self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
@@ -107,6 +109,8 @@ class LiveMonitor:
         sums[0] += result.loss
         sums[1] += 1
         detected = self._detect(result.loss)
+        if truth is not None:  # scoring the detector needs the ground truth (evaluation only)
+            self.detection.update(self._batches - 1, fragment, detected)
         if self.metrics is not None:
             self._export(result, name, switched, detected)
         return {
@@ -186,6 +190,12 @@ class LiveMonitor:
         gpu_memory = getattr(result, "gpu_memory_bytes", None)
         if gpu_memory is not None:
             m.gpu_memory_bytes.labels(*labels).set(gpu_memory)
+        if switched or detected:  # precision, recall and delay change only then
+            snap = self.detection.snapshot()
+            for gauge, key in ((m.detection_precision, "precision"), (m.detection_recall, "recall"),
+                               (m.detection_delay_batches, "mean_delay_batches")):
+                if snap[key] is not None:
+                    gauge.labels(*labels).set(snap[key])
         m.rolling_perplexity.labels(*labels).set(_exp(self._rolling.get()))
         m.tokens_per_second.labels(*labels).set(self.tokens_per_second())
         m.tokens_total.labels(*labels).inc(result.tokens)

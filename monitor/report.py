@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor.calm import calm_metrics
+from monitor.detection import detection_report
+from monitor.forgetting import forgetting_summary, matrix_from_probe_log
 from monitor.losslog import read_loss_log
 from monitor.plots import plot_loss_curve
 
@@ -79,7 +81,7 @@ def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: in
             f"incomplete stream: {seen} of {expected} expected fragments were logged; the CALM "
             "code would report nothing, these metrics cover what was logged",
         )
-    return {
+    report = {
         "run": str(path),
         "config": config,
         "span": {
@@ -90,7 +92,27 @@ def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: in
         },
         "metrics": metrics,
         "whole_stream": calm_metrics(records, k=k, from_fragment=0),
+        "detection": detection_report(records, k=k, detector=config.get("detector") or "page-hinkley"),
     }
+    report.update(_probe_metrics(Path(path), records, config))
+    return report
+
+
+def _probe_metrics(path: Path, records: list[dict], config: Mapping) -> dict:
+    """The forgetting family from the run's probes.jsonl, when the run scored a probe split."""
+    probe_log = path / "probes.jsonl" if path.is_dir() else path.with_name("probes.jsonl")
+    if not probe_log.is_file():
+        return {"forgetting": None, "probe_matrix": None}
+    rows = [json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    order = list(dict.fromkeys(r["domain_name"] for r in records))
+    classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
+    matrix = matrix_from_probe_log(rows, classes, higher_is_better=False, probe_every=config.get("probe_every"))
+    summary = forgetting_summary(matrix)
+    summary["probe_seconds"] = round(sum(row.get("seconds", 0.0) for row in rows), 3)
+    summary["probe_evaluations"] = len(rows)
+    return {"forgetting": summary,
+            "probe_matrix": {"stages": list(matrix.stages), "classes": list(matrix.classes),
+                             "values": matrix.values, "unit": "held-out loss (nats)"}}
 
 
 def json_safe(value: Any) -> Any:

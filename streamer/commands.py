@@ -16,7 +16,7 @@ from monitor.calm import format_table
 from monitor.dashboard import cmd_monitor  # noqa: F401  (main() dispatches to cmd_<command>)
 from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
-from monitor.report import write_report
+from monitor.report import json_safe, write_report
 from monitor.view import LiveView
 from producers.corpora import CORPORA, CorpusError, build_corpus, corpus_info, corpus_path, default_cache_root, list_corpora
 from producers.kafka import ProduceError, ensure_topic
@@ -249,8 +249,8 @@ def cmd_report(args) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if args.json:
-            print(json.dumps({**report["metrics"], "span": report["span"], "run": report["run"],
-                              "whole_stream": report["whole_stream"], "config": report["config"]}, default=str))
+            print(json.dumps(json_safe({**report["metrics"], **{key: report.get(key) for key in (
+                "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "config")}}), default=str))
         else:
             print(f"## {path}\n")
             print(format_table(report["metrics"]))

@@ -173,8 +173,10 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
                 await finish(log, *in_flight.popleft())
 
     def _probe_trigger(truth, index: int) -> str | None:
-        if probe_set is None or index == 0:
+        if probe_set is None:
             return None
+        if index == 0:  # the untrained model: the reference for forward and zero-shot transfer
+            return "start"
         previous = state["truth"]
         if config.probe_at_switches and truth and previous and truth.fragment != previous.fragment:
             return "switch"

@@ -61,6 +61,7 @@ def test_learner_probes_at_every_switch_without_changing_the_losses(broker, tmp_
         runs[name] = [json.loads(line)["loss"] for line in (tmp_path / name / "losses.jsonl").open()]
     assert runs["with"] == runs["without"]  # scoring the probe never touched the model
     rows = [json.loads(line) for line in (tmp_path / "with" / "probes.jsonl").open()]
+    assert rows[0]["batch"] == 0 and rows[0]["trigger"] == "start"
     switches = [f["start_batch"] for f in manifest["fragments"][1:]]
     assert [r["batch"] for r in rows if r["trigger"] == "switch"] == switches
     assert [r["ended_class"] for r in rows if r["trigger"] == "switch"] == [f["class"] for f in manifest["fragments"][:-1]]
