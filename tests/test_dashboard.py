@@ -93,7 +93,7 @@ def test_queries_use_only_catalogued_or_planned_metrics():
 
 def test_only_the_run_dependent_panels_are_optional():
     optional = {title for title, _, is_optional in panel_queries() if is_optional}
-    assert optional == {"Forgetting per class", "GPU memory"}
+    assert optional == {"Forgetting per class", "GPU memory", "Detector precision, recall and delay"}
 
 
 def test_expected_panels_and_queries():
