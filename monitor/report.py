@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor.calm import calm_metrics
-from monitor.detection import detection_report
+from monitor.detection import detected_times, detection_report
+from monitor.figures import plot_probe_heatmap
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log
 from monitor.losslog import read_loss_log
 from monitor.plots import plot_loss_curve
@@ -158,5 +159,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     (out / RESULTS_NAME).write_text(text + "\n", encoding="utf-8")
-    plot_loss_curve(records, out / PLOT_NAME, title=_title(report))
+    plot_loss_curve(records, out / PLOT_NAME, title=_title(report), detected_switches=detected_times(records))
+    if report.get("probe_matrix"):
+        matrix = report["probe_matrix"]
+        plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",
+                           title=f"held-out loss per class after each stage: {Path(report['run']).name}")
     return report

@@ -244,14 +244,39 @@ def cmd_report(args) -> int:
     for path in args.paths:
         if not path.exists():
             raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
-        try:
-            report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        if args.json:
-            print(json.dumps(json_safe({**report["metrics"], **{key: report.get(key) for key in (
-                "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "config")}}), default=str))
-        else:
-            print(f"## {path}\n")
-            print(format_table(report["metrics"]))
+    if len(args.paths) > 1:
+        return _compare(args)
+    path = args.paths[0]
+    try:
+        report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        print(json.dumps(json_safe({**report["metrics"], **{key: report.get(key) for key in (
+            "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "config")}}), default=str))
+    else:
+        print(f"## {path}\n")
+        print(format_table(report["metrics"]))
+    return 0
+
+
+def _compare(args) -> int:
+    """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
+    from monitor.compare import load_runs, write_comparison
+
+    out = args.out or Path("report")
+    try:
+        for path in args.paths:
+            write_report(path, out / path.name, k=args.k, from_fragment=args.from_fragment)
+        comparison = write_comparison(load_runs(args.paths, k=args.k, from_fragment=args.from_fragment), out)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        print(json.dumps(json_safe(comparison), default=str))
+        return 0
+    print((out / "table1.md").read_text())
+    print((out / "forgetting.md").read_text())
+    for name, reason in comparison.get("skipped", {}).items():
+        print(f"skipped {name}: {reason}")
+    print(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json and one folder per run")
     return 0

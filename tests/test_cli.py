@@ -97,6 +97,17 @@ def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path):
     assert {"ppl", "ppl@sw", "rec", "per_class"} <= set(data)
     assert set(data["per_class"]) == {"cs", "en", "fr"}
     assert data["n_batches"] == manifest["total_batches"]
+    assert data["detection"]["evaluation"]["n_true"] == manifest["n_fragments"] - 1
+    assert data["forgetting"]["n_stages"] >= 2  # the demo scored the probe split
+
+    import shutil
+    shutil.copytree(run_dir, tmp_path / "again")  # a second run, for the comparison
+    out = tmp_path / "comparison"
+    both = streamer("report", str(run_dir), str(tmp_path / "again"), "--out", str(out), "--from-fragment", "all")
+    assert both.returncode == 0, both.stderr
+    assert "| naive | 2 |" in both.stdout
+    for name in ("table1.md", "forgetting.md", "after_switch.png", "comparison.json", "run/results.json"):
+        assert (out / name).stat().st_size > 0, name
 
 
 def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
