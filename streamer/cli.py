@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=_positive_int, default=1)
     p.add_argument("--rate", type=_positive_float, help="records per second (default: as fast as possible)")
     p.add_argument("--token-rate", type=_positive_float, help="bytes of text per second")
+    p.add_argument("--realtime-factor", type=_positive_float, default=1.0,
+                   help="speed of the replay relative to --rate / --token-rate (2 = twice as fast; default 1)")
     p.add_argument("--loop", action="store_true", help="replay forever (positions and fragments continue), for a daemon")
     p.add_argument("--no-truth-topic", action="store_true",
                    help="do not announce fragments on the <topic>.truth sidecar topic")

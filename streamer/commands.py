@@ -92,7 +92,9 @@ def cmd_produce(args) -> int:
                   console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task("produce", total=None if args.loop else len(records), mb=0.0)
         sent = asyncio.run(produce_stream(
-            stream, args.bootstrap_servers, args.topic, rate=args.rate, token_rate=args.token_rate,
+            stream, args.bootstrap_servers, args.topic,
+            rate=args.rate and args.rate * args.realtime_factor,
+            token_rate=args.token_rate and args.token_rate * args.realtime_factor,
             partitions=args.partitions, truth_topic=not args.no_truth_topic,
             progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
