@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import unicodedata
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from .calm_dir import CLASS_SUFFIX, CorpusError
+from .commands import run_command as _run
 
 __all__ = [
     "HELP_LANGUAGES",
@@ -45,7 +45,6 @@ _HELP_ROOT = "usr/share/libreoffice/help"
 _DOWNLOAD_TIMEOUT_S = 600.0
 _UPDATE_TIMEOUT_S = 600.0
 _DPKG_TIMEOUT_S = 120.0
-_STDERR_TAIL_CHARS = 400
 _PAGES_PER_JOB = 400  # about a second of work: small jobs keep every core busy to the end
 
 # Page chrome and non-text content: everything inside these is dropped.
@@ -298,22 +297,6 @@ def _download_packages(packages: list[str], dest: Path, log: Log) -> dict[str, P
     return debs
 
 
-def _run(command: list[str], *, timeout: float, cwd: Path | None = None) -> str:
-    """Run a command; any failure becomes a one-line CorpusError with its stderr tail."""
-    shown = " ".join(command)
-    try:
-        done = subprocess.run(
-            command, cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
-            timeout=timeout, check=False,
-        )  # fmt: skip
-    except FileNotFoundError:
-        raise CorpusError(f"`{command[0]}` was not found; it is needed to run `{shown}`") from None
-    except subprocess.TimeoutExpired:
-        raise CorpusError(f"`{shown}` did not finish within {timeout:.0f} s") from None
-    if done.returncode != 0:
-        tail = " | ".join(done.stderr.strip().splitlines())[-_STDERR_TAIL_CHARS:] or "no error output"
-        raise CorpusError(f"`{shown}` failed with exit status {done.returncode}: {tail}")
-    return done.stdout
 
 
 def _version(distribution: str) -> str:

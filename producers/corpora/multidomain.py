@@ -21,7 +21,6 @@ import io
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .calm_dir import CLASS_SUFFIX, CorpusError
+from .commands import run_command as _run
 
 __all__ = [
     "NAME",
@@ -73,7 +73,6 @@ _WIKI_DATA = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010
 _SOTU_DATA = re.compile(r"package/data/\d{4}_\w+\.txt")
 
 _DOWNLOAD_TIMEOUT_S = 300.0
-_STDERR_TAIL_CHARS = 400
 _MIN_ARTICLE_WORDS = 20
 
 Log = Callable[[str], None]
@@ -406,22 +405,6 @@ def _read_member(archive: tarfile.TarFile, name: str) -> str:
     return member.read().decode("utf-8")
 
 
-def _run(command: list[str], *, timeout: float, cwd: Path | None = None) -> str:
-    """Run a command; any failure becomes a one-line CorpusError with its stderr tail."""
-    shown = " ".join(command)
-    try:
-        done = subprocess.run(
-            command, cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
-            timeout=timeout, check=False,
-        )  # fmt: skip
-    except FileNotFoundError:
-        raise CorpusError(f"`{command[0]}` was not found; it is needed to run `{shown}`") from None
-    except subprocess.TimeoutExpired:
-        raise CorpusError(f"`{shown}` did not finish within {timeout:.0f} s") from None
-    if done.returncode != 0:
-        tail = " | ".join(done.stderr.strip().splitlines())[-_STDERR_TAIL_CHARS:] or "no error output"
-        raise CorpusError(f"`{shown}` failed with exit status {done.returncode}: {tail}")
-    return done.stdout
 
 
 # --- text ------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .calm_dir import CorpusError
+from .commands import run_command
 from .utterances import Utterance, write_utterance_dir
 
 __all__ = [
@@ -53,7 +53,6 @@ _VALUE_SET = f"{_DB_DIR}/value_set_processed.json"
 _DATABASES = ("attraction", "hospital", "hotel", "restaurant", "train")
 _SEED = "multiwoz-domains"
 _DOWNLOAD_TIMEOUT_S = 600.0
-_STDERR_TAIL_CHARS = 400
 
 # placeholder slot name -> key in the value set
 _SLOT_KEYS = {
@@ -253,18 +252,9 @@ def _download_sdist(dest: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
         "--disable-pip-version-check", f"convlab=={CONVLAB_VERSION}", "-d", str(dest),
     ]  # fmt: skip
-    shown = " ".join(command[2:])
-    try:
-        done = subprocess.run(
-            command, capture_output=True, encoding="utf-8", errors="replace",
-            timeout=_DOWNLOAD_TIMEOUT_S, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise CorpusError(f"`pip {shown}` did not finish within {_DOWNLOAD_TIMEOUT_S:.0f} s") from None
-    if done.returncode != 0:
-        tail = " | ".join(done.stderr.strip().splitlines())[-_STDERR_TAIL_CHARS:] or "no error output"
-        raise CorpusError(f"`pip {shown}` failed with exit status {done.returncode}: {tail}")
+    shown = "pip " + " ".join(command[3:])
+    run_command(command, timeout=_DOWNLOAD_TIMEOUT_S, shown=shown)
     found = sorted(dest.glob(f"convlab-{CONVLAB_VERSION}.tar.gz"))
     if len(found) != 1:
-        raise CorpusError(f"`pip {shown}` did not leave convlab-{CONVLAB_VERSION}.tar.gz in {dest}")
+        raise CorpusError(f"`{shown}` did not leave convlab-{CONVLAB_VERSION}.tar.gz in {dest}")
     return found[0]
