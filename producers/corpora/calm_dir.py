@@ -23,20 +23,21 @@ def load_corpus_dir(path: Path) -> dict[str, str]:
     Raises CorpusError when the directory is missing, holds fewer than two
     classes, or a class file is empty or not valid UTF-8.
     """
-    path = Path(path)
+    return {file.stem: _read_class_file(file) for file in class_files(Path(path), CLASS_SUFFIX, "corpus")}
+
+
+def class_files(path: Path, suffix: str, kind: str) -> list[Path]:
+    """The `<class><suffix>` files of a directory, sorted by class; at least two, or a CorpusError."""
     if not path.is_dir():
-        raise CorpusError(f"corpus directory {path} does not exist or is not a directory")
-    class_files = sorted(
-        (file for file in path.iterdir() if file.suffix == CLASS_SUFFIX and file.is_file()),
-        key=lambda file: file.stem,
-    )
-    if len(class_files) < 2:
-        found = ", ".join(file.name for file in class_files) or "none"
+        raise CorpusError(f"{kind} directory {path} does not exist or is not a directory")
+    files = sorted((file for file in path.iterdir() if file.suffix == suffix and file.is_file()),
+                   key=lambda file: file.stem)
+    if len(files) < 2:
+        found = ", ".join(file.name for file in files) or "none"
         raise CorpusError(
-            f"corpus directory {path} needs at least 2 class files named <class>{CLASS_SUFFIX} "
-            f"(found {len(class_files)}: {found})"
+            f"{kind} directory {path} needs at least 2 class files named <class>{suffix} (found {len(files)}: {found})"
         )
-    return {file.stem: _read_class_file(file) for file in class_files}
+    return files
 
 
 def _read_class_file(file: Path) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .calm_dir import CorpusError
+from .calm_dir import CorpusError, class_files
 
 __all__ = [
     "UTTERANCE_SUFFIX",
@@ -79,19 +79,7 @@ def describe_utterance_dir(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _class_files(path: Path) -> list[Path]:
-    if not path.is_dir():
-        raise CorpusError(f"utterance directory {path} does not exist or is not a directory")
-    files = sorted(
-        (file for file in path.iterdir() if file.suffix == UTTERANCE_SUFFIX and file.is_file()),
-        key=lambda file: file.stem,
-    )
-    if len(files) < 2:
-        found = ", ".join(file.name for file in files) or "none"
-        raise CorpusError(
-            f"utterance directory {path} needs at least 2 class files named <class>{UTTERANCE_SUFFIX} "
-            f"(found {len(files)}: {found})"
-        )
-    return files
+    return class_files(path, UTTERANCE_SUFFIX, "utterance")
 
 
 def _parse(file: Path, data: bytes) -> list[Utterance]:
