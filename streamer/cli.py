@@ -42,6 +42,18 @@ _positive_int = _positive(int, "a positive integer")
 _positive_float = _positive(float, "a positive number")
 
 
+def _option(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
 def _span(text: str) -> str | int:
     if text in ("half", "all"):
         return text
@@ -89,6 +101,8 @@ def _add_model_flags(p) -> None:
     g.add_argument("--layers", type=_positive_int, default=2)
     g.add_argument("--dropout", type=float, default=0.0)
     g.add_argument("--lr", type=_positive_float, default=2e-3, help="Adam learning rate (default 2e-3)")
+    g.add_argument("--set", dest="strategy_options", action="append", type=_option, default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
 
 
 def _add_run_flags(p) -> None:

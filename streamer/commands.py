@@ -125,7 +125,8 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
             raise UserError(f"{flag} {getattr(args, key)} differs from the manifest's {manifest[key]}")
     return LearnConfig(
         bootstrap_servers=bootstrap, topic=topic, group_id=group, run_dir=run_dir,
-        run_name=run_dir.name, strategy=args.strategy, streams=args.streams, window=args.window,
+        run_name=run_dir.name, strategy=args.strategy, strategy_options=tuple(args.strategy_options),
+        streams=args.streams, window=args.window,
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
         idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
@@ -141,9 +142,10 @@ def _default_run_dir(strategy: str) -> Path:
 
 async def _learn_with_view(config, args, producer=None, manifest=None):
     """Run the learner (and optionally `producer()`, a coroutine factory) under the live view."""
-    from streamer.learner import learn, resolve_device
+    from streamer.learner import build_strategy, learn, resolve_device
 
     try:
+        build_strategy(config, resolve_device("cpu"))  # fails early on a bad --device or --set
         resolve_device(config.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None

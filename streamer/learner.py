@@ -37,6 +37,7 @@ class LearnConfig:
     group_id: str = "streamer-learner"
     run_name: str = "run"
     strategy: str = "naive"
+    strategy_options: tuple[tuple[str, object], ...] = ()  # the strategy's own hyperparameters
     streams: int = 10
     window: int = 20
     model: LSTMConfig = field(default_factory=LSTMConfig)
@@ -83,7 +84,11 @@ def build_strategy(config: LearnConfig, device: torch.device):
     random.seed(config.seed)
     np.random.seed(config.seed)
     model = LSTMLanguageModel(config.model).to(device)
-    return STRATEGIES[config.strategy](model, lr=config.lr, clip=config.clip)
+    options = dict(config.strategy_options)
+    try:
+        return STRATEGIES[config.strategy](model, lr=config.lr, clip=config.clip, **options)
+    except TypeError as exc:  # an option the strategy does not have
+        raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 
 
 def _write_config(config: LearnConfig, device: torch.device, params: int) -> None:

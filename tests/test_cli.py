@@ -72,6 +72,13 @@ def test_bad_flag_value_lists_the_allowed_values():
     assert "'half', 'all'" in line
 
 
+def test_an_unknown_strategy_option_is_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    line = _one_clean_line(streamer("demo", "--corpus", str(corpus), "--set", "no_such_option=1",
+                                    "--run-dir", str(tmp_path / "run"), *TINY_FLAGS))
+    assert "no_such_option" in line and "naive" in line
+
+
 def test_report_of_a_missing_path_is_one_line(tmp_path):
     line = _one_clean_line(streamer("report", str(tmp_path / "nope")))
     assert "does not exist" in line
