@@ -1,0 +1,105 @@
+"""A-GEM (seeds 002/004): keep the update from raising the loss on a reference batch from memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from streamer.strategies.base import Batch, LearnStats
+from streamer.strategies.memory import ReservoirMemory, write_sparsely
+from streamer.strategies.naive import Naive
+
+__all__ = ["AGEM", "project"]
+
+
+def project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
+    """g - (g.g_ref / g_ref.g_ref) g_ref when g.g_ref < 0, else g (flat vectors, no device sync)."""
+    dot = torch.dot(g, g_ref)
+    scale = torch.where(dot < 0, dot / torch.dot(g_ref, g_ref).clamp_min(1e-30), torch.zeros_like(dot))
+    return g - scale * g_ref
+
+
+class AGEM(Naive):
+    """Naive fine-tuning whose gradient is projected against a reference gradient from memory.
+
+    After the gradient g on the current batch (carried hidden state), n_ref rows are sampled from
+    the reservoir memory and their gradient g_ref is computed from a zero hidden state. If
+    g.g_ref < 0, g becomes g - (g.g_ref / g_ref.g_ref) g_ref over all parameters flattened; then
+    it is clipped and applied. `grad_norm` is the norm of the applied gradient before clipping.
+    The batch's rows are written to memory afterwards (probability p_write each), so the reference
+    never contains the batch itself. Seeds: writes `seed`, reference samples `seed + 1`, reservoir
+    `seed + 2`.
+    """
+
+    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, p_write: float = 0.1,
+                 n_ref: int = 64, memory_size: int = 10_000, seed: int = 0):
+        super().__init__(model, lr=lr, clip=clip)
+        self.p_write = p_write
+        self.n_ref = n_ref
+        self.memory_size = memory_size
+        self.seed = seed
+        self._memory = ReservoirMemory(memory_size, seed=seed + 2)
+        self._write_generator = torch.Generator().manual_seed(seed)
+        self._sample_generator = torch.Generator().manual_seed(seed + 1)
+        self._projections = torch.zeros((), dtype=torch.int64)  # on the device after the first step
+
+    def __repr__(self) -> str:
+        return (f"AGEM(lr={self.lr}, clip={self.clip}, p_write={self.p_write}, n_ref={self.n_ref}, "
+                f"memory_size={self.memory_size}, seed={self.seed})")
+
+    @property
+    def projections(self) -> int:
+        """How many updates were projected. Reading it syncs with the device."""
+        return int(self._projections.item())
+
+    @property
+    def memory(self) -> ReservoirMemory:
+        return self._memory
+
+    def _gradient(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.model.parameters()])
+
+    def _set_gradient(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.model.parameters():
+            p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    def learn(self, batch: Batch) -> LearnStats:
+        self.model.train()
+        self._optimizer.zero_grad(set_to_none=True)
+        loss, next_state = self._loss(batch, self._start_state(batch))
+        loss.backward()
+        if len(self._memory):
+            g = self._gradient()
+            inputs, targets = self._memory.sample(self.n_ref, self._sample_generator)
+            self._optimizer.zero_grad(set_to_none=True)
+            zero_state = self.model.initial_state(inputs.shape[0], self._device())
+            ref_loss, _ = self._loss(Batch(inputs=inputs, targets=targets), zero_state)
+            ref_loss.backward()
+            g_ref = self._gradient()
+            self._projections = self._projections.to(g.device) + (torch.dot(g, g_ref) < 0)
+            self._set_gradient(project(g, g_ref))
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self._optimizer.step()
+        self._state = tuple(s.detach() for s in next_state)
+        write_sparsely(self._memory, batch, self.p_write, self._write_generator)
+        return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {
+            "memory": self._memory.state_dict(),
+            "write_generator": self._write_generator.get_state(),
+            "sample_generator": self._sample_generator.get_state(),
+            "projections": self._projections.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._memory.load_state_dict(state["memory"])
+        self._write_generator.set_state(state["write_generator"])
+        self._sample_generator.set_state(state["sample_generator"])
+        self._projections = state["projections"].clone()
