@@ -10,7 +10,7 @@ from pathlib import Path
 __all__ = ["main", "UserError", "STRATEGY_CHOICES"]
 
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
-STRATEGY_CHOICES = ("ewc", "l2", "naive")
+STRATEGY_CHOICES = ("agem", "ewc", "l2", "naive", "replay")
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
 SCHEDULE_CHOICES = ("calm", "sequence", "recurring", "independent")  # tested against producers.orders
 ORDER_CHOICES = ("given", "h2l", "l2h", "permutation")

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import random
 import time
@@ -85,6 +86,9 @@ def build_strategy(config: LearnConfig, device: torch.device):
     np.random.seed(config.seed)
     model = LSTMLanguageModel(config.model).to(device)
     options = dict(config.strategy_options)
+    cls = STRATEGIES[config.strategy]
+    if "seed" in inspect.signature(cls).parameters:  # the run's seed drives the strategy's own draws
+        options.setdefault("seed", config.seed)
     try:
         return STRATEGIES[config.strategy](model, lr=config.lr, clip=config.clip, **options)
     except TypeError as exc:  # an option the strategy does not have

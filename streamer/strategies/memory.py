@@ -47,7 +47,7 @@ class ReservoirMemory:
         if self._seen < self.capacity:
             slot = self._seen
         else:
-            slot = self._rng.randrange(self._seen) if self._rng.random() < 0.5 else self._rng.randrange(self.capacity)  # BROKEN over 0..seen inclusive
+            slot = self._rng.randrange(self._seen + 1)  # uniform over 0..seen inclusive
         self._seen += 1
         if slot < self.capacity:
             self._inputs[slot] = inputs_row
