@@ -27,6 +27,18 @@ def tiny_corpus(tmp_path) -> Path:
     return write_corpus(tmp_path / "corpus")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread; on a busy 2-core machine several threads
+    contend and can be 50-100x slower. Restores the previous setting."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def broker():
     with EmbeddedBroker() as running:

@@ -17,13 +17,7 @@ CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça 
 STRONG = {"digits": "0123456789 " * 600, "cs": "příliš žluťoučký kůň úpěl ďábelské ódy " * 300}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The tiny model is fastest on one thread; several threads on a busy machine are ~100x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

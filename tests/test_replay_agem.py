@@ -11,12 +11,7 @@ from streamer.strategies.replay import Replay
 from tests.helpers import TINY
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def windows(text: str, rows: int, window: int = 10, start: int = 0) -> Batch:

@@ -16,21 +16,12 @@ CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça 
 # Hyperparameters small enough that memory and replay act within a short stream; absent keys use defaults.
 SMALL = {"replay": dict(r_interval=30, n_replay=8, memory_size=50), "agem": dict(n_ref=8, memory_size=50)}
 
-pytestmark = pytest.mark.parametrize("name", sorted(STRATEGIES))
+pytestmark = [pytest.mark.parametrize("name", sorted(STRATEGIES)), pytest.mark.usefixtures("one_torch_thread")]
 
 
 def build(name, seed=0):
     torch.manual_seed(seed)
     return STRATEGIES[name](LSTMLanguageModel(TINY), **SMALL.get(name, {}))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model runs faster on one thread than contending for a few shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -40,15 +40,19 @@ def class_files(path: Path, suffix: str, kind: str) -> list[Path]:
     return files
 
 
-def _read_class_file(file: Path) -> str:
-    data = file.read_bytes()
+def decode_class_file(file: Path, data: bytes) -> str:
+    """The UTF-8 text of a class file, or a CorpusError naming the bad byte and its offset."""
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise CorpusError(
             f"class file {file} is not valid UTF-8: byte 0x{data[error.start]:02x} "
             f"at byte offset {error.start} ({error.reason})"
         ) from None
+
+
+def _read_class_file(file: Path) -> str:
+    text = decode_class_file(file, file.read_bytes())
     if not text.strip():
         raise CorpusError(f"class file {file} is empty; every class needs some text")
     return text

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .calm_dir import CorpusError, class_files
+from .calm_dir import CorpusError, class_files, decode_class_file
 
 __all__ = [
     "UTTERANCE_SUFFIX",
@@ -83,13 +83,7 @@ def _class_files(path: Path) -> list[Path]:
 
 
 def _parse(file: Path, data: bytes) -> list[Utterance]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise CorpusError(
-            f"class file {file} is not valid UTF-8: byte 0x{data[error.start]:02x} "
-            f"at byte offset {error.start} ({error.reason})"
-        ) from None
+    text = decode_class_file(file, data)
     utterances = []
     # split on "\n" only: JSON text may hold U+2028 and other characters splitlines() breaks at
     for number, line in enumerate(text.split("\n"), start=1):
