@@ -46,7 +46,7 @@ def corpus() -> tuple[str, dict[str, str]]:
 
 
 def memory_path(config: LearnConfig, records, batches: int) -> float:
-    strategy = build_strategy(config, resolve_device(config.device))
+    strategy, _ = build_strategy(config, resolve_device(config.device))
     batcher = Batcher(config.streams, config.window, resolve_device(config.device))
 
     def feed():

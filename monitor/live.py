@@ -113,12 +113,17 @@ class LiveMonitor:
             self.detection.update(self._batches - 1, fragment, detected)
         if self.metrics is not None:
             self._export(result, name, switched, detected)
-        return {
+        line = {
             "loss": result.loss, "domain": domain, "domain_name": name, "sequence": fragment,
             "batch": result.index, "tokens": result.tokens, "train_loss": result.train_loss,
             "predict_s": round(result.predict_s, 6), "learn_s": round(result.learn_s, 6),
             "time": round(result.finished_at, 3), "detected_switch": detected,
         }
+        for key in ("gates", "predicted", "labels"):  # mixtures and classifiers only
+            value = getattr(result, key, None)
+            if value is not None:
+                line[key] = [round(v, 6) for v in value] if key == "gates" else list(value)
+        return line
 
     def _detect(self, loss: float) -> bool:
         """Feed the label-free detector; True when it signals a switch at this batch."""

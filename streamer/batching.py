@@ -1,8 +1,8 @@
 """Turn decoded records into b x w byte windows, per stream, in arrival order.
 
-Each of the b streams (record keys) keeps a byte buffer; a batch is emitted
-when every stream holds w + 1 unconsumed bytes (w inputs and the next byte as
-the last target). Evaluation truth rides beside the batch, never inside it.
+Each of the b streams (record keys) keeps a token buffer (UTF-8 bytes by
+default; a model's tokenizer otherwise); a batch is emitted when every stream
+holds w + 1 unconsumed tokens (w inputs and the next token as the last target). Evaluation truth rides beside the batch, never inside it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ class ReadyBatch:
     commit: dict  # {(topic, partition): next offset to commit} once this batch is learned
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
 @dataclass
 class _Stream:
-    data: bytearray = field(default_factory=bytearray)
+    data: bytearray | list = field(default_factory=bytearray)  # bytes, or token ids from a tokenizer
     # (end position in `data` coordinates, truth or None, offset handle) per record
     spans: deque = field(default_factory=deque)
     base: int = 0  # absolute position of data[0]
@@ -67,12 +71,15 @@ class OffsetTracker:
 class Batcher:
     """Cuts b x w batches; a stream key maps to one of the b rows for the run's life."""
 
-    def __init__(self, streams: int, window: int, device: torch.device | str = "cpu"):
+    def __init__(self, streams: int, window: int, device: torch.device | str = "cpu", encode=None):
+        """`encode(text)` gives a record's token ids (bytes or a list of ints); UTF-8 bytes by default."""
         self.streams = streams
         self.window = window
         self.device = torch.device(device)
+        self.encode = encode or _utf8
+        self._bytes = isinstance(self.encode("a"), (bytes, bytearray))
         self._rows: dict[str, int] = {}
-        self._buffers = [_Stream() for _ in range(streams)]
+        self._buffers = [_Stream(bytearray() if self._bytes else []) for _ in range(streams)]
         self.offsets = OffsetTracker()
 
     def _row(self, stream: str) -> int | None:
@@ -93,8 +100,7 @@ class Batcher:
         """Append a record's bytes to its stream; caller checks `accepts` first."""
         row = self._rows.setdefault(record.stream, self._row(record.stream))
         buf = self._buffers[row]
-        payload = record.text.encode("utf-8")
-        buf.data += payload
+        buf.data += self.encode(record.text)
         handle = None if tp is None else (tp, offset)
         if handle is not None:
             self.offsets.seen(tp, offset)
@@ -107,9 +113,12 @@ class Batcher:
     def pop(self) -> ReadyBatch:
         """Cut one b x w batch; call only when `ready()`."""
         w = self.window
-        rows = [bytes(b.data[: w + 1]) for b in self._buffers]
-        flat = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8)
-        grid = flat.view(self.streams, w + 1).long()
+        if self._bytes:
+            rows = [bytes(b.data[: w + 1]) for b in self._buffers]
+            flat = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8)
+            grid = flat.view(self.streams, w + 1).long()
+        else:
+            grid = torch.tensor([b.data[: w + 1] for b in self._buffers], dtype=torch.long)
         truth = self._majority_truth()
         for buf in self._buffers:
             del buf.data[:w]

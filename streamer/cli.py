@@ -7,10 +7,11 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["main", "UserError", "STRATEGY_CHOICES"]
+__all__ = ["main", "UserError", "STRATEGY_CHOICES", "MODEL_CHOICES"]
 
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
 STRATEGY_CHOICES = ("agem", "ewc", "l2", "naive", "replay")
+MODEL_CHOICES = ("lstm-char",)  # streamer.models.MODELS (a test keeps them equal)
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
 SCHEDULE_CHOICES = ("calm", "sequence", "recurring", "independent")  # tested against producers.orders
 ORDER_CHOICES = ("given", "h2l", "l2h", "permutation")
@@ -94,6 +95,10 @@ def _add_stream_flags(p) -> None:
 def _add_model_flags(p) -> None:
     g = p.add_argument_group("model and strategy")
     g.add_argument("--strategy", choices=STRATEGY_CHOICES, default="naive")
+    g.add_argument("--model", dest="model_name", choices=MODEL_CHOICES, default="lstm-char",
+                   help="lstm-char: byte-level LSTM (default)")
+    g.add_argument("--model-opt", dest="model_options", action="append", type=_option, default=[],
+                   metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto = cuda when available, else cpu")
     g.add_argument("--hidden", type=_positive_int, default=256, help="LSTM hidden size (default 256)")

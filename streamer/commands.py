@@ -126,6 +126,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
     return LearnConfig(
         bootstrap_servers=bootstrap, topic=topic, group_id=group, run_dir=run_dir,
         run_name=run_dir.name, strategy=args.strategy, strategy_options=tuple(args.strategy_options),
+        model_name=args.model_name, model_options=tuple(args.model_options),
         streams=args.streams, window=args.window,
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
@@ -145,7 +146,7 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
     from streamer.learner import build_strategy, learn, resolve_device
 
     try:
-        build_strategy(config, resolve_device("cpu"))  # fails early on a bad --device or --set
+        build_strategy(config, resolve_device("cpu"), manifest)  # fails early on a bad --device, --set or --model-opt
         resolve_device(config.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -175,7 +176,7 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
                 from streamer.probe import load_probe_set
 
                 probe_set = load_probe_set(manifest, rows=config.streams, window=config.window)
-            tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set))]
+            tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set, manifest))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             try:

@@ -21,9 +21,8 @@ import torch
 
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
-from streamer.batching import Batcher
 from streamer.consumer import KafkaSource
-from streamer.models import LSTMConfig, LSTMLanguageModel
+from streamer.models import LSTMConfig, ModelRequest, build_model
 from streamer.step import prequential_step
 from streamer.strategies import STRATEGIES
 
@@ -41,7 +40,9 @@ class LearnConfig:
     strategy_options: tuple[tuple[str, object], ...] = ()  # the strategy's own hyperparameters
     streams: int = 10
     window: int = 20
-    model: LSTMConfig = field(default_factory=LSTMConfig)
+    model: LSTMConfig = field(default_factory=LSTMConfig)  # sizes of the LSTM models
+    model_name: str = "lstm-char"  # --model (streamer.models.MODELS)
+    model_options: tuple[tuple[str, object], ...] = ()  # the model's own options (--model-opt)
     lr: float = 2e-3
     clip: float = 1.0
     seed: int = 0
@@ -80,39 +81,41 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_strategy(config: LearnConfig, device: torch.device):
+def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | None = None):
+    """The model by name, wrapped in the strategy; returns (strategy, BuiltModel)."""
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     np.random.seed(config.seed)
-    model = LSTMLanguageModel(config.model).to(device)
+    built = build_model(ModelRequest(config.model_name, config.model, config.model_options, manifest, device))
     options = dict(config.strategy_options)
     cls = STRATEGIES[config.strategy]
     if "seed" in inspect.signature(cls).parameters:  # the run's seed drives the strategy's own draws
         options.setdefault("seed", config.seed)
     try:
-        return STRATEGIES[config.strategy](model, lr=config.lr, clip=config.clip, **options)
+        return cls(built.model, lr=config.lr, clip=config.clip, **options), built
     except TypeError as exc:  # an option the strategy does not have
         raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 
 
-def _write_config(config: LearnConfig, device: torch.device, params: int) -> None:
+def _write_config(config: LearnConfig, device: torch.device, params: int, built) -> None:
     config.run_dir.mkdir(parents=True, exist_ok=True)
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
-                model_name="lstm-byte", started=time.time())
+                model_kind=built.kind, model_details=built.details, started=time.time())
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 
-async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_set=None) -> RunSummary:
+async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_set=None,
+                manifest: dict | None = None) -> RunSummary:
     """Consume, score, learn and commit until a stop condition; `on_step()` after each batch.
 
     With a `probe_set` (streamer.probe), the held-out probe split of every class is scored
     between steps at every true switch and every `probe_every` batches, into probes.jsonl."""
     device = resolve_device(config.device)
-    strategy = build_strategy(config, device)
-    _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()))
+    strategy, built = build_strategy(config, device, manifest)
+    _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id)
-    batcher = Batcher(config.streams, config.window, device)
+    batcher = built.make_batcher(config.streams, config.window, device)
     queue: asyncio.Queue = asyncio.Queue(maxsize=config.queue_size)
     loop = asyncio.get_running_loop()
     started = time.monotonic()

@@ -26,23 +26,35 @@ class StepResult:
     learn_s: float
     finished_at: float  # wall clock, seconds since the epoch
     gpu_memory_bytes: int | None = None  # allocated by torch, when on a GPU
+    gates: tuple[float, ...] | None = None  # mixtures: the expert weights of this batch
+    predicted: tuple[int, ...] | None = None  # classifiers: predicted label id per row
+    labels: tuple[int, ...] | None = None  # classifiers: the revealed label id per row
 
 
 def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None, index: int) -> StepResult:
+    route = getattr(strategy, "route", None)
+    if route is not None:  # only the `independent` oracle reads the ground truth, and says so
+        route(truth)
     started = time.perf_counter()
     prediction = strategy.predict(batch)
-    predicted = time.perf_counter()
+    predicted_at = time.perf_counter()
     stats = strategy.learn(batch)
     learned = time.perf_counter()
     # GPU sync point: the one read of device values per step.
     loss, train_loss, grad_norm = torch.stack(
         [prediction.loss.detach().float(), stats.loss.float(), stats.grad_norm.float()]
     ).tolist()
+    gates = None if stats.gates is None else tuple(stats.gates.detach().float().tolist())
+    predicted = labels = None
+    if prediction.predicted is not None:
+        predicted = tuple(prediction.predicted.tolist())
+        labels = tuple(batch.targets.reshape(-1).tolist())
     return StepResult(
         index=index, loss=loss, train_loss=train_loss, grad_norm=grad_norm,
-        tokens=batch.tokens, truth=truth, predict_s=predicted - started,
-        learn_s=learned - predicted, finished_at=time.time(),
+        tokens=batch.tokens, truth=truth, predict_s=predicted_at - started,
+        learn_s=learned - predicted_at, finished_at=time.time(),
         gpu_memory_bytes=torch.cuda.memory_allocated() if batch.inputs.is_cuda else None,
+        gates=gates, predicted=predicted, labels=labels,
     )
 
 

@@ -158,10 +158,12 @@ def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
 
 def test_cli_choices_match_the_registries():
     from monitor.drift import DETECTORS
-    from streamer.cli import DETECTOR_CHOICES, STRATEGY_CHOICES
+    from streamer.cli import DETECTOR_CHOICES, MODEL_CHOICES, STRATEGY_CHOICES
+    from streamer.models import MODELS
     from streamer.strategies import STRATEGIES
 
     assert tuple(sorted(STRATEGIES)) == STRATEGY_CHOICES
+    assert tuple(sorted(MODELS)) == MODEL_CHOICES
     assert tuple(sorted([*DETECTORS, "none"])) == DETECTOR_CHOICES
 
 

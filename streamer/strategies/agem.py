@@ -85,7 +85,7 @@ class AGEM(Naive):
             self._set_gradient(project(g, g_ref))
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self._optimizer.step()
-        self._state = tuple(s.detach() for s in next_state)
+        self._carry(next_state)
         write_sparsely(self._memory, batch, self.p_write, self._write_generator)
         return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())
 

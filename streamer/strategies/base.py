@@ -17,8 +17,9 @@ class Batch:
     A batch carries no ground truth: the model path never sees headers.
     """
 
-    inputs: torch.Tensor  # (b, w) int64
-    targets: torch.Tensor  # (b, w) int64
+    inputs: torch.Tensor  # (b, w) int64; for classifiers (b, L) token ids, padded with the model's pad id
+    targets: torch.Tensor  # (b, w) int64; for classifiers (b,) label ids, revealed after the prediction
+    labels_known: int | None = None  # classifiers: labels seen so far in the stream (the head's width)
 
     @property
     def tokens(self) -> int:
@@ -28,12 +29,14 @@ class Batch:
 @dataclass(frozen=True)
 class Prediction:
     loss: torch.Tensor  # scalar: mean cross-entropy in nats, still on the device
+    predicted: torch.Tensor | None = None  # classifiers: (b,) predicted label ids
 
 
 @dataclass(frozen=True)
 class LearnStats:
     loss: torch.Tensor  # scalar training loss of the update (not the recorded loss)
     grad_norm: torch.Tensor  # scalar, before clipping
+    gates: torch.Tensor | None = None  # mixtures: (n,) expert weights used for this batch, for CALM Fig. 1d
 
 
 @runtime_checkable

@@ -35,9 +35,14 @@ class Naive:
         return next(self.model.parameters()).device
 
     def _start_state(self, batch: Batch):
+        """The carried state, or a fresh one; models without a recurrent state use None."""
         if self._state is None or self._state[0].shape[1] != batch.inputs.shape[0]:
             return self.model.initial_state(batch.inputs.shape[0], self._device())
         return self._state
+
+    def _carry(self, next_state) -> None:
+        """Keep the state after this batch, detached (truncated BPTT); None for stateless models."""
+        self._state = None if next_state is None else tuple(s.detach() for s in next_state)
 
     def _loss(self, batch: Batch, state):
         logits, next_state = self.model(batch.inputs, state)
@@ -61,7 +66,7 @@ class Naive:
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self._optimizer.step()
-        self._state = tuple(s.detach() for s in next_state)
+        self._carry(next_state)
         return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())
 
     def state_dict(self) -> dict[str, Any]:

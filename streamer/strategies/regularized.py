@@ -94,7 +94,7 @@ class _Consolidating(Naive):
                 penalty.backward()  # accumulates onto the data-loss gradients
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self._optimizer.step()
-        self._state = tuple(s.detach() for s in next_state)
+        self._carry(next_state)
         self._learned += 1
         if self._at_boundary(data_loss.detach()):
             self._consolidate()
