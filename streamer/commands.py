@@ -62,6 +62,23 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_weights(args) -> int:
+    from streamer.models.weights import WEIGHTS, build_weights, weights_root
+
+    root = args.cache or weights_root()
+    if args.weights_command == "list":
+        for name, spec in sorted(WEIGHTS.items()):
+            state = "built" if (root / name / "manifest.json").is_file() else "not built"
+            print(f"{name:<18} {state:<10} {spec.package}=={spec.version} ({spec.license}): {spec.description}")
+        return 0
+    try:
+        path = build_weights(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"built {args.name} in {path}")
+    return 0
+
+
 def _corpus_dir(name_or_dir: str, cache: Path | None) -> Path:
     path = Path(name_or_dir)
     if path.exists():  # a directory or a file of the user's own data
