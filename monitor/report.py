@@ -16,7 +16,7 @@ from typing import Any
 
 from monitor.calm import calm_metrics
 from monitor.detection import detected_times, detection_report
-from monitor.figures import plot_probe_heatmap
+from monitor.figures import plot_gate_weights, plot_probe_heatmap
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log
 from monitor.losslog import read_loss_log
 from monitor.plots import plot_loss_curve
@@ -160,6 +160,8 @@ def write_report(
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     (out / RESULTS_NAME).write_text(text + "\n", encoding="utf-8")
     plot_loss_curve(records, out / PLOT_NAME, title=_title(report), detected_switches=detected_times(records))
+    if any("gates" in row for row in records):  # mixtures log their expert weights (CALM Fig. 1d)
+        plot_gate_weights(records, out / "gate_weights.png")
     if report.get("probe_matrix"):
         matrix = report["probe_matrix"]
         plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",

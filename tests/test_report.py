@@ -145,3 +145,17 @@ def test_write_report_of_a_log_file_goes_next_to_it_or_to_out_dir(tmp_path):
     out = tmp_path / "elsewhere"
     write_report(log, out, from_fragment="all")
     assert json.loads((out / "results.json").read_text())["span"]["from_fragment"] == 0
+
+
+def test_a_run_that_logged_gate_weights_gets_the_gate_figure(tmp_path):
+    run = tmp_path / "run"
+    with LossLogWriter(run / "losses.jsonl") as log:
+        for index, record in enumerate(project_records()):
+            weight = index / 20  # expert 0 gains weight over time
+            log.write({**record, "gates": [weight, 1 - weight]})
+    write_report(run)
+    png = (run / "gate_weights.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    plain = make_run(tmp_path / "plain")
+    write_report(plain)
+    assert not (plain / "gate_weights.png").exists()
