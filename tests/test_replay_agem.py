@@ -6,7 +6,7 @@ import torch
 from streamer.models import LSTMLanguageModel
 from streamer.strategies.agem import AGEM, project
 from streamer.strategies.base import Batch
-from streamer.strategies.memory import ReservoirMemory
+from streamer.strategies.memory import HerdingMemory, ReservoirMemory, herding_order
 from streamer.strategies.replay import Replay
 from tests.helpers import TINY
 
@@ -138,3 +138,101 @@ def test_agem_without_memory_is_naive():
         a, n = agem.learn(batch), naive.learn(batch)
         assert torch.equal(a.loss, n.loss) and torch.equal(a.grad_norm, n.grad_norm)
     assert agem.projections == 0 and len(agem.memory) == 0
+
+
+# --- herding selection (seed 001, iCaRL) -----------------------------------------------------------
+
+
+def test_herding_order_matches_the_greedy_order_computed_by_hand():
+    features = torch.tensor([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0], [3.0, 3.0], [0.0, 0.0]])
+    # Squared distances to the mean (1.2, 1.4). Pick 1: x itself: 2.6, 4.0, 0.2, 5.8, 3.4 -> row 2 (1, 1).
+    # Pick 2: (x + (1, 1)) / 2 against the mean: 0.9, 0.85, -, 1.0, 1.3 -> row 1 (0, 3).
+    # Pick 3: (x + (1, 4)) / 3: row 0 -> (1, 4/3): 0.044; row 3 -> (4/3, 7/3): 0.889;
+    #         row 4 -> (1/3, 4/3): 0.756 -> row 0.
+    # Pick 4: (x + (3, 4)) / 4: row 3 -> (1.5, 1.75): 0.2125; row 4 -> (0.75, 1): 0.3625 -> row 3. Then row 4.
+    assert herding_order(features, 5).tolist() == [2, 1, 0, 3, 4]
+    assert herding_order(features, 2).tolist() == [2, 1]  # a prefix is the herding choice of that size
+    assert herding_order(features, 9).tolist() == [2, 1, 0, 3, 4]  # never more than the rows there are
+    # the mean of a 10-row herding prefix is closer to the mean than that of any of 50 random 10-row subsets
+    generator = torch.Generator().manual_seed(0)
+    cloud = torch.randn(200, 8, generator=generator)
+    herded = (cloud[herding_order(cloud, 10)].mean(0) - cloud.mean(0)).norm()
+    random_prefixes = torch.stack([(cloud[torch.randperm(200, generator=generator)[:10]].mean(0) - cloud.mean(0)).norm()
+                                   for _ in range(50)])
+    assert herded < random_prefixes.min()
+
+
+def segment(memory, first_value, rows, generator):
+    """Offer `rows` rows whose every entry is a distinct value from first_value on; random features."""
+    for value in range(first_value, first_value + rows):
+        memory.offer(torch.full((4,), value), torch.full((4,), value))
+    candidates, _ = memory.candidates()
+    return candidates, torch.randn(len(candidates), 5, generator=generator)
+
+
+def test_herding_memory_splits_capacity_evenly_and_keeps_each_segments_best_prefix():
+    generator = torch.Generator().manual_seed(0)
+    memory = HerdingMemory(12, seed=1)
+    candidates, features = segment(memory, 0, 20, generator)  # 20 offered to a 12-row candidate reservoir
+    assert len(memory) == len(candidates) == 12 and memory.exemplars == 0
+    memory.close_segment(features)
+    unit = features / features.norm(dim=1, keepdim=True)  # iCaRL herds on L2-normalised features
+    first, _ = memory.exemplar_rows()
+    assert torch.equal(first, candidates[herding_order(unit, 12)])
+    assert memory.segment_sizes == (12,) and memory.candidates() is None
+    memory.close_segment(torch.zeros(0, 5))  # an empty segment is not counted
+    _, features = segment(memory, 100, 9, generator)
+    memory.close_segment(features)
+    assert memory.segment_sizes == (6, 6)
+    held, _ = memory.exemplar_rows()
+    assert torch.equal(held[:6], first[:6])  # the older segment keeps the first 6 of its herding order
+    _, features = segment(memory, 200, 30, generator)
+    memory.close_segment(features)
+    assert memory.segment_sizes == (4, 4, 4)
+    held, targets = memory.exemplar_rows()
+    assert torch.equal(held, targets) and torch.equal(held[:4], first[:4])
+    assert (held[4:8] >= 100).all() and (held[4:8] < 200).all() and (held[8:] >= 200).all()
+    for k in range(13):  # more segments than capacity: one row each, the oldest dropped
+        _, features = segment(memory, 1000 + 10 * k, 2, generator)
+        memory.close_segment(features)
+        assert memory.exemplars <= 12
+    assert memory.segment_sizes == (1,) * 12
+    rows, _ = memory.sample(30, torch.Generator().manual_seed(0))
+    assert set(rows[:, 0].tolist()) <= set(memory.exemplar_rows()[0][:, 0].tolist())
+
+
+def test_replay_with_herding_closes_a_segment_at_each_boundary():
+    strategy = replay(p_write=1.0, r_interval=6, n_replay=4, memory_size=20, selection="herding", boundary="every:5")
+    for t in range(17):
+        strategy.learn(windows("hello world, how are you " if t < 10 else "bonjour le monde ", rows=3, start=t * 30))
+    assert strategy.boundaries_at == (4, 9, 14)
+    # 15 candidates per segment; m = 20 // 1 keeps all 15, then 20 // 2 = 10 each, then 20 // 3 = 6 each
+    assert strategy.memory.segment_sizes == (6, 6, 6)
+    assert len(strategy.memory.candidates()[0]) == 6  # batches 15 and 16
+    assert strategy.replays == 17 * 3 // 6
+    assert "boundaries" not in replay().state_dict()  # the reservoir path looks for none
+
+
+def test_replay_with_herding_round_trips_and_predict_changes_nothing():
+    import copy
+
+    from tests.test_strategy_conformance import assert_same
+
+    options = dict(p_write=0.5, r_interval=6, n_replay=4, memory_size=20, selection="herding", boundary="every:4")
+    strategy = replay(**options)
+    for t in range(10):
+        strategy.learn(windows("hello world, how are you ", rows=3, start=t * 30))
+    before = copy.deepcopy(strategy.state_dict())
+    strategy.predict(windows("bonjour le monde ", rows=3))
+    assert_same(strategy.state_dict(), before)
+    torch.manual_seed(9)
+    restored = Replay(LSTMLanguageModel(TINY), **options)
+    restored.load_state_dict(copy.deepcopy(before))
+    later = [windows("bonjour le monde ", rows=3, start=t * 30) for t in range(8)]
+    assert [strategy.learn(b).loss for b in later] == [restored.learn(b).loss for b in later]
+    assert_same(strategy.state_dict(), restored.state_dict())
+
+
+def test_unknown_selection_is_refused():
+    with pytest.raises(ValueError, match="selection"):
+        replay(selection="random")

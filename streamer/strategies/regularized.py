@@ -1,39 +1,24 @@
 """Quadratic penalties to consolidated weights: L2 and online EWC.
 
 Consolidation happens at task boundaries. The stream has none, so each strategy
-finds its own: a river drift detector watching the strategy's own training loss
-(`boundary="page-hinkley" | "adwin" | "kswin"`), a fixed schedule
-(`boundary="every:N"`, after every N-th learned batch) or never (`"none"`).
-Headers never reach a strategy, so boundaries cannot come from them.
+finds its own (streamer.strategies.boundary): a river drift detector watching the
+strategy's own training loss (`boundary="page-hinkley" | "adwin" | "kswin"`), a
+fixed schedule (`boundary="every:N"`, after every N-th learned batch) or never
+(`"none"`). Headers never reach a strategy, so boundaries cannot come from them.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import torch
 from torch import nn
 
-from monitor.drift import make_detector
 from streamer.strategies.base import Batch, LearnStats
+from streamer.strategies.boundary import Boundaries
 from streamer.strategies.naive import Naive
 
 __all__ = ["L2", "EWC"]
-
-
-def _parse_boundary(boundary: str) -> int | None:
-    """The period N of "every:N", or None for a detector name (checked by make_detector)."""
-    if not boundary.startswith("every:"):
-        make_detector(boundary)  # raises ValueError for an unknown name
-        return None
-    try:
-        period = int(boundary.removeprefix("every:"))
-    except ValueError:
-        raise ValueError(f"boundary {boundary!r}: expected every:N with an integer N") from None
-    if period < 1:
-        raise ValueError(f"boundary {boundary!r}: N must be at least 1")
-    return period
 
 
 class _Consolidating(Naive):
@@ -47,18 +32,21 @@ class _Consolidating(Naive):
                  boundary: str = "page-hinkley"):
         super().__init__(model, lr=lr, clip=clip, steps=steps)
         self.boundary = boundary
-        self._period = _parse_boundary(boundary)
-        self._detector = None if self._period is not None else make_detector(boundary)
-        self._learned = 0  # batches learned so far
-        self._consolidated_at: list[int] = []  # 0-based learn index after which each consolidation happened
+        self._boundaries = Boundaries(boundary)  # counts learned batches; consolidations follow its boundaries
 
     @property
     def consolidations(self) -> int:
-        return len(self._consolidated_at)
+        return len(self._boundaries.found_at)
 
     @property
     def consolidated_at(self) -> tuple[int, ...]:
-        return tuple(self._consolidated_at)
+        """0-based learn index after which each consolidation happened."""
+        return self._boundaries.found_at
+
+    @property
+    def _detector(self):
+        """The boundary detector itself (tests swap a fresh one into a saved state)."""
+        return self._boundaries.detector
 
     def _named_parameters(self) -> dict[str, torch.Tensor]:
         return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
@@ -71,15 +59,6 @@ class _Consolidating(Naive):
 
     def _observe_gradients(self) -> None:
         """Called after the data loss's backward, before the penalty's gradient is added."""
-
-    def _at_boundary(self, data_loss: torch.Tensor) -> bool:
-        if self._period is not None:
-            return self._learned % self._period == 0
-        if self._detector is None:
-            return False
-        # GPU sync point: river's detectors take a Python float (only on the detector path).
-        self._detector.update(data_loss.item())
-        return self._detector.drift_detected
 
     def learn(self, batch: Batch) -> LearnStats:
         self.model.train()
@@ -95,10 +74,8 @@ class _Consolidating(Naive):
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self._optimizer.step()
         self._carry(next_state)
-        self._learned += 1
-        if self._at_boundary(data_loss.detach()):
+        if self._boundaries.update(data_loss.detach()):
             self._consolidate()
-            self._consolidated_at.append(self._learned - 1)
         return LearnStats(loss=(data_loss + penalty).detach(), grad_norm=grad_norm.detach())
 
     def _extra_state(self) -> dict[str, Any]:
@@ -108,20 +85,19 @@ class _Consolidating(Naive):
         pass
 
     def state_dict(self) -> dict[str, Any]:
+        boundaries = self._boundaries.state_dict()  # flat keys, as in checkpoints written before boundary.py
         return {
             **super().state_dict(),
-            "learned": self._learned,
-            "consolidated_at": list(self._consolidated_at),
-            # pickled bytes: an identical, independent copy of the detector, loadable with weights_only
-            "detector": None if self._detector is None else pickle.dumps(self._detector),
+            "learned": boundaries["learned"],
+            "consolidated_at": boundaries["found_at"],
+            "detector": boundaries["detector"],  # pickled bytes
             **self._extra_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._learned = state["learned"]
-        self._consolidated_at = list(state["consolidated_at"])
-        self._detector = None if state["detector"] is None else pickle.loads(state["detector"])
+        self._boundaries.load_state_dict({"learned": state["learned"], "found_at": state["consolidated_at"],
+                                          "detector": state["detector"]})
         self._load_extra_state(state)
 
 

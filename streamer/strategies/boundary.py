@@ -1,0 +1,92 @@
+"""Boundaries a strategy finds on its own: a drift detector on its training loss, or a schedule.
+
+The stream signals no task boundaries and headers never reach a strategy, so a
+strategy that consolidates (EWC, L2), snapshots a teacher (kd-logit, kd-rep) or
+closes a memory segment (replay with herding) finds them itself:
+`boundary="page-hinkley" | "adwin" | "kswin"` feeds its own training loss to a
+river drift detector (monitor.drift), `"every:N"` is a boundary after every N-th
+learned batch, and `"none"` never is one.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+
+from monitor.drift import make_detector
+
+__all__ = ["Boundaries", "parse_boundary"]
+
+
+def parse_boundary(boundary: str) -> int | None:
+    """The period N of "every:N", or None for a detector name (checked by make_detector)."""
+    if not boundary.startswith("every:"):
+        make_detector(boundary)  # raises ValueError for an unknown name
+        return None
+    try:
+        period = int(boundary.removeprefix("every:"))
+    except ValueError:
+        raise ValueError(f"boundary {boundary!r}: expected every:N with an integer N") from None
+    if period < 1:
+        raise ValueError(f"boundary {boundary!r}: N must be at least 1")
+    return period
+
+
+class Boundaries:
+    """Counts learned batches and says after which of them a boundary falls.
+
+    `found_at` holds the 0-based index of the learned batch after which each boundary fell.
+    """
+
+    def __init__(self, boundary: str = "page-hinkley"):
+        self.boundary = boundary
+        self._period = parse_boundary(boundary)
+        self._detector = None if self._period is not None else make_detector(boundary)
+        self._learned = 0
+        self._found_at: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"Boundaries(boundary={self.boundary!r})"
+
+    @property
+    def learned(self) -> int:
+        return self._learned
+
+    @property
+    def found_at(self) -> tuple[int, ...]:
+        return tuple(self._found_at)
+
+    @property
+    def detector(self):
+        """The river detector (None for every:N and none); read-only use."""
+        return self._detector
+
+    def update(self, loss: torch.Tensor) -> bool:
+        """Count one learned batch with its training loss; True when a boundary falls after it."""
+        self._learned += 1
+        if self._period is not None:
+            found = self._learned % self._period == 0
+        elif self._detector is None:
+            found = False
+        else:
+            # GPU sync point: river's detectors take a Python float (only on the detector path).
+            self._detector.update(loss.item())
+            found = self._detector.drift_detected
+        if found:
+            self._found_at.append(self._learned - 1)
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "learned": self._learned,
+            "found_at": list(self._found_at),
+            # pickled bytes: an identical, independent copy of the detector, loadable with weights_only
+            "detector": None if self._detector is None else pickle.dumps(self._detector),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._learned = state["learned"]
+        self._found_at = list(state["found_at"])
+        self._detector = None if state["detector"] is None else pickle.loads(state["detector"])
