@@ -2,7 +2,11 @@
 
 Runs between steps, off the hot path: eval mode (no dropout), no gradient, a fresh
 hidden state, the model's training flag restored; no parameter, optimizer or
-strategy state changes. Cost is bounded by `max_bytes` per class.
+strategy state changes. Cost is bounded by `max_bytes` tokens per class.
+
+Probe texts are tokenized with the model's own `encode` (UTF-8 bytes by default, as
+lstm-char reads them; a word vocabulary or a subword tokenizer otherwise). Models
+without a carried state (`initial_state` gives None) score each window on its own.
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ __all__ = ["ProbeSet", "load_probe_set"]
 
 
 class ProbeSet:
-    """Each class's probe bytes cut into `rows` parallel rows, scored window by window."""
+    """Each class's probe tokens cut into `rows` parallel rows, scored window by window.
 
-    def __init__(self, texts: dict[str, str], *, rows: int = 10, window: int = 20, max_bytes: int = 2000):
+    `encode(text)` gives the token ids (bytes or a list of ints; UTF-8 bytes by default);
+    `max_bytes` caps the tokens per class (bytes with the default encoding)."""
+
+    def __init__(self, texts: dict[str, str], *, rows: int = 10, window: int = 20, max_bytes: int = 2000,
+                 encode=None):
         self.rows, self.window, self.max_bytes = rows, window, max_bytes
         self._grids: dict[str, torch.Tensor] = {}
         for name, text in sorted(texts.items()):
-            data = text.encode("utf-8")[:max_bytes]
+            data = (encode(text) if encode is not None else text.encode("utf-8"))[:max_bytes]
             per_row = (len(data) - 1) // rows
             windows = per_row // window
             if windows < 1:
@@ -47,13 +55,14 @@ class ProbeSet:
         try:
             for name, grid in self._grids.items():
                 grid = grid.to(device)
-                state = model.initial_state(self.rows, device)
+                scorer = model.for_class(name) if hasattr(model, "for_class") else model  # the oracle's own
+                state = scorer.initial_state(self.rows, device)
                 total = torch.zeros((), device=device)
                 count = 0
                 for start in range(0, grid.shape[1] - 1, self.window):
                     inputs = grid[:, start:start + self.window]
                     targets = grid[:, start + 1:start + self.window + 1]
-                    logits, state = model(inputs, state)
+                    logits, state = scorer(inputs, state)
                     total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                              reduction="sum")
                     count += targets.numel()
@@ -64,8 +73,10 @@ class ProbeSet:
         return dict(zip(losses, values)), time.perf_counter() - started
 
 
-def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2000) -> ProbeSet | None:
-    """The probe split the producer saved beside its manifest (None when there is none)."""
+def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2000,
+                   encode=None) -> ProbeSet | None:
+    """The probe split the producer saved beside its manifest (None when there is none),
+    tokenized with `encode` (the model's; UTF-8 bytes when None)."""
     probe = manifest.get("probe") or {}
     directory = probe.get("dir")
     if not directory or not probe.get("classes"):
@@ -75,4 +86,4 @@ def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2
         path = Path(directory) / entry["file"]
         if path.is_file():
             texts[name] = path.read_text(encoding="utf-8")
-    return ProbeSet(texts, rows=rows, window=window, max_bytes=max_bytes) if texts else None
+    return ProbeSet(texts, rows=rows, window=window, max_bytes=max_bytes, encode=encode) if texts else None

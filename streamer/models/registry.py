@@ -53,7 +53,21 @@ def _lstm_char(request: ModelRequest) -> BuiltModel:
     return BuiltModel(model=model, encode=byte_encode, name="lstm-char", details={"tokens": "utf-8 bytes"})
 
 
-MODELS: dict[str, Callable[[ModelRequest], BuiltModel]] = {"lstm-char": _lstm_char}
+def _lazy(module: str, builder: str) -> Callable[[ModelRequest], BuiltModel]:
+    """A builder imported when first called (its module imports this one)."""
+    def build(request: ModelRequest) -> BuiltModel:
+        import importlib
+
+        return getattr(importlib.import_module(module), builder)(request)
+    return build
+
+
+MODELS: dict[str, Callable[[ModelRequest], BuiltModel]] = {
+    "lstm-char": _lstm_char,
+    "lstm-word": _lazy("streamer.models.word", "build_lstm_word"),
+    "hf-causal": _lazy("streamer.models.hf_causal", "build_hf_causal"),
+    "hf-classifier": _lazy("streamer.models.hf_classifier", "build_hf_classifier"),
+}
 
 
 def build_model(request: ModelRequest) -> BuiltModel:
