@@ -42,6 +42,13 @@ CATALOGUE = [
     ("checkpoint_age_seconds", "gauge", RUN, "Seconds since the last checkpoint was written"),
     ("gpu_memory_bytes", "gauge", RUN, "GPU memory allocated by the model (only on a GPU)"),
     ("forgetting", "gauge", RUN_CLASS, "Forgetting per class from the probe matrix (only when probe sets exist)"),
+    # classifiers only (hf-classifier): utterances predicted before learning, scored against the revealed label
+    ("accuracy", "gauge", RUN, "Prequential accuracy of a classifier over all utterances so far"),
+    ("accuracy_rolling", "gauge", RUN, "Prequential accuracy of a classifier over the last 1000 utterances"),
+    ("macro_f1", "gauge", RUN, "Prequential macro-F1 over labels of a classifier, all utterances so far"),
+    ("macro_f1_rolling", "gauge", RUN, "Prequential macro-F1 over labels of a classifier, last 1000 utterances"),
+    ("class_accuracy", "gauge", RUN_CLASS, "Prequential accuracy of a classifier on the utterances of a class"),
+    ("class_macro_f1", "gauge", RUN_CLASS, "Prequential macro-F1 of a classifier on the utterances of a class"),
     ("predict_seconds", "histogram", RUN, "Time to score a batch"),
     ("learn_seconds", "histogram", RUN, "Time to learn from a batch"),
 ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from river import stats, utils
 
+from monitor.accuracy import AccuracyTracker
 from monitor.calm import CalmTracker
 from monitor.detection import DetectionTracker
 from monitor.drift import make_detector
@@ -45,6 +46,7 @@ class ViewSnapshot:
     queue_depth: int
     dead_letters: dict
     elapsed_s: float
+    accuracy: dict | None = None  # classifiers: monitor.accuracy's snapshot (prequential accuracy, macro-F1)
 
 
 def _exp(x: float | None) -> float | None:
@@ -82,6 +84,7 @@ class LiveMonitor:
         self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
         self._probe_trained: set[str] = set()  # classes whose first fragment has ended
         self._probe_best: dict[str, float] = {}
+        self.accuracy = AccuracyTracker()  # classifiers only: fed by rows' predicted and revealed labels
 
     def class_id(self, name: str) -> int:
         return self._class_ids.setdefault(name, len(self._class_ids))
@@ -109,6 +112,9 @@ class LiveMonitor:
         sums[0] += result.loss
         sums[1] += 1
         detected = self._detect(result.loss)
+        predicted, labels = getattr(result, "predicted", None), getattr(result, "labels", None)
+        if predicted is not None and labels is not None:
+            self.accuracy.update(predicted, labels, name)
         if truth is not None:  # scoring the detector needs the ground truth (evaluation only)
             self.detection.update(self._batches - 1, fragment, detected)
         if self.metrics is not None:
@@ -147,10 +153,13 @@ class LiveMonitor:
     def probed(self, row: dict) -> None:
         """A probe evaluation: per class, forgetting = current held-out loss minus the best
         (lowest) held-out loss it had at an earlier evaluation after it was first learned
-        (Chaudhry et al.'s per-class forgetting, with the sign flipped for losses)."""
+        (Chaudhry et al.'s per-class forgetting, with the sign flipped for losses). Classifier
+        probes score accuracy (row["unit"]): forgetting = best (highest) accuracy minus current."""
         if row.get("ended_class"):
             self._probe_trained.add(row["ended_class"])
-        for name, loss in row["scores"].items():
+        sign = -1.0 if row.get("unit") == "accuracy" else 1.0  # as a loss: lower is better
+        for name, value in row["scores"].items():
+            loss = sign * value
             best = self._probe_best.get(name)
             if name in self._probe_trained and best is not None and self.metrics is not None:
                 self.metrics.forgetting.labels(self.run, self.strategy, name).set(max(0.0, loss - best))
@@ -206,10 +215,23 @@ class LiveMonitor:
         m.tokens_total.labels(*labels).inc(result.tokens)
         m.batches_learned_total.labels(*labels).inc()
         m.predict_seconds.labels(*labels).observe(result.predict_s)
+        if self.accuracy.utterances and getattr(result, "predicted", None) is not None:
+            self._export_accuracy(name)
         m.learn_seconds.labels(*labels).observe(result.learn_s)
         if switched:
             m.switches_total.labels(*labels).inc()
             self._export_switch_metrics()
+
+    def _export_accuracy(self, name: str) -> None:
+        """Classifiers: prequential accuracy and macro-F1, overall, rolling and of this batch's class."""
+        m, labels = self.metrics, (self.run, self.strategy)
+        snap = self.accuracy.snapshot()
+        m.accuracy.labels(*labels).set(snap["accuracy"])
+        m.macro_f1.labels(*labels).set(snap["macro_f1"])
+        m.accuracy_rolling.labels(*labels).set(snap["rolling"]["accuracy"])
+        m.macro_f1_rolling.labels(*labels).set(snap["rolling"]["macro_f1"])
+        m.class_accuracy.labels(*labels, name).set(snap["per_class"][name]["accuracy"])
+        m.class_macro_f1.labels(*labels, name).set(snap["per_class"][name]["macro_f1"])
 
     def _export_switch_metrics(self) -> None:
         """Revisit metrics change only when a fragment closes, i.e. at a switch."""
@@ -244,5 +266,5 @@ class LiveMonitor:
             from_fragment=self.from_fragment, switches=self._switches, detected_switches=self._detected,
             tokens_per_s=self.tokens_per_second(), lag=self._lag,
             queue_depth=self._queue_depth, dead_letters=dict(self._dead),
-            elapsed_s=time.monotonic() - self._started,
+            elapsed_s=time.monotonic() - self._started, accuracy=self.accuracy.snapshot(),
         )

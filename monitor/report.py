@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from monitor.accuracy import accuracy_metrics
 from monitor.calm import calm_metrics
 from monitor.detection import detected_times, detection_report
 from monitor.figures import plot_gate_weights, plot_probe_heatmap
@@ -85,6 +86,7 @@ def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: in
     report = {
         "run": str(path),
         "config": config,
+        "oracle": bool(config.get("oracle")),  # the strategy was told the class (independent)
         "span": {
             "from_fragment": start,
             "n_fragments_expected": expected,
@@ -96,7 +98,19 @@ def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: in
         "detection": detection_report(records, k=k, detector=config.get("detector") or "page-hinkley"),
     }
     report.update(_probe_metrics(Path(path), records, config))
+    report.update(_classifier_metrics(Path(path), records))
     return report
+
+
+def _classifier_metrics(path: Path, records: list[dict]) -> dict:
+    """Classifier runs: prequential accuracy and macro-F1 from the loss log, DMI from the saved
+    probe representations (None for language models, or when the run saved none)."""
+    accuracy = accuracy_metrics(records)
+    if accuracy is None:
+        return {"accuracy": None, "dmi": None}
+    from monitor.dmi import dmi_from_run  # scipy, only for classifier runs
+
+    return {"accuracy": accuracy, "dmi": dmi_from_run(path if path.is_dir() else path.parent, records)}
 
 
 def _probe_metrics(path: Path, records: list[dict], config: Mapping) -> dict:
@@ -107,13 +121,17 @@ def _probe_metrics(path: Path, records: list[dict], config: Mapping) -> dict:
     rows = [json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
     order = list(dict.fromkeys(r["domain_name"] for r in records))
     classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
-    matrix = matrix_from_probe_log(rows, classes, higher_is_better=False, probe_every=config.get("probe_every"))
+    accuracy = any(row.get("unit") == "accuracy" for row in rows)  # classifier probes: higher is better
+    # a classifier run's end-of-run probe closes the last class's first fragment (its stage, as in DMI)
+    rows = [{**row, "trigger": "switch"} if row.get("trigger") == "end" else row for row in rows]
+    matrix = matrix_from_probe_log(rows, classes, higher_is_better=accuracy, probe_every=config.get("probe_every"))
     summary = forgetting_summary(matrix)
     summary["probe_seconds"] = round(sum(row.get("seconds", 0.0) for row in rows), 3)
     summary["probe_evaluations"] = len(rows)
     return {"forgetting": summary,
             "probe_matrix": {"stages": list(matrix.stages), "classes": list(matrix.classes),
-                             "values": matrix.values, "unit": "held-out loss (nats)"}}
+                             "values": matrix.values,
+                             "unit": "held-out accuracy" if accuracy else "held-out loss (nats)"}}
 
 
 def json_safe(value: Any) -> Any:
@@ -140,6 +158,8 @@ def _title(report: Mapping) -> str:
     ppl = report["metrics"]["ppl"]
     if ppl is not None:
         parts.append(f"ppl={ppl:.3g} (fragments >= {report['span']['from_fragment']})")
+    if report.get("accuracy"):
+        parts.append(f"accuracy={report['accuracy']['accuracy']:.3f}")
     return "  ".join(parts)
 
 
@@ -165,5 +185,5 @@ def write_report(
     if report.get("probe_matrix"):
         matrix = report["probe_matrix"]
         plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",
-                           title=f"held-out loss per class after each stage: {Path(report['run']).name}")
+                           title=f"{matrix['unit']} per class after each stage: {Path(report['run']).name}")
     return report

@@ -101,7 +101,8 @@ def _write_config(config: LearnConfig, device: torch.device, params: int, built)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
-                model_kind=built.kind, model_details=built.details, started=time.time())
+                model_kind=built.kind, model_details=built.details, started=time.time(),
+                oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)))  # told the class
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 
@@ -120,8 +121,17 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {},
-             "checkpointed": time.monotonic(), "probes": 0, "probe_seconds": 0.0, "truth": None}
+             "checkpointed": time.monotonic(), "probes": 0, "probe_seconds": 0.0, "truth": None,
+             "labels_known": None}
     limit = config.max_batches or config.total_batches
+    if built.kind == "classifier" and manifest and manifest.get("level") == "utterance":
+        limit = config.max_batches or manifest["total_records"] // config.streams  # one utterance per row
+        monitor.total_batches = limit
+    if built.kind == "classifier" and probe_set is not None:  # held-out utterances: accuracy, DMI representations
+        from streamer.classifier_probe import load_classifier_probe
+
+        probe_set = load_classifier_probe(manifest, batcher, config.run_dir,
+                                          lambda: (state["batches"], state["labels_known"]))
 
     async def fetch_loop() -> None:
         last_lag = 0.0
@@ -133,12 +143,12 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
                     batcher.offsets.finish(fetched.tp, fetched.offset)
                     monitor.dead_letter(fetched.dead_reason)
                     continue
-                if not batcher.accepts(fetched.record.stream):
+                rejected = _rejected(batcher, fetched.record, config.streams)
+                if rejected:
                     batcher.offsets.seen(fetched.tp, fetched.offset)
                     batcher.offsets.finish(fetched.tp, fetched.offset)
-                    await source.send_dead_letter(fetched, "extra_stream",
-                                                  f"more than {config.streams} stream ids")
-                    monitor.dead_letter("extra_stream")
+                    await source.send_dead_letter(fetched, *rejected)
+                    monitor.dead_letter(rejected[0])
                     continue
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 while batcher.ready():
@@ -200,8 +210,10 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
         scores, seconds = await loop.run_in_executor(worker, probe_set.score, strategy.model)
         previous = state["truth"]
         row = {"batch": index, "trigger": trigger,
-               "ended_class": previous.class_name if trigger == "switch" and previous else None,
+               "ended_class": previous.class_name if trigger in ("switch", "end") and previous else None,
                "scores": scores, "seconds": round(seconds, 4), "time": round(time.time(), 3)}
+        if built.kind == "classifier":
+            row["unit"] = "accuracy"
         with (config.run_dir / "probes.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         state["probes"] += 1
@@ -209,7 +221,8 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
         monitor.probed(row)
 
     def checkpoint() -> None:
-        _save_checkpoint(config, strategy, state["commit"], state["batches"])
+        labels = batcher.vocabulary.names() if built.kind == "classifier" else None  # the label of each head row
+        _save_checkpoint(config, strategy, state["commit"], state["batches"], labels)
         state["checkpointed"] = time.monotonic()
         monitor.checkpointed(time.time())
 
@@ -219,6 +232,7 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
         await source.commit(ready.commit)
         state["commit"] = ready.commit
         state["batches"] += 1
+        state["labels_known"] = ready.batch.labels_known
         state["tokens"] += result.tokens
         if on_step:
             on_step()
@@ -246,19 +260,31 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await source.stop()
+    if built.kind == "classifier" and probe_set is not None and state["batches"]:
+        await probe(None, "end", state["batches"])  # the model after the whole stream: the last task's stage
     checkpoint()
     return RunSummary(state["batches"], state["tokens"], time.monotonic() - started,
                       state["stop"] or "stopped", monitor.dead_letters, config.run_dir,
                       state["probes"], state["probe_seconds"])
 
 
-def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int) -> None:
-    """A plain dict: model, optimizer and strategy state, config, next offset per partition.
+def _rejected(batcher, record, streams: int) -> tuple[str, str] | None:
+    """(reason, detail) when a record cannot reach the model; classifiers also reject unlabelled records."""
+    if not batcher.accepts(record.stream):
+        return "extra_stream", f"more than {streams} stream ids"
+    rejects = getattr(batcher, "rejects", None)
+    return rejects(record) if rejects else None
+
+
+def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int, labels=None) -> None:
+    """A plain dict: model, optimizer and strategy state, config, next offset per partition
+    (classifiers: and the label names in head-row order).
 
     Written to a temporary file and renamed, so a crash never leaves half a checkpoint."""
     partial = config.run_dir / "checkpoint.pt.partial"
     torch.save({
         "strategy": strategy.state_dict(), "config": asdict(config), "batches": batches,
         "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in commit.items()},
+        **({"labels": list(labels)} if labels is not None else {}),
     }, partial)
     partial.replace(config.run_dir / "checkpoint.pt")

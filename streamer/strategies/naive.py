@@ -27,6 +27,7 @@ class Naive:
         self.steps = steps
         self._optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self._state = None  # carried hidden state, detached
+        self._labels_known = None  # classifiers: the head columns scored (labels seen so far)
 
     def __repr__(self) -> str:
         return f"Naive(lr={self.lr}, clip={self.clip}, steps={self.steps})"
@@ -45,17 +46,31 @@ class Naive:
         self._state = None if next_state is None else tuple(s.detach() for s in next_state)
 
     def _loss(self, batch: Batch, state):
-        logits, next_state = self.model(batch.inputs, state)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+        loss, next_state, _ = self._scored(batch, state)
         return loss, next_state
+
+    def _scored(self, batch: Batch, state):
+        """(loss, next state, logits). A classifier's (b, capacity) logits keep the first labels_known
+        columns (memory batches carry no count: the latest), so unseen labels' rows get no gradient."""
+        logits, next_state = self.model(batch.inputs, state)
+        if logits.dim() == 2:
+            self._labels_known = batch.labels_known or self._labels_known
+            logits = logits[:, : self._labels_known]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+        return loss, next_state, logits
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> Prediction:
         was_training = self.model.training
         self.model.eval()
-        loss, _ = self._loss(batch, self._start_state(batch))
+        predicted = None
+        if batch.labels_known is None:
+            loss, _ = self._loss(batch, self._start_state(batch))
+        else:  # a classifier: also each row's predicted label
+            loss, _, logits = self._scored(batch, self._start_state(batch))
+            predicted = logits.argmax(-1)
         self.model.train(was_training)
-        return Prediction(loss=loss)
+        return Prediction(loss=loss, predicted=predicted)
 
     def learn(self, batch: Batch) -> LearnStats:
         self.model.train()
