@@ -22,6 +22,7 @@ from monitor.report import build_report, json_safe, load_run
 __all__ = [
     "FORGETTING_KEYS",
     "ORACLE_STRATEGIES",
+    "REFERENCE_STRATEGIES",
     "forgetting_table_markdown",
     "load_runs",
     "summarise_forgetting",
@@ -32,6 +33,7 @@ __all__ = [
 
 CALM_COLUMNS = ("ppl", "ppl@sw", "rec")
 ORACLE_STRATEGIES = frozenset({"independent"})  # one model per class: knows the class, an upper bound
+REFERENCE_STRATEGIES = frozenset({"multitask"})  # the same batches shuffled i.i.d., learned offline
 FORGETTING_KEYS = (
     "forgetting", "transfer", "zero_shot_transfer", "final_performance", "bwt", "fwt",
     "cur_acc", "last_acc", "chaudhry_forgetting", "intransigence", "aultc",
@@ -77,11 +79,12 @@ def _stats(values: Sequence[float | None]) -> dict:
 
 
 def _group(reports: Iterable[Mapping]) -> dict[str, list[Mapping]]:
-    """Reports by strategy, in order of first appearance, oracle strategies last."""
+    """Reports by strategy, in order of first appearance, references and oracle strategies last."""
     groups: dict[str, list[Mapping]] = {}
     for report in reports:
         groups.setdefault(_strategy(report), []).append(report)
-    return dict(sorted(groups.items(), key=lambda item: item[0] in ORACLE_STRATEGIES))
+    return dict(sorted(groups.items(), key=lambda item: (item[0] in ORACLE_STRATEGIES,
+                                                         item[0] in REFERENCE_STRATEGIES)))
 
 
 def _parameters(group: Sequence[Mapping]) -> int | list[int] | None:
@@ -162,7 +165,9 @@ def _parameters_text(parameters) -> str:
 
 
 def _label(entry: Mapping) -> str:
-    return f"{entry['strategy']} (oracle)" if entry.get("oracle") else entry["strategy"]
+    if entry.get("oracle"):
+        return f"{entry['strategy']} (oracle)"
+    return f"{entry['strategy']} (reference)" if entry["strategy"] in REFERENCE_STRATEGIES else entry["strategy"]
 
 
 def table1_markdown(summary: Sequence[Mapping]) -> str:
@@ -185,7 +190,11 @@ def table1_markdown(summary: Sequence[Mapping]) -> str:
         "rec: batches until the loss falls below the class's previous-fragment mean (CALM).",
     ]
     if any(entry.get("oracle") for entry in summary):
-        lines.append("- (oracle): one model per class, told the class; an upper bound, not a competitor.")
+        lines.append("- (oracle): one model per class, told the class; an upper bound, not a competitor. "
+                     "Its params: all its per-class models (as `streamer compare` records them).")
+    if any(entry["strategy"] in REFERENCE_STRATEGIES for entry in summary):
+        lines.append("- (reference): the stream's batches shuffled i.i.d. and learned offline by a naive "
+                     "learner; metrics at the batches' stream positions.")
     for entry in summary:
         lines.extend(f"- {_label(entry)}: {note}" for note in entry.get("notes", []))
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from monitor.compare import ORACLE_STRATEGIES
 from monitor.live import ViewSnapshot
 
 __all__ = ["render", "sparkline", "plain_line", "LiveView"]
@@ -78,7 +79,8 @@ def render(snapshot: ViewSnapshot):
     )
     spark = Text.assemble(("recent loss ", "dim"), sparkline(snapshot.recent_losses, snapshot.recent_switches))
     body = Group(progress, status, spark, io, _class_table(snapshot))
-    return Panel(body, title=f"streamer · run {snapshot.run} · strategy {snapshot.strategy}", expand=False)
+    oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
+    return Panel(body, title=f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}", expand=False)
 
 
 def plain_line(snapshot: ViewSnapshot) -> str:

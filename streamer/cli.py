@@ -10,8 +10,8 @@ from pathlib import Path
 __all__ = ["main", "UserError", "STRATEGY_CHOICES", "MODEL_CHOICES"]
 
 # Kept here so `--help` does not import torch; a test checks it against streamer.strategies.
-STRATEGY_CHOICES = ("agem", "ewc", "l2", "naive", "replay")
-MODEL_CHOICES = ("lstm-char",)  # streamer.models.MODELS (a test keeps them equal)
+STRATEGY_CHOICES = ("adapters", "agem", "ensemble", "ewc", "independent", "kd-logit", "kd-rep", "l2", "mbpa", "moe", "moe-lstm", "mos", "naive", "poe", "poe-lstm", "replay")
+MODEL_CHOICES = ("hf-causal", "hf-classifier", "lstm-char", "lstm-word")  # streamer.models.MODELS (a test keeps them equal)
 WEIGHTS_CHOICES = ("all-minilm-l6-v2", "smollm2-135m")  # streamer.models.weights.WEIGHTS
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")
 SCHEDULE_CHOICES = ("calm", "sequence", "recurring", "independent")  # tested against producers.orders
@@ -56,6 +56,23 @@ def _option(text: str) -> tuple[str, object]:
     return key, raw
 
 
+def _strategy_name(text: str) -> str:
+    if text == "multitask":
+        raise argparse.ArgumentTypeError("multitask is the offline i.i.d. reference, not a streaming strategy: "
+                                         "run it with `streamer compare --strategies naive,multitask`")
+    return text
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated integers, got {text!r}")
+    return seeds
+
+
 def _span(text: str) -> str | int:
     if text in ("half", "all"):
         return text
@@ -93,11 +110,17 @@ def _add_stream_flags(p) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the schedule and the model (default 0)")
 
 
-def _add_model_flags(p) -> None:
+def _add_model_flags(p, strategy: bool = True) -> None:
     g = p.add_argument_group("model and strategy")
-    g.add_argument("--strategy", choices=STRATEGY_CHOICES, default="naive")
+    if strategy:
+        g.add_argument("--strategy", type=_strategy_name, choices=STRATEGY_CHOICES, default="naive")
     g.add_argument("--model", dest="model_name", choices=MODEL_CHOICES, default="lstm-char",
-                   help="lstm-char: byte-level LSTM (default)")
+                   help="lstm-char: byte-level LSTM (default); lstm-word: word-level LSTM (vocabulary from the "
+                        "corpus in --manifest or --model-opt vocab=PATH); hf-causal: a Hugging Face causal LM "
+                        "(--model-opt path=DIR | gguf=FILE | name=HUB_ID, dtype=; default the built smollm2-135m); "
+                        "hf-classifier: an encoder + linear head over labelled utterances (--model-opt path=DIR, "
+                        "max_length=64, max_labels=512, freeze_encoder=0, head_lr_scale=20; default the built "
+                        "all-minilm-l6-v2; use --lr 5e-5)")
     g.add_argument("--model-opt", dest="model_options", action="append", type=_option, default=[],
                    metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -109,6 +132,12 @@ def _add_model_flags(p) -> None:
     g.add_argument("--lr", type=_positive_float, default=2e-3, help="Adam learning rate (default 2e-3)")
     g.add_argument("--set", dest="strategy_options", action="append", type=_option, default=[], metavar="KEY=VALUE",
                    help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
+    g.add_argument("--params", type=_positive_int, metavar="N",
+                   help="size the hidden layers so the strategy's model has about N trainable parameters "
+                        "(models sized by --hidden only; overrides --hidden)")
+    g.add_argument("--config", type=Path, metavar="FILE",
+                   help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "
+                        "[model] options; the command line wins")
 
 
 def _add_run_flags(p) -> None:
@@ -128,6 +157,36 @@ def _add_run_flags(p) -> None:
     g.add_argument("--no-probe", action="store_true", help="do not score the probe split (needs a manifest)")
     g.add_argument("--checkpoint-every", type=_positive_float, default=300.0,
                    help="seconds between checkpoints (one is always written at the end; default 300)")
+
+
+def _add_compare_parser(sub) -> None:
+    p = sub.add_parser("compare", help="several strategies on the same stream and seeds, then CALM's Table 1")
+    p.add_argument("--strategies", default="naive,replay",
+                   help="comma-separated strategies, 'multitask' (the i.i.d. reference) included, or 'all' "
+                        "(every registered one that runs on the model, and multitask); default naive,replay")
+    p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, one stream each (default: --seed)")
+    p.add_argument("--out", type=Path, help="one run directory per strategy and seed, and the tables "
+                                            "(default runs/compare-<time>)")
+    p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
+    p.add_argument("--corpus", default="calm-multilingual")
+    p.add_argument("--cache", type=Path, help="corpus cache directory")
+    _add_stream_flags(p)
+    _add_model_flags(p, strategy=False)
+    g = p.add_argument_group("runs")
+    g.add_argument("--max-batches", type=_positive_int, help="stop each run after this many batches")
+    g.add_argument("--minutes", type=_positive_float, help="stop each run after this many minutes")
+    g.add_argument("--from-fragment", type=_span, default="half",
+                   help="evaluated span of the tables: 'half' (default, the paper's N/2), 'all' or an index")
+    g.add_argument("-k", type=_positive_int, default=10, help="batches after a switch for ppl@sw (default 10)")
+    g.add_argument("--detector", choices=DETECTOR_CHOICES, default="page-hinkley",
+                   help="drift detector scored against the true switches (default page-hinkley)")
+    g.add_argument("--probe-every", type=int, default=500,
+                   help="score each class's probe split every N batches (0: only at switches; default 500)")
+    g.add_argument("--no-probe", action="store_true", help="do not score the probe split")
+    g.add_argument("--checkpoint-every", type=_positive_float, default=300.0,
+                   help="seconds between checkpoints of each run (default 300)")
+    g.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's checkpoint.pt (deleted after its report by default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     p.set_defaults(fragments=40, mean_tokens=10_000, minutes=3.0, metrics_port=0)
 
+    _add_compare_parser(sub)
+
     from monitor.dashboard import add_monitor_parser
 
     add_monitor_parser(sub)
@@ -209,8 +270,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # noqa: SLF001 (argparse keeps its subparsers there)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices[command]
+    raise KeyError(command)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the flags; with --config FILE, the file's values become defaults the command line overrides."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is None:
+        return args
+    from streamer.config_file import apply_config_file
+
+    try:
+        return apply_config_file(args.config, _command_parser(parser, args.command), lambda: parser.parse_args(argv))
+    except UserError as exc:
+        parser.exit(2, f"streamer {args.command}: error: {exc}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:  # its connection errors become our one-line messages
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)

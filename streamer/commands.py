@@ -140,7 +140,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
     for key, flag in (("streams", "--streams"), ("window", "--window")):
         if key in manifest and manifest[key] != getattr(args, key):
             raise UserError(f"{flag} {getattr(args, key)} differs from the manifest's {manifest[key]}")
-    return LearnConfig(
+    config = LearnConfig(
         bootstrap_servers=bootstrap, topic=topic, group_id=group, run_dir=run_dir,
         run_name=run_dir.name, strategy=args.strategy, strategy_options=tuple(args.strategy_options),
         model_name=args.model_name, model_options=tuple(args.model_options),
@@ -152,6 +152,24 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
         from_fragment=_from_fragment(args.from_fragment, manifest.get("n_fragments")),
         checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every),
     )
+    return _fit_budget(config, getattr(args, "params", None), manifest or None)
+
+
+def _fit_budget(config, params: int | None, manifest: dict | None):
+    """--params N: the config with the hidden size that gives the strategy's model about N parameters."""
+    if not params:
+        return config
+    from streamer.budget import BudgetError, fit_to_budget
+
+    try:
+        config, fitted = fit_to_budget(config, params, manifest)
+    except BudgetError as exc:
+        raise UserError(str(exc)) from None
+    except ValueError as exc:  # a bad --set or --model-opt, found while sizing
+        raise UserError(str(exc)) from None
+    print(f"--params {params:,}: {config.strategy} with hidden {fitted.hidden} has {fitted.parameters:,} "
+          f"trainable parameters ({fitted.relative_error:+.1%})", flush=True)
+    return config
 
 
 def _default_run_dir(strategy: str) -> Path:
@@ -163,7 +181,7 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
     from streamer.learner import build_strategy, learn, resolve_device
 
     try:
-        build_strategy(config, resolve_device("cpu"), manifest)  # fails early on a bad --device, --set or --model-opt
+        _, built = build_strategy(config, resolve_device("cpu"), manifest)  # fails early on a bad --device, --set or --model-opt
         resolve_device(config.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -192,7 +210,7 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
             if manifest and not args.no_probe:
                 from streamer.probe import load_probe_set
 
-                probe_set = load_probe_set(manifest, rows=config.streams, window=config.window)
+                probe_set = load_probe_set(manifest, rows=config.streams, window=config.window, encode=built.encode)
             tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set, manifest))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
@@ -302,3 +320,10 @@ def _compare(args) -> int:
         print(f"skipped {name}: {reason}")
     print(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json and one folder per run")
     return 0
+
+
+def cmd_compare(args) -> int:
+    from streamer.compare import run_compare
+
+    _sigterm_as_interrupt()
+    return run_compare(args)

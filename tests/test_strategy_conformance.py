@@ -14,7 +14,13 @@ CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça 
           "cs": "ahoj světe, jak se máš " * 300}
 
 # Hyperparameters small enough that memory and replay act within a short stream; absent keys use defaults.
-SMALL = {"replay": dict(r_interval=30, n_replay=8, memory_size=50), "agem": dict(n_ref=8, memory_size=50)}
+SMALL = {"replay": dict(r_interval=30, n_replay=8, memory_size=50),
+         **{name: dict(r_interval=30, n_replay=8, memory_size=50, boundary="every:10") for name in ("kd-logit", "kd-rep")},
+         "mbpa": dict(r_interval=30, n_replay=8, memory_size=50, neighbours=4, local_steps=2),
+         "agem": dict(n_ref=8, memory_size=50),
+         **{name: dict(n_experts=3, gate_steps=5, warmup_batches=3) for name in ("poe", "moe")},
+         **{name: dict(n_experts=3, gate_hidden=8, warmup_batches=3) for name in ("poe-lstm", "moe-lstm")},
+         "ensemble": dict(n_experts=3), "mos": dict(n_components=3)}
 
 pytestmark = [pytest.mark.parametrize("name", sorted(STRATEGIES)), pytest.mark.usefixtures("one_torch_thread")]
 

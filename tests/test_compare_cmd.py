@@ -1,0 +1,94 @@
+"""`streamer compare`: strategies on the same stream per seed through the real broker, then Table 1."""
+
+import json
+
+import pytest
+
+from streamer.cli import UserError, _parse
+from streamer.compare import plan, run_compare, strategy_names
+from streamer.strategies import STRATEGIES
+from tests.conftest import write_corpus
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TINY = ["--fragments", "4", "--lambda", "600", "--streams", "3", "--window", "10", "--hidden", "16",
+        "--embedding", "8", "--probe-tokens", "2000", "--probe-every", "40"]
+MANIFEST = {"n_fragments": 4, "classes": ["cs", "en", "fr"]}  # enough for the plan's checks
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "losses.jsonl").read_text().splitlines()]
+
+
+def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    args = _parse(["compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--seeds", "0,1",
+                   "--out", str(out), "--bootstrap-servers", broker.bootstrap_servers, "--from-fragment", "all",
+                   *TINY])
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("naive seed ") == 2 and printed.count("multitask seed ") == 2
+
+    truths = {}
+    for seed in (0, 1):
+        manifest = json.loads((out / "streams" / f"seed{seed}" / "manifest.json").read_text())
+        naive, multitask = rows(out / f"naive-seed{seed}"), rows(out / f"multitask-seed{seed}")
+        assert len(naive) == len(multitask) == manifest["total_batches"]
+        # the Kafka run and the offline shuffled run saw the same batches, logged in stream order
+        truths[seed] = [(r["domain_name"], r["sequence"]) for r in naive]
+        assert truths[seed] == [(r["domain_name"], r["sequence"]) for r in multitask]
+        assert sorted(r["trained_at"] for r in multitask) == list(range(len(multitask)))
+        assert [r["trained_at"] for r in multitask] != list(range(len(multitask)))
+        for name in ("naive", "multitask"):
+            run = out / f"{name}-seed{seed}"
+            assert (run / "results.json").is_file() and not (run / "checkpoint.pt").exists()
+            assert json.loads((run / "config.json").read_text())["seed"] == seed
+    assert truths[0] != truths[1]  # one stream per seed
+
+    table = (out / "table1.md").read_text()
+    lines = table.splitlines()
+    assert lines[2].startswith("| naive | 2 | ") and lines[3].startswith("| multitask (reference) | 2 | ")
+    assert lines[2].split("|")[-2] == lines[3].split("|")[-2]  # the same model size
+    assert "±" in lines[2].split("|")[3]  # ppl: mean ± std over the two seeds
+    assert "| naive | 2/2 |" in (out / "forgetting.md").read_text()
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert [s["strategy"] for s in comparison["strategies"]] == ["naive", "multitask"]
+    assert {"table1.md", "forgetting.md", "after_switch.png"} <= set(comparison["files"])
+    assert [s["name"] for s in json.loads((out / "plan.json").read_text())["strategies"]] == ["naive", "multitask"]
+    assert table in printed
+
+
+def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatch, capsys):
+    class NeedsAnotherModel:
+        def __init__(self, model, lr=1e-3, clip=1.0):
+            raise ValueError("needs --model hf-causal")
+
+    monkeypatch.setitem(STRATEGIES, "picky", NeedsAnotherModel)
+    names, by_all = strategy_names("all")
+    assert by_all and names[-1] == "multitask" and {"naive", "independent", "picky"} <= set(names)
+    args = _parse(["compare", "--hidden", "8", "--embedding", "4"])
+    planned, skipped = plan(args, ["naive", "picky", "multitask"], True, MANIFEST)
+    assert [p.name for p in planned] == ["naive", "multitask"]
+    assert skipped == {"picky": "needs --model hf-causal"}
+    assert "skipping picky: needs --model hf-causal" in capsys.readouterr().out
+    with pytest.raises(UserError, match="strategy picky: needs --model hf-causal"):
+        plan(args, ["naive", "picky"], False, MANIFEST)
+    with pytest.raises(UserError, match="unknown nope"):
+        strategy_names("naive,nope")
+
+
+def test_params_budget_applies_per_strategy_in_the_plan(capsys):
+    args = _parse(["compare", "--params", "60000", "--embedding", "8", "--set", "n_experts=3"])
+    planned, _ = plan(args, ["naive", "poe", "multitask"], False, MANIFEST)
+    hidden = {p.name: p.hidden for p in planned}
+    assert hidden["poe"] < hidden["naive"] == hidden["multitask"]
+    assert dict(planned[1].options) == {"n_experts": 3} and planned[0].options == ()
+    assert capsys.readouterr().out.count("--params 60,000:") == 3
+
+
+def test_learn_points_multitask_to_compare(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["learn", "--strategy", "multitask"])
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "streamer compare --strategies naive,multitask" in err
