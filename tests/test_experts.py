@@ -346,3 +346,23 @@ def test_plastic_gates_recover_faster_than_naive_of_the_same_size():
             sw[name].append(result["ppl@sw"])
     assert sum(recs["poe"]) < sum(recs["naive"]), recs
     assert sum(sw["poe"]) < sum(sw["naive"]), sw
+
+
+@pytest.mark.parametrize("name", ["poe", "moe", "ensemble", "poe-lstm", "moe-lstm", "mos"])
+def test_probes_score_the_mixture_the_stream_is_scored_with(name):
+    from streamer.probe import ProbeSet
+
+    strategy = build(name)
+    batches = random_batches(6)
+    for batch in batches[:5]:
+        strategy.learn(batch)
+    batch = batches[5]
+    fresh = strategy.model.initial_state(batch.inputs.shape[0], "cpu")
+    strategy.model.eval()
+    with torch.no_grad():
+        expected, _ = strategy._loss(batch, fresh)
+        log_probs, _ = strategy.model(batch.inputs, fresh)
+    assert torch.allclose(F.cross_entropy(log_probs.reshape(-1, log_probs.shape[-1]), batch.targets.reshape(-1)),
+                          expected)
+    scores, _ = ProbeSet({"en": "hello world, " * 40}, rows=3, window=10).score(strategy.model)
+    assert math.isfinite(scores["en"])

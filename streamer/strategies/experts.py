@@ -125,6 +125,14 @@ class ExpertMixture(nn.Module):
         super().__init__()
         self.experts = experts
         self.gate = gate
+        self.mix = None  # set by the owning strategy: (logits, inputs, gate state) -> (log-probs, gate state)
+
+    def forward(self, inputs: torch.Tensor, state):
+        """The mixture's log-probabilities (b, w, V) under the owning strategy's current weights,
+        so held-out probes score the mixture the stream is scored with."""
+        logits, expert_state = self.experts(inputs, state[:2])
+        log_probs, gate_state = self.mix(logits, inputs, state[2:])
+        return log_probs, expert_state + gate_state
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
         state = self.experts.initial_state(batch_size, device)
@@ -187,6 +195,11 @@ class _Experts(Naive):
         self._optimizer = torch.optim.Adam(self.model.experts.parameters(), lr=lr, fused=fused)
         self._gate_optimizer = self._make_gate_optimizer()
         self._learned = 0  # batches learned so far
+        self.model.mix = self._mix
+
+    def _mix(self, logits: torch.Tensor, inputs: torch.Tensor, gate_state):
+        weights, gate_state = self._weights(inputs, gate_state)
+        return self.combine(logits, weights), gate_state
 
     def _make_gate_optimizer(self):
         gate = self.model.gate
