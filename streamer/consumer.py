@@ -45,6 +45,10 @@ class KafkaSource:
         self._consumer = AIOKafkaConsumer(
             self.topic, bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
             enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=15_000,
+            # A slow strategy (30 experts, MbPA++'s local steps, a pretrained model on a CPU) keeps the
+            # bounded queue full, so fetches pause for minutes; the background heartbeat still proves
+            # liveness, so the poll interval must not evict the learner from its group.
+            max_poll_interval_ms=24 * 3600 * 1000,
         )
         try:
             await self._consumer.start()

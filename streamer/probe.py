@@ -32,8 +32,7 @@ class ProbeSet:
         self._grids: dict[str, torch.Tensor] = {}
         for name, text in sorted(texts.items()):
             data = (encode(text) if encode is not None else text.encode("utf-8"))[:max_bytes]
-            per_row = (len(data) - 1) // rows
-            windows = per_row // window
+            windows = (len(data) // rows - 1) // window  # each row holds windows * window + 1 tokens
             if windows < 1:
                 continue
             usable = windows * window + 1

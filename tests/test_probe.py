@@ -69,3 +69,13 @@ def test_learner_probes_at_every_switch_without_changing_the_losses(broker, tmp_
     assert periodic == [b for b in range(25, manifest["total_batches"], 25) if b not in switches]
     assert all(set(r["scores"]) == set(corpus) for r in rows)
     assert summary.probes == len(rows)
+
+
+@pytest.mark.parametrize("size", [116, 117, 118, 542, 543])
+def test_the_probe_grid_never_asks_for_more_tokens_than_there_are(size):
+    # rows=3 x window=1 on 116 bytes once asked for 117; rows 3 x window 10 on 542 for 543
+    for rows, window in ((3, 1), (3, 10), (2, 29)):
+        probe = ProbeSet({"en": "a" * size}, rows=rows, window=window, max_bytes=10_000)
+        grid = probe._grids["en"]
+        assert grid.shape[0] == rows and (grid.shape[1] - 1) % window == 0
+        assert grid.numel() <= size and grid.shape[1] - 1 >= window
