@@ -148,6 +148,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
         idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
+        total_records=manifest.get("total_records"),
         classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"),
         from_fragment=_from_fragment(args.from_fragment, manifest.get("n_fragments")),
         checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every),
@@ -180,9 +181,9 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
     """Run the learner (and optionally `producer()`, a coroutine factory) under the live view."""
     from streamer.learner import build_strategy, learn, resolve_device
 
-    try:
-        _, built = build_strategy(config, resolve_device("cpu"), manifest)  # fails early on a bad --device, --set or --model-opt
-        resolve_device(config.device)
+    try:  # fails early, before the broker and the view, on a bad --device, --set or --model-opt
+        prepared = build_strategy(config, resolve_device(config.device), manifest)
+        built = prepared[1]
     except ValueError as exc:
         raise UserError(str(exc)) from None
     metrics = create_metrics() if args.metrics_port is not None else None
@@ -211,7 +212,7 @@ async def _learn_with_view(config, args, producer=None, manifest=None):
                 from streamer.probe import load_probe_set
 
                 probe_set = load_probe_set(manifest, rows=config.streams, window=config.window, encode=built.encode)
-            tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set, manifest))]
+            tasks = [asyncio.create_task(learn(config, monitor, on_step, probe_set, manifest, prepared))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             try:

@@ -51,7 +51,8 @@ class LearnConfig:
     max_batches: int | None = None  # stop after this many batches
     minutes: float | None = None  # stop after this much wall time
     idle_timeout_s: float | None = None  # stop when nothing arrives for this long
-    total_batches: int | None = None  # known from the producer's manifest
+    total_batches: int | None = None  # known from the producer's manifest (b x w byte windows)
+    total_records: int | None = None  # the manifest's record count: the end of the stream for any tokenizer
     classes: tuple[str, ...] = ()  # class ids follow this order when known
     n_fragments: int | None = None
     k: int = 10
@@ -107,13 +108,15 @@ def _write_config(config: LearnConfig, device: torch.device, params: int, built)
 
 
 async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_set=None,
-                manifest: dict | None = None) -> RunSummary:
+                manifest: dict | None = None, prepared=None) -> RunSummary:
     """Consume, score, learn and commit until a stop condition; `on_step()` after each batch.
 
     With a `probe_set` (streamer.probe), the held-out probe split of every class is scored
-    between steps at every true switch and every `probe_every` batches, into probes.jsonl."""
+    between steps at every true switch and every `probe_every` batches, into probes.jsonl.
+    `prepared` is build_strategy's (strategy, built) for this config, when the caller has it
+    (a pretrained model then loads once)."""
     device = resolve_device(config.device)
-    strategy, built = build_strategy(config, device, manifest)
+    strategy, built = prepared or build_strategy(config, device, manifest)
     _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id)
     batcher = built.make_batcher(config.streams, config.window, device)
@@ -122,8 +125,12 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
     started = time.monotonic()
     state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {},
              "checkpointed": time.monotonic(), "probes": 0, "probe_seconds": 0.0, "truth": None,
-             "labels_known": None}
-    limit = config.max_batches or config.total_batches
+             "labels_known": None, "records": 0}
+    # The manifest counts b x w byte windows; with another tokenizer the stream ends when its records do.
+    counts_bytes = built.kind == "lm" and isinstance(built.encode("a"), (bytes, bytearray))
+    limit = config.max_batches or (config.total_batches if counts_bytes else None)
+    if not counts_bytes:
+        monitor.total_batches = config.max_batches
     if built.kind == "classifier" and manifest and manifest.get("level") == "utterance":
         limit = config.max_batches or manifest["total_records"] // config.streams  # one utterance per row
         monitor.total_batches = limit
@@ -138,6 +145,7 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
         while True:
             async for fetched in source.fetch():
                 state["last_record"] = time.monotonic()
+                state["records"] += 1
                 if fetched.record is None:
                     batcher.offsets.seen(fetched.tp, fetched.offset)
                     batcher.offsets.finish(fetched.tp, fetched.offset)
@@ -246,6 +254,9 @@ async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_s
             state["stop"] = state["stop"] or "time_limit"
         if config.idle_timeout_s and queue.empty() and now - state["last_record"] >= config.idle_timeout_s:
             state["stop"] = state["stop"] or "idle"
+        if (config.total_records and state["records"] >= config.total_records and queue.empty()
+                and not batcher.ready()):  # every record read and batched: what remains is less than a batch
+            state["stop"] = state["stop"] or "end_of_stream"
 
     await source.start()
     tasks = []

@@ -321,6 +321,27 @@ def test_learner_trains_lstm_word_with_the_manifests_vocabulary_and_word_probes(
     assert all(math.isfinite(v) for p in probes for v in p["scores"].values())
 
 
+def test_a_word_level_run_ends_with_the_streams_records_not_its_byte_window_count(broker, tmp_path):
+    import asyncio
+
+    from monitor.live import LiveMonitor
+    from producers.stream import prepare_stream, produce_stream
+    from streamer.learner import LearnConfig, learn
+
+    corpus = write_corpus(tmp_path / "corpus", lines=80)
+    schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=6, seed=5, probe_tokens=400)
+    records, manifest = prepare_stream(corpus, schedule, tmp_path / "topic.manifest.json")
+    asyncio.run(produce_stream(records, broker.bootstrap_servers, "words-end"))
+    config = LearnConfig(bootstrap_servers=broker.bootstrap_servers, topic="words-end", group_id="words-end",
+                         run_dir=tmp_path / "run", streams=2, window=6, model=TINY, model_name="lstm-word",
+                         device="cpu", total_batches=manifest["total_batches"],
+                         total_records=manifest["total_records"], probe_every=0)
+    monitor = LiveMonitor(run="w", strategy="naive", classes=tuple(manifest["classes"]))
+    summary = asyncio.run(asyncio.wait_for(learn(config, monitor, manifest=manifest), timeout=120))
+    assert summary.stop_reason == "end_of_stream"  # no idle timeout was needed
+    assert 0 < summary.batches < manifest["total_batches"]  # fewer word windows than byte windows
+
+
 def test_hf_causal_directory_without_a_tokenizer_is_a_one_line_error(tmp_path, tiny_dir):
     import shutil
 
