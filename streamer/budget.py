@@ -1,7 +1,8 @@
-"""`--params N`: size each strategy's model to about N trainable parameters (CALM compares at equal size).
+"""`--params N`: size each strategy's model to about N parameters (CALM compares at equal size).
 
 The hidden size of the template LSTM (`LSTMConfig.hidden`, every layer) is searched so
-that the trainable parameter count of `strategy.model` comes closest to the budget;
+that the parameter count of `strategy.model` (frozen ones included: adapters' frozen
+base counts, as in the tables' params column) comes closest to the budget;
 the strategy is built for the count, since e.g. poe builds n experts from the template's
 config and independent counts one class's model (its per-class models each get the
 budget). Builds happen on the meta device (no memory, no initialisation cost), falling
@@ -34,7 +35,7 @@ class BudgetError(ValueError):
 class FittedBudget:
     budget: int
     hidden: int
-    parameters: int  # trainable parameters of strategy.model at that hidden size
+    parameters: int  # parameters of strategy.model at that hidden size, frozen ones included
 
     @property
     def relative_error(self) -> float:
@@ -46,7 +47,7 @@ def trainable_parameters(module: nn.Module) -> int:
 
 
 def strategy_parameters(config, manifest: dict | None = None) -> int:
-    """Trainable parameters of `strategy.model` for a LearnConfig (built on meta, else CPU)."""
+    """Parameters of `strategy.model` for a LearnConfig, frozen ones included (built on meta, else CPU)."""
     from streamer.learner import build_strategy
 
     try:
@@ -54,7 +55,7 @@ def strategy_parameters(config, manifest: dict | None = None) -> int:
             strategy, _ = build_strategy(config, torch.device("meta"), manifest)
     except (RuntimeError, NotImplementedError, TypeError):  # an operation meta tensors do not support
         strategy, _ = build_strategy(config, torch.device("cpu"), manifest)
-    return trainable_parameters(strategy.model)
+    return sum(p.numel() for p in strategy.model.parameters())
 
 
 def fit_hidden(count: Callable[[int], int], budget: int, *, max_hidden: int = MAX_HIDDEN) -> tuple[int, int]:

@@ -133,7 +133,7 @@ def _add_model_flags(p, strategy: bool = True) -> None:
     g.add_argument("--set", dest="strategy_options", action="append", type=_option, default=[], metavar="KEY=VALUE",
                    help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
     g.add_argument("--params", type=_positive_int, metavar="N",
-                   help="size the hidden layers so the strategy's model has about N trainable parameters "
+                   help="size the hidden layers so the strategy's model has about N parameters "
                         "(models sized by --hidden only; overrides --hidden)")
     g.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "

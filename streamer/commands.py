@@ -169,7 +169,7 @@ def _fit_budget(config, params: int | None, manifest: dict | None):
     except ValueError as exc:  # a bad --set or --model-opt, found while sizing
         raise UserError(str(exc)) from None
     print(f"--params {params:,}: {config.strategy} with hidden {fitted.hidden} has {fitted.parameters:,} "
-          f"trainable parameters ({fitted.relative_error:+.1%})", flush=True)
+          f"parameters ({fitted.relative_error:+.1%})", flush=True)
     return config
 
 
