@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from monitor.figures import plot_after_switch, plot_probe_heatmap, strategy_after_switch
+from monitor.reference import add_oracle_reference
 from monitor.report import build_report, json_safe, load_run
 
 __all__ = [
@@ -279,6 +280,7 @@ def write_comparison(runs: Sequence[tuple[Mapping, Sequence[Mapping]]], out_dir:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     reports = [report for report, _ in runs]
+    add_oracle_reference(reports)  # T and intransigence, where an independent oracle run shares the seed
     summary = summarise_runs(reports)
     files: list[str] = []
     skipped: dict[str, str] = {}
