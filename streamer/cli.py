@@ -129,7 +129,9 @@ def _add_model_flags(p, strategy: bool = True) -> None:
     g.add_argument("--embedding", type=_positive_int, default=64, help="byte embedding size (default 64)")
     g.add_argument("--layers", type=_positive_int, default=2)
     g.add_argument("--dropout", type=float, default=0.0)
-    g.add_argument("--lr", type=_positive_float, default=2e-3, help="Adam learning rate (default 2e-3)")
+    g.add_argument("--lr", type=_positive_float,
+                   help="Adam learning rate (default 2e-3 for the LSTM models, 5e-5 for the pretrained hf-* ones, "
+                        "whose full fine-tuning diverges at 2e-3)")
     g.add_argument("--set", dest="strategy_options", action="append", type=_option, default=[], metavar="KEY=VALUE",
                    help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
     g.add_argument("--params", type=_positive_int, metavar="N",

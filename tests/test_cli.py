@@ -175,3 +175,17 @@ def test_an_error_after_the_broker_started_still_stops_it(tmp_path):
                                     "--run-dir", str(tmp_path / "run"), *TINY_FLAGS))
     assert "cuda" in line
     assert tansu_pids() <= before
+
+
+def test_the_learning_rate_defaults_by_model_and_a_given_one_wins(tmp_path):
+    from streamer.cli import build_parser
+    from streamer.commands import _learn_config
+
+    def lr(*flags):
+        args = build_parser().parse_args(["learn", "--topic", "t", *flags])
+        return _learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=None).lr
+
+    assert lr() == 2e-3
+    assert lr("--model", "lstm-word") == 2e-3
+    assert lr("--model", "hf-classifier") == 5e-5 and lr("--model", "hf-causal") == 5e-5
+    assert lr("--model", "hf-classifier", "--lr", "1e-4") == 1e-4
