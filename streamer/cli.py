@@ -120,7 +120,7 @@ def _add_model_flags(p, strategy: bool = True) -> None:
                         "(--model-opt path=DIR | gguf=FILE | name=HUB_ID, dtype=; default the built smollm2-135m); "
                         "hf-classifier: an encoder + linear head over labelled utterances (--model-opt path=DIR, "
                         "max_length=64, max_labels=512, freeze_encoder=0, head_lr_scale=20; default the built "
-                        "all-minilm-l6-v2; use --lr 5e-5)")
+                        "all-minilm-l6-v2; --lr defaults to 5e-5 for hf-* models)")
     g.add_argument("--model-opt", dest="model_options", action="append", type=_option, default=[],
                    metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
