@@ -26,6 +26,19 @@ class BatchTruth:
     fragment: int
 
 
+def vote(votes: Counter) -> BatchTruth | None:
+    """From {(class, fragment): votes}: the class with most votes (independent streams mix
+    classes), then its largest fragment; ties go to the earlier fragment."""
+    if not votes:
+        return None
+    by_class: Counter = Counter()
+    for (class_name, _), count in votes.items():
+        by_class[class_name] += count
+    winner = max(by_class.items(), key=lambda kv: (kv[1], -min(f for c, f in votes if c == kv[0])))[0]
+    fragment = max((f for c, f in votes if c == winner), key=lambda f: (votes[(winner, f)], -f))
+    return BatchTruth(winner, fragment)
+
+
 @dataclass(frozen=True)
 class ReadyBatch:
     batch: Batch
@@ -139,16 +152,7 @@ class Batcher:
                 if span_end >= end:
                     break
                 span_start = span_end
-        if not votes:
-            return None
-        by_class: Counter = Counter()
-        for (class_name, _), count in votes.items():
-            by_class[class_name] += count
-        # the class with most tokens (independent streams mix classes), then its largest fragment;
-        # ties go to the earlier fragment
-        winner = max(by_class.items(), key=lambda kv: (kv[1], -min(f for c, f in votes if c == kv[0])))[0]
-        fragment = max((f for c, f in votes if c == winner), key=lambda f: (votes[(winner, f)], -f))
-        return BatchTruth(winner, fragment)
+        return vote(votes)
 
     def _release(self, buf: _Stream) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""

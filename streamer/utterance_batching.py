@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streamer.batching import BatchTruth, OffsetTracker, ReadyBatch
+from streamer.batching import BatchTruth, OffsetTracker, ReadyBatch, vote
 from streamer.strategies.base import Batch
 from streamer.wire import Record
 
@@ -68,15 +68,7 @@ def pad_ids(ids, pad_id: int, max_length: int) -> list[int]:
 def majority_truth(truths) -> BatchTruth | None:
     """The class with most utterances, then its largest fragment (as streamer.batching, one vote
     per utterance instead of per token). Ties go to the class, then the fragment, seen earliest."""
-    votes = Counter((t.class_name, t.fragment) for t in truths if t is not None)
-    if not votes:
-        return None
-    by_class: Counter = Counter()
-    for (class_name, _), count in votes.items():
-        by_class[class_name] += count
-    winner = max(by_class.items(), key=lambda kv: (kv[1], -min(f for c, f in votes if c == kv[0])))[0]
-    fragment = max((f for c, f in votes if c == winner), key=lambda f: (votes[(winner, f)], -f))
-    return BatchTruth(winner, fragment)
+    return vote(Counter((t.class_name, t.fragment) for t in truths if t is not None))
 
 
 @dataclass(frozen=True)

@@ -89,14 +89,9 @@ def labelled_records(order=("en", "fr"), repeats=2):
 
 
 def batches(built, records, rows=3):
-    batcher = built.make_batcher(rows, 20, torch.device("cpu"))
-    out = []
-    for r in records:
-        batcher.add(r)
-        while batcher.ready():
-            ready = batcher.pop()
-            out.append((ready.batch, ready.truth))
-    return out
+    from streamer.multitask import stream_batches
+
+    return stream_batches(records, built, rows, 20, torch.device("cpu"))
 
 
 def test_options_are_checked(encoder_dir):

