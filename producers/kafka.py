@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
-from streamer.wire import Record, encode
+from producers.wire import Record, encode
 
 __all__ = ["ProduceError", "ensure_topic", "produce"]
 

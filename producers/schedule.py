@@ -20,7 +20,7 @@ import numpy as np
 
 from producers.orders import (SCHEDULES, SEQUENCE_ORDERS, ScheduleError, calm_lengths, calm_order,
                               recurring_order, sequence_order)
-from streamer.wire import Record, Truth
+from producers.wire import Record, Truth
 
 __all__ = ["Schedule", "CalmSchedule", "ScheduleError", "plan_fragments", "class_order", "build_stream",
            "split_probe", "plan_streams"]

@@ -13,7 +13,7 @@ from producers.corpora.utterances import load_utterance_dir
 from producers.kafka import produce
 from producers.schedule import Schedule, build_stream
 from producers.utterance_stream import build_utterance_stream
-from streamer.wire import Record
+from producers.wire import Record
 
 __all__ = ["prepare_stream", "produce_stream", "looped"]
 

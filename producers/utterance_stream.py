@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from producers.schedule import Schedule, plan_streams
-from streamer.wire import Record, Truth
+from producers.wire import Record, Truth
 
 __all__ = ["build_utterance_stream"]
 

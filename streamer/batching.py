@@ -12,18 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from monitor.results import BatchTruth
 from streamer.strategies.base import Batch
-from streamer.wire import Record
+from producers.wire import Record
 
-__all__ = ["BatchTruth", "ReadyBatch", "Batcher", "OffsetTracker"]
-
-
-@dataclass(frozen=True)
-class BatchTruth:
-    """The majority class of a batch's input tokens and its largest fragment, from headers."""
-
-    class_name: str
-    fragment: int
+__all__ = ["ReadyBatch", "Batcher", "OffsetTracker", "vote"]
 
 
 def vote(votes: Counter) -> BatchTruth | None:

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from streamer.wire import Record, WireError, decode
+from producers.wire import Record, WireError, decode
 
 __all__ = ["KafkaSource", "SourceError", "Fetched"]
 

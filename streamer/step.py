@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
 
-from streamer.batching import BatchTruth
+from monitor.results import BatchTruth, StepResult
 from streamer.strategies.base import Batch, Strategy
 
-__all__ = ["StepResult", "prequential_step", "run"]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    index: int
-    loss: float  # recorded loss in nats, from the parameters before learning on this batch
-    train_loss: float
-    grad_norm: float
-    tokens: int
-    truth: BatchTruth | None
-    predict_s: float
-    learn_s: float
-    finished_at: float  # wall clock, seconds since the epoch
-    gpu_memory_bytes: int | None = None  # allocated by torch, when on a GPU
-    gates: tuple[float, ...] | None = None  # mixtures: the expert weights of this batch
-    predicted: tuple[int, ...] | None = None  # classifiers: predicted label id per row
-    labels: tuple[int, ...] | None = None  # classifiers: the revealed label id per row
+__all__ = ["prequential_step", "run"]
 
 
 def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None, index: int) -> StepResult:

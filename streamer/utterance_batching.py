@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from streamer.batching import BatchTruth, OffsetTracker, ReadyBatch, vote
+from monitor.results import BatchTruth
+from streamer.batching import OffsetTracker, ReadyBatch, vote
 from streamer.strategies.base import Batch
-from streamer.wire import Record
+from producers.wire import Record
 
 __all__ = ["LabelVocabulary", "UtteranceBatcher", "pad_ids", "majority_truth"]
 

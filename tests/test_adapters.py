@@ -12,7 +12,7 @@ from streamer.batching import Batcher
 from streamer.models import LSTMLanguageModel, ModelRequest, build_model
 from streamer.strategies import STRATEGIES
 from streamer.strategies.adapters import AdaptedLM, Adapters, ResidualAdapter
-from streamer.wire import Record
+from producers.wire import Record
 from tests.helpers import TINY
 from tests.test_models_lm import tiny_causal_dir
 

@@ -1,7 +1,8 @@
 import torch
 
-from streamer.batching import Batcher, BatchTruth, OffsetTracker
-from streamer.wire import Record, Truth
+from monitor.results import BatchTruth
+from streamer.batching import Batcher, OffsetTracker
+from producers.wire import Record, Truth
 from tests.helpers import batches_from_records, small_stream
 
 CORPUS = {"en": "hello world " * 500, "cs": "ahoj světe čeština " * 500}

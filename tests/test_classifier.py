@@ -23,7 +23,7 @@ from streamer.probe import load_probe_set
 from streamer.step import run
 from streamer.strategies import STRATEGIES
 from streamer.utterance_batching import UtteranceBatcher, majority_truth, pad_ids
-from streamer.wire import Record, Truth
+from producers.wire import Record, Truth
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -21,7 +21,7 @@ from streamer.models.word import UNKNOWN, Vocabulary, WholeWordBatcher, vocabula
 from streamer.probe import ProbeSet, load_probe_set
 from streamer.step import prequential_step
 from streamer.strategies import Naive
-from streamer.wire import Record
+from producers.wire import Record
 from tests.conftest import write_corpus
 from tests.helpers import TINY
 

@@ -13,7 +13,7 @@ from streamer.models import ModelRequest, build_model
 from streamer.models.weights import build_weights
 from streamer.step import prequential_step
 from streamer.strategies import Adapters, Naive
-from streamer.wire import Record
+from producers.wire import Record
 from tests.figures import figure
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from rich.console import Console
 from monitor.report import write_report
 from producers.stream import prepare_stream
 from producers.schedule import Schedule
-from streamer.batching import BatchTruth
+from monitor.results import BatchTruth
 from streamer.learner import LearnConfig, _write_config
 from streamer.models import BuiltModel, LSTMLanguageModel
 from streamer.multitask import ShuffledNaive, records_from_manifest, run_multitask, shuffled_order

@@ -1,6 +1,6 @@
 import pytest
 
-from streamer.wire import Record, Truth, WireError, decode, encode
+from producers.wire import Record, Truth, WireError, decode, encode
 
 
 def test_round_trip_keeps_text_stream_and_truth():

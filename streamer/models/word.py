@@ -30,7 +30,7 @@ from pathlib import Path
 from streamer.batching import Batcher
 from streamer.models.lstm import LSTMLanguageModel
 from streamer.models.registry import BuiltModel, ModelRequest
-from streamer.wire import Record
+from producers.wire import Record
 
 __all__ = ["UNKNOWN", "Vocabulary", "vocabulary_rule", "load_vocabulary", "corpus_vocabulary",
            "WholeWordBatcher", "WholeWordModel", "build_lstm_word"]
