@@ -28,7 +28,8 @@ from producers.kafka import produce  # noqa: E402
 from producers.schedule import CalmSchedule, build_stream  # noqa: E402
 from streamer.batching import Batcher  # noqa: E402
 from streamer.broker import EmbeddedBroker  # noqa: E402
-from streamer.learner import LearnConfig, build_strategy, learn, resolve_device  # noqa: E402
+from streamer.config import LearnConfig  # noqa: E402
+from streamer.learner import build_strategy, learn, resolve_device  # noqa: E402
 from streamer.models import LSTMConfig  # noqa: E402
 from streamer.step import run  # noqa: E402
 

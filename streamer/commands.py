@@ -25,6 +25,7 @@ from producers.stream import looped, prepare_stream, produce_stream
 from streamer.broker import BrokerError, EmbeddedBroker
 from streamer.cli import UserError
 from streamer.consumer import SourceError
+from streamer.models.catalog import default_lr as catalog_default_lr
 
 __all__ = ["KNOWN_ERRORS"]
 
@@ -132,15 +133,8 @@ def _from_fragment(spec, n_fragments: int | None) -> int:
     return int(spec)
 
 
-def default_lr(model_name: str) -> float:
-    """Adam's step when --lr is not given: 2e-3 trains the LSTMs from scratch; pretrained
-    transformers fine-tuned end to end need a far smaller one (hf-classifier collapsed to
-    3% accuracy at 2e-3 and reached 44% at 5e-5 on intents-multilingual)."""
-    return 5e-5 if model_name.startswith("hf-") else 2e-3
-
-
 def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path, manifest: dict | None):
-    from streamer.learner import LearnConfig
+    from streamer.config import LearnConfig
     from streamer.models import LSTMConfig
 
     manifest = manifest or {}
@@ -153,7 +147,7 @@ def _learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path
         model_name=args.model_name, model_options=tuple(args.model_options),
         streams=args.streams, window=args.window,
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
-        lr=args.lr if args.lr is not None else default_lr(args.model_name), seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
+        lr=args.lr if args.lr is not None else catalog_default_lr(args.model_name), seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
         idle_timeout_s=getattr(args, "idle_timeout", None), total_batches=manifest.get("total_batches"),
         total_records=manifest.get("total_records"),
         classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"),

@@ -104,7 +104,7 @@ def _check(config, manifest: dict):
     built = build_model(ModelRequest(config.model_name, config.model, config.model_options, manifest,
                                      torch.device("cpu")))
     try:
-        ShuffledNaive(built.model, lr=config.lr, clip=config.clip, **dict(config.strategy_options))
+        ShuffledNaive(built.model, lr=config.resolved_lr, clip=config.clip, **dict(config.strategy_options))
     except TypeError as exc:
         raise ValueError(f"--set for strategy 'multitask': {exc}") from None
     return built

@@ -21,57 +21,13 @@ import torch
 
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
+from streamer.config import LearnConfig, RunSummary
 from streamer.consumer import KafkaSource
 from streamer.models import LSTMConfig, ModelRequest, build_model
 from streamer.step import prequential_step
 from streamer.strategies import STRATEGIES
 
-__all__ = ["LearnConfig", "RunSummary", "build_strategy", "resolve_device", "learn"]
-
-
-@dataclass(frozen=True)
-class LearnConfig:
-    bootstrap_servers: str
-    topic: str
-    run_dir: Path
-    group_id: str = "streamer-learner"
-    run_name: str = "run"
-    strategy: str = "naive"
-    strategy_options: tuple[tuple[str, object], ...] = ()  # the strategy's own hyperparameters
-    streams: int = 10
-    window: int = 20
-    model: LSTMConfig = field(default_factory=LSTMConfig)  # sizes of the LSTM models
-    model_name: str = "lstm-char"  # --model (streamer.models.MODELS)
-    model_options: tuple[tuple[str, object], ...] = ()  # the model's own options (--model-opt)
-    lr: float = 2e-3
-    clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"
-    queue_size: int = 8
-    max_batches: int | None = None  # stop after this many batches
-    minutes: float | None = None  # stop after this much wall time
-    idle_timeout_s: float | None = None  # stop when nothing arrives for this long
-    total_batches: int | None = None  # known from the producer's manifest (b x w byte windows)
-    total_records: int | None = None  # the manifest's record count: the end of the stream for any tokenizer
-    classes: tuple[str, ...] = ()  # class ids follow this order when known
-    n_fragments: int | None = None
-    k: int = 10
-    from_fragment: int = 0
-    checkpoint_every_s: float = 300.0  # also written at the end of every run
-    probe_every: int = 500  # score the probe split every this many batches (0: only at switches)
-    probe_at_switches: bool = True  # and at every true switch (headers, evaluation only)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    batches: int
-    tokens: int
-    seconds: float
-    stop_reason: str
-    dead_letters: dict
-    run_dir: Path
-    probes: int = 0
-    probe_seconds: float = 0.0
+__all__ = ["build_strategy", "resolve_device", "learn"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,7 +49,7 @@ def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | N
     if "seed" in inspect.signature(cls).parameters:  # the run's seed drives the strategy's own draws
         options.setdefault("seed", config.seed)
     try:
-        return cls(built.model, lr=config.lr, clip=config.clip, **options), built
+        return cls(built.model, lr=config.resolved_lr, clip=config.clip, **options), built
     except TypeError as exc:  # an option the strategy does not have
         raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 

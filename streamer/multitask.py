@@ -113,7 +113,8 @@ def run_multitask(config, manifest: dict, records=None, *, detector: str = "page
     `config` is a streamer.learner.LearnConfig (its strategy is recorded as given, "multitask";
     strategy_options are ShuffledNaive's hyperparameters); `records` default to those rebuilt
     from the manifest. `max_batches` keeps the first batches of the stream, then shuffles them."""
-    from streamer.learner import RunSummary, resolve_device
+    from streamer.config import RunSummary
+    from streamer.learner import resolve_device
     from streamer.models import ModelRequest, build_model
     from streamer.step import prequential_step
 
@@ -122,7 +123,7 @@ def run_multitask(config, manifest: dict, records=None, *, detector: str = "page
     _seed(config.seed)
     built = build_model(ModelRequest(config.model_name, config.model, config.model_options, manifest, device))
     try:
-        strategy = ShuffledNaive(built.model, lr=config.lr, clip=config.clip, **dict(config.strategy_options))
+        strategy = ShuffledNaive(built.model, lr=config.resolved_lr, clip=config.clip, **dict(config.strategy_options))
     except TypeError as exc:
         raise ValueError(f"--set for strategy 'multitask': {exc}") from None
     if records is None:

@@ -6,7 +6,7 @@ import pytest
 
 from streamer.budget import BudgetError, fit_hidden, fit_to_budget, strategy_parameters
 from streamer.cli import _parse
-from streamer.learner import LearnConfig
+from streamer.config import LearnConfig
 from streamer.models import LSTMConfig
 from streamer.strategies import STRATEGIES
 

@@ -17,7 +17,8 @@ from producers.corpora.utterances import Utterance, write_utterance_dir
 from producers.kafka import produce
 from producers.schedule import Schedule
 from producers.stream import prepare_stream
-from streamer.learner import LearnConfig, learn
+from streamer.config import LearnConfig
+from streamer.learner import learn
 from streamer.models import ModelRequest, build_model
 from streamer.probe import load_probe_set
 from streamer.step import run

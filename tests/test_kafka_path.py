@@ -13,7 +13,8 @@ from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from monitor.losslog import read_loss_log
 from producers.kafka import produce
-from streamer.learner import LearnConfig, learn
+from streamer.config import LearnConfig
+from streamer.learner import learn
 from streamer.step import run
 from tests.helpers import TINY, batches_from_records, naive, permute_classes, small_stream
 

@@ -297,7 +297,8 @@ def test_learner_trains_lstm_word_with_the_manifests_vocabulary_and_word_probes(
 
     from monitor.live import LiveMonitor
     from producers.stream import prepare_stream, produce_stream
-    from streamer.learner import LearnConfig, build_strategy, learn
+    from streamer.config import LearnConfig
+    from streamer.learner import build_strategy, learn
 
     corpus = write_corpus(tmp_path / "corpus", lines=80)
     schedule = Schedule(n_fragments=4, mean_tokens=600, streams=2, window=6, seed=4, probe_tokens=800)
@@ -326,7 +327,8 @@ def test_a_word_level_run_ends_with_the_streams_records_not_its_byte_window_coun
 
     from monitor.live import LiveMonitor
     from producers.stream import prepare_stream, produce_stream
-    from streamer.learner import LearnConfig, learn
+    from streamer.config import LearnConfig
+    from streamer.learner import learn
 
     corpus = write_corpus(tmp_path / "corpus", lines=80)
     schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=6, seed=5, probe_tokens=400)

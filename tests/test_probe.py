@@ -12,7 +12,8 @@ from monitor.exporter import create_metrics
 from monitor.live import LiveMonitor
 from producers.kafka import produce
 from producers.schedule import Schedule, build_stream
-from streamer.learner import LearnConfig, learn
+from streamer.config import LearnConfig
+from streamer.learner import learn
 from streamer.models import LSTMConfig, LSTMLanguageModel
 from streamer.probe import ProbeSet
 from tests.helpers import TINY

@@ -11,7 +11,8 @@ from monitor.dashboard import panel_queries
 from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from producers.kafka import produce
-from streamer.learner import LearnConfig, learn
+from streamer.config import LearnConfig
+from streamer.learner import learn
 from tests.helpers import TINY, small_stream
 from tests.prometheus_util import ensure_prometheus, query, start_prometheus, stop
 

@@ -11,7 +11,8 @@ from monitor.report import write_report
 from producers.stream import prepare_stream
 from producers.schedule import Schedule
 from monitor.results import BatchTruth
-from streamer.learner import LearnConfig, _write_config
+from streamer.config import LearnConfig
+from streamer.learner import _write_config
 from streamer.models import BuiltModel, LSTMLanguageModel
 from streamer.multitask import ShuffledNaive, records_from_manifest, run_multitask, shuffled_order
 from streamer.probe import ProbeSet

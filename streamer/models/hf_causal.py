@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from torch import nn
 
 from streamer.models.registry import BuiltModel, ModelRequest
 from streamer.models.word import WholeWordModel
+from streamer.settings import behind_proxy, hub_offline
 
 __all__ = ["HFCausalInfo", "HFCausalLM", "load_causal_lm", "build_hf_causal", "DEFAULT_WEIGHTS"]
 
@@ -184,9 +184,9 @@ def _first_line(exc: Exception) -> str:
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """False when HF_HUB_OFFLINE is set or the hub's host does not answer within `timeout`
     (instead of huggingface_hub's minute of retries); True behind a proxy."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if hub_offline():
         return False
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    if behind_proxy():
         return True  # only the proxy knows: let huggingface_hub try
     from urllib.parse import urlparse
 

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from streamer.models.catalog import VOCAB_SIZE, LSTMConfig
+
 __all__ = ["LSTMConfig", "LSTMLanguageModel", "VOCAB_SIZE"]
-
-VOCAB_SIZE = 256  # byte level: every UTF-8 text is in vocabulary, no <unk>
-
-
-@dataclass(frozen=True)
-class LSTMConfig:
-    embedding: int = 64
-    hidden: int = 256
-    layers: int = 2
-    dropout: float = 0.0
-    vocab: int = VOCAB_SIZE  # 256 bytes for lstm-char; the corpus vocabulary's size for lstm-word
 
 
 class LSTMLanguageModel(nn.Module):

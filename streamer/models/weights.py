@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from streamer.settings import weights_root
 
 __all__ = ["WeightsSpec", "WEIGHTS", "WeightsMissing", "weights_root", "weights_path", "build_weights"]
 
@@ -54,16 +55,6 @@ WEIGHTS: dict[str, WeightsSpec] = {
 
 class WeightsMissing(ValueError):
     """Registered weights that are not built in this cache yet."""
-
-
-def weights_root() -> Path:
-    """<$STREAMER_CACHE or $XDG_CACHE_HOME/streamer or ~/.cache/streamer>/models."""
-    explicit = os.environ.get("STREAMER_CACHE")
-    if explicit:
-        return Path(explicit).expanduser() / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "streamer" / "models"
 
 
 def _spec(name: str) -> WeightsSpec:

@@ -1,0 +1,60 @@
+"""Frozen configuration values of a learning run: built once by the command line, read below it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamer.models.catalog import LSTMConfig, default_lr
+
+__all__ = ["LearnConfig", "RunSummary"]
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    bootstrap_servers: str
+    topic: str
+    run_dir: Path
+    group_id: str = "streamer-learner"
+    run_name: str = "run"
+    strategy: str = "naive"
+    strategy_options: tuple[tuple[str, object], ...] = ()  # the strategy's own hyperparameters
+    streams: int = 10
+    window: int = 20
+    model: LSTMConfig = field(default_factory=LSTMConfig)  # sizes of the LSTM models
+    model_name: str = "lstm-char"  # --model (streamer.models.MODELS)
+    model_options: tuple[tuple[str, object], ...] = ()  # the model's own options (--model-opt)
+    lr: float | None = None  # Adam's step; None: the model's own default (streamer.models.catalog)
+    clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    queue_size: int = 8
+    max_batches: int | None = None  # stop after this many batches
+    minutes: float | None = None  # stop after this much wall time
+    idle_timeout_s: float | None = None  # stop when nothing arrives for this long
+    total_batches: int | None = None  # known from the producer's manifest (b x w byte windows)
+    total_records: int | None = None  # the manifest's record count: the end of the stream for any tokenizer
+    classes: tuple[str, ...] = ()  # class ids follow this order when known
+    n_fragments: int | None = None
+    k: int = 10
+    from_fragment: int = 0
+    checkpoint_every_s: float = 300.0  # also written at the end of every run
+    probe_every: int = 500  # score the probe split every this many batches (0: only at switches)
+    probe_at_switches: bool = True  # and at every true switch (headers, evaluation only)
+
+    @property
+    def resolved_lr(self) -> float:
+        """The learning rate the strategy gets: --lr, else the model's default."""
+        return self.lr if self.lr is not None else default_lr(self.model_name)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    batches: int
+    tokens: int
+    seconds: float
+    stop_reason: str
+    dead_letters: dict
+    run_dir: Path
+    probes: int = 0
+    probe_seconds: float = 0.0
