@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_compare_parser(sub)
 
-    from monitor.dashboard import add_monitor_parser
+    from streamer.cli_monitor import add_monitor_parser
 
     add_monitor_parser(sub)
 

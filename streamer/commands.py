@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from monitor.calm import format_table
-from monitor.dashboard import cmd_monitor  # noqa: F401  (main() dispatches to cmd_<command>)
+from streamer.cli_monitor import cmd_monitor  # noqa: F401  (main() dispatches to cmd_<command>)
 from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from monitor.report import json_safe, write_report

@@ -41,6 +41,11 @@ class LearnConfig:
     checkpoint_every_s: float = 300.0  # also written at the end of every run
     probe_every: int = 500  # score the probe split every this many batches (0: only at switches)
     probe_at_switches: bool = True  # and at every true switch (headers, evaluation only)
+    probe: bool = True  # score the manifest's held-out probe split at all (--no-probe: False)
+    detector: str = "page-hinkley"  # river drift detector on the recorded loss (monitor.drift)
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: none)
+    metrics_host: str = "127.0.0.1"
+    live_view: bool = True  # the rich live view on a terminal; False: plain log lines
 
     @property
     def resolved_lr(self) -> float:

@@ -5,7 +5,8 @@ import json
 import re
 from pathlib import Path
 
-from monitor.dashboard import DEFAULT_PATH, add_monitor_parser, build_dashboard, cmd_monitor, panel_queries, render_dashboard
+from monitor.dashboard import DEFAULT_PATH, build_dashboard, panel_queries, render_dashboard
+from streamer.cli_monitor import add_monitor_parser, cmd_monitor
 from monitor.exporter import CATALOGUE
 
 ROOT = Path(__file__).resolve().parent.parent
