@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from river import metrics, utils
 
+from monitor.river_state import confusion_state, load_confusion, load_rolling, rolling_state
+
 __all__ = ["AccuracyTracker", "accuracy_metrics", "DEFAULT_WINDOW"]
 
 DEFAULT_WINDOW = 1000  # utterances
@@ -40,6 +42,15 @@ class _Scores:
         self.utterances += 1
         self.accuracy.update(label, predicted)
         self.macro_f1.update(label, predicted)
+
+    def state_dict(self) -> dict:
+        return {"utterances": self.utterances, "accuracy": confusion_state(self.accuracy),
+                "macro_f1": confusion_state(self.macro_f1)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.utterances = state["utterances"]
+        load_confusion(self.accuracy, state["accuracy"])
+        load_confusion(self.macro_f1, state["macro_f1"])
 
     def snapshot(self) -> dict:
         seen = self.utterances > 0
@@ -75,6 +86,28 @@ class AccuracyTracker:
             self._rolling_f1.update(label, guess)
             scores.update(label, guess)
         self._batches += 1
+
+    def state_dict(self) -> dict:
+        """Counts, confusion matrices and rolling windows as plain values (see :meth:`load_state_dict`)."""
+        return {
+            "window": self.window, "batches": self._batches, "overall": self._overall.state_dict(),
+            "rolling_accuracy": rolling_state(self._rolling_accuracy), "rolling_f1": rolling_state(self._rolling_f1),
+            "per_class": [[name, scores.state_dict()] for name, scores in self._per_class.items()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`; the window must match."""
+        if state["window"] != self.window:
+            raise ValueError(f"saved accuracy window of {state['window']} utterances, this one {self.window}")
+        self._batches = state["batches"]
+        self._overall = _Scores()
+        self._overall.load_state_dict(state["overall"])
+        load_rolling(self._rolling_accuracy, state["rolling_accuracy"])
+        load_rolling(self._rolling_f1, state["rolling_f1"])
+        self._per_class = {}
+        for name, values in state["per_class"]:
+            self._per_class[name] = _Scores()
+            self._per_class[name].load_state_dict(values)
 
     def snapshot(self) -> dict | None:
         """The metrics so far; None before any prediction (a language-model run)."""

@@ -1,4 +1,4 @@
-"""CALM metrics (loss, ppl, ppl@sw, rec), offline from a loss log and live from a stream.
+"""CALM metrics (loss, ppl, ppl@sw, rec), offline from a loss log (live: monitor.calm_tracker).
 
 Definitions follow the CALM authors' ``metrics.py`` (repository germank/CALM):
 
@@ -21,7 +21,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CalmTracker", "calm_metrics", "format_table"]
+__all__ = ["PPL_LOSS_LIMIT", "Summary", "calm_metrics", "calm_result", "check_params", "format_table",
+           "perplexity", "recovery_duration"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
 
@@ -53,7 +54,7 @@ def recovery_duration(losses: Iterable[float], previous_mean: float) -> int:
     return duration
 
 
-def _check_params(k: int, from_fragment: int) -> None:
+def check_params(k: int, from_fragment: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     if isinstance(from_fragment, bool) or not isinstance(from_fragment, int) or from_fragment < 0:
@@ -61,7 +62,7 @@ def _check_params(k: int, from_fragment: int) -> None:
 
 
 @dataclass(frozen=True)
-class _Summary:
+class Summary:
     """Aggregates of one class (or of all classes) over the span."""
 
     name: str
@@ -73,7 +74,7 @@ class _Summary:
     rec: float | None  # mean over revisits of the recovery duration
 
 
-def _metrics_entry(summary: _Summary) -> dict:
+def _metrics_entry(summary: Summary) -> dict:
     return {
         "loss": summary.loss,
         "ppl": None if summary.loss is None else perplexity(summary.loss),
@@ -85,7 +86,7 @@ def _metrics_entry(summary: _Summary) -> dict:
     }
 
 
-def _class_keys(summaries: list[tuple[int, _Summary]]) -> list[str]:
+def _class_keys(summaries: list[tuple[int, Summary]]) -> list[str]:
     """Per-class keys: the class name, disambiguated by id if two ids share a name."""
     counts: dict[str, int] = {}
     for _, summary in summaries:
@@ -93,8 +94,8 @@ def _class_keys(summaries: list[tuple[int, _Summary]]) -> list[str]:
     return [s.name if counts[s.name] == 1 else f"{s.name} (id {d})" for d, s in summaries]
 
 
-def _result(overall: _Summary, per_class: list[tuple[int, _Summary]], k: int, from_fragment: int) -> dict:
-    """The result dict shared by :func:`calm_metrics` and :meth:`CalmTracker.snapshot`."""
+def calm_result(overall: Summary, per_class: list[tuple[int, Summary]], k: int, from_fragment: int) -> dict:
+    """The result dict shared by :func:`calm_metrics` and :meth:`monitor.calm_tracker.CalmTracker.snapshot`."""
     span = f"fragments >= {from_fragment}"
     notes: list[str] = []
     if overall.n_batches == 0:
@@ -144,7 +145,7 @@ def calm_metrics(records: Iterable[Mapping], *, k: int = 10, from_fragment: int 
     Each record needs ``loss`` (nats), ``domain`` (class id), ``domain_name`` and
     ``sequence`` (fragment index); other keys are ignored.
     """
-    _check_params(k, from_fragment)
+    check_params(k, from_fragment)
     fragments = _split_fragments(records, from_fragment)
     names: dict[int, str] = {}
     losses: dict[int, list[float]] = {}
@@ -168,7 +169,7 @@ def calm_metrics(records: Iterable[Mapping], *, k: int = 10, from_fragment: int 
     per_class = [
         (
             domain,
-            _Summary(
+            Summary(
                 name=names[domain],
                 loss=_fmean(losses[domain]),
                 n_batches=len(losses[domain]),
@@ -183,7 +184,7 @@ def calm_metrics(records: Iterable[Mapping], *, k: int = 10, from_fragment: int 
     all_losses = [x for fragment in fragments for x in fragment[2]]
     all_intensities = [x for domain in names for x in intensities[domain]]
     all_durations = [x for domain in names for x in durations[domain]]
-    overall = _Summary(
+    overall = Summary(
         name="all",
         loss=_fmean(all_losses),
         n_batches=len(all_losses),
@@ -192,184 +193,7 @@ def calm_metrics(records: Iterable[Mapping], *, k: int = 10, from_fragment: int 
         intensity=_fmean(all_intensities),
         rec=_fmean(all_durations),
     )
-    return _result(overall, per_class, k, from_fragment)
-
-
-class _RunningMean:
-    """Count and Neumaier-compensated sum, so a mean over a long stream stays exact to rounding."""
-
-    __slots__ = ("count", "_sum", "_compensation")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._sum = 0.0
-        self._compensation = 0.0
-
-    def add(self, value: float) -> None:
-        total = self._sum + value
-        if math.isfinite(total):
-            if abs(self._sum) >= abs(value):
-                self._compensation += (self._sum - total) + value
-            else:
-                self._compensation += (value - total) + self._sum
-        self._sum = total
-        self.count += 1
-
-    @property
-    def mean(self) -> float | None:
-        return (self._sum + self._compensation) / self.count if self.count else None
-
-
-class _ClassState:
-    __slots__ = ("name", "loss", "n_fragments", "intensity", "rec_total", "previous_mean")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.loss = _RunningMean()
-        self.n_fragments = 0
-        self.intensity = _RunningMean()  # count = number of finalized revisits
-        self.rec_total = 0
-        self.previous_mean: float | None = None
-
-    def summary(self) -> _Summary:
-        n_revisits = self.intensity.count
-        return _Summary(
-            name=self.name,
-            loss=self.loss.mean,
-            n_batches=self.loss.count,
-            n_fragments=self.n_fragments,
-            n_revisits=n_revisits,
-            intensity=self.intensity.mean,
-            rec=self.rec_total / n_revisits if n_revisits else None,
-        )
-
-
-class _OpenFragment:
-    """The fragment being received: its mean, its first-k mean and its recovery count so far."""
-
-    __slots__ = ("domain", "previous_mean", "loss", "head", "duration", "recovered")
-
-    def __init__(self, domain: int, previous_mean: float | None) -> None:
-        self.domain = domain
-        self.previous_mean = previous_mean  # None: not a revisit
-        self.loss = _RunningMean()
-        self.head = _RunningMean()
-        self.duration = 0
-        self.recovered = False
-
-    def add(self, loss: float, k: int) -> None:
-        self.loss.add(loss)
-        if self.head.count < k:
-            self.head.add(loss)
-        if self.previous_mean is not None and not self.recovered:
-            if loss < self.previous_mean:
-                self.recovered = True
-            else:
-                self.duration += 1
-
-
-class CalmTracker:
-    """The CALM metrics of :func:`calm_metrics`, updated one batch at a time in O(classes) memory.
-
-    ``snapshot()`` equals ``calm_metrics(records_so_far, k=k, from_fragment=from_fragment)``
-    (the still-open fragment is the last one, so it counts for loss only), plus a
-    ``"live"`` sub-dict about the most recent switches.
-    """
-
-    def __init__(self, k: int = 10, from_fragment: int = 0) -> None:
-        _check_params(k, from_fragment)
-        self.k = k
-        self.from_fragment = from_fragment
-        # whole stream
-        self._switches = 0
-        self._sequence: int | None = None
-        self._class_name: str | None = None
-        self._batches_in_fragment = 0
-        # evaluated span
-        self._span_sequence: int | None = None
-        self._classes: dict[int, _ClassState] = {}
-        self._open: _OpenFragment | None = None
-        self._loss = _RunningMean()
-        self._n_fragments = 0
-        self._intensity = _RunningMean()
-        self._rec_total = 0
-        self._last_intensity: float | None = None
-        self._last_rec: int | None = None
-        self._last_revisit_class: str | None = None
-
-    def __repr__(self) -> str:
-        return f"CalmTracker(k={self.k}, from_fragment={self.from_fragment})"
-
-    def update(self, loss: float, domain: int, domain_name: str, sequence: int) -> None:
-        """Record the (pre-update) loss of one batch."""
-        loss = float(loss)
-        if self._sequence is None or sequence != self._sequence:
-            if self._sequence is not None:
-                self._switches += 1
-            self._sequence = sequence
-            self._class_name = domain_name
-            self._batches_in_fragment = 0
-        self._batches_in_fragment += 1
-        if sequence < self.from_fragment:
-            return
-        if self._open is None or sequence != self._span_sequence:
-            self._close_fragment()
-            self._open_fragment(domain, domain_name)
-            self._span_sequence = sequence
-        self._open.add(loss, self.k)
-        self._loss.add(loss)
-        self._classes[self._open.domain].loss.add(loss)
-
-    def _open_fragment(self, domain: int, domain_name: str) -> None:
-        state = self._classes.setdefault(domain, _ClassState(domain_name))
-        state.n_fragments += 1
-        self._n_fragments += 1
-        self._open = _OpenFragment(domain, state.previous_mean)
-
-    def _close_fragment(self) -> None:
-        fragment = self._open
-        if fragment is None:
-            return
-        state = self._classes[fragment.domain]
-        if fragment.previous_mean is not None:
-            intensity = fragment.head.mean
-            state.intensity.add(intensity)
-            state.rec_total += fragment.duration
-            self._intensity.add(intensity)
-            self._rec_total += fragment.duration
-            self._last_intensity = intensity
-            self._last_rec = fragment.duration
-            self._last_revisit_class = state.name
-        state.previous_mean = fragment.loss.mean
-        self._open = None
-
-    def snapshot(self) -> dict:
-        """The metrics over the records seen so far, plus the ``"live"`` sub-dict."""
-        n_revisits = self._intensity.count
-        mean_rec = self._rec_total / n_revisits if n_revisits else None
-        overall = _Summary(
-            name="all",
-            loss=self._loss.mean,
-            n_batches=self._loss.count,
-            n_fragments=self._n_fragments,
-            n_revisits=n_revisits,
-            intensity=self._intensity.mean,
-            rec=mean_rec,
-        )
-        per_class = [(domain, state.summary()) for domain, state in self._classes.items()]
-        result = _result(overall, per_class, self.k, self.from_fragment)
-        result["live"] = {
-            "switches": self._switches,
-            "current_sequence": self._sequence,
-            "current_class": self._class_name,
-            "batches_in_fragment": self._batches_in_fragment,
-            "last_loss_after_switch": self._last_intensity,
-            "last_rec": self._last_rec,
-            "last_revisit_class": self._last_revisit_class,
-            "mean_loss_after_switch": self._intensity.mean,
-            "mean_rec": mean_rec,
-        }
-        return result
+    return calm_result(overall, per_class, k, from_fragment)
 
 
 def _cell(value: float | None, digits: int = 2) -> str:

@@ -315,6 +315,30 @@ class DetectionTracker:
         else:
             self._false_alarms.append(batch_index)
 
+    def state_dict(self) -> dict:
+        """Counts, pending switches and listed entries as plain values (see :meth:`load_state_dict`)."""
+        return {
+            "tolerance": self.tolerance, "max_listed": self.max_listed, "last_index": self._last_index,
+            "last_sequence": self._last_sequence, "pending": list(self._pending), "n_true": self._n_true,
+            "n_detected": self._n_detected, "delay_sum": self._delay_sum, "delay_counts": list(self._delay_counts),
+            "n_expired": self._n_expired, "matched": [list(pair) for pair in self._matched],
+            "false_alarms": list(self._false_alarms), "expired": list(self._expired),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`; tolerance and max_listed must match."""
+        if (state["tolerance"], state["max_listed"]) != (self.tolerance, self.max_listed):
+            raise ValueError(f"saved detection tracker has tolerance={state['tolerance']}, max_listed="
+                             f"{state['max_listed']}; this one {self.tolerance}, {self.max_listed}")
+        self._last_index, self._last_sequence = state["last_index"], state["last_sequence"]
+        self._pending = deque(state["pending"])
+        self._n_true, self._n_detected = state["n_true"], state["n_detected"]
+        self._delay_sum, self._delay_counts = state["delay_sum"], list(state["delay_counts"])
+        self._n_expired = state["n_expired"]
+        self._matched = deque((list(pair) for pair in state["matched"]), maxlen=self.max_listed)
+        self._false_alarms = deque(state["false_alarms"], maxlen=self.max_listed)
+        self._expired = deque(state["expired"], maxlen=self.max_listed)
+
     def snapshot(self) -> dict:
         """The :func:`evaluate_detection` result over the batches seen so far."""
         missed = [*self._expired, *self._pending]

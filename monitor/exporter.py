@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE"]
+__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "NAMESPACE"]
 
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
 RUN_CLASS = ("run", "strategy", "class")
 RUN_PARTITION = ("run", "strategy", "partition")
-RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see streamer/wire.py)
+RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see producers/wire.py)
 
 # name, type, labels, help: the README's table is generated from this list.
 CATALOGUE = [

@@ -11,9 +11,24 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["CALM_KEYS", "LossLogWriter", "read_loss_log"]
+__all__ = ["CALM_KEYS", "LossLogWriter", "loss_log_line", "read_loss_log"]
 
 CALM_KEYS = ("loss", "domain", "domain_name", "sequence")
+
+
+def loss_log_line(result, *, domain: int, class_name: str, fragment: int, detected: bool) -> dict:
+    """The loss-log line of one step result (monitor.results.StepResult): CALM keys plus extras."""
+    line = {
+        "loss": result.loss, "domain": domain, "domain_name": class_name, "sequence": fragment,
+        "batch": result.index, "tokens": result.tokens, "train_loss": result.train_loss,
+        "predict_s": round(result.predict_s, 6), "learn_s": round(result.learn_s, 6),
+        "time": round(result.finished_at, 3), "detected_switch": detected,
+    }
+    for key in ("gates", "predicted", "labels"):  # mixtures and classifiers only
+        value = getattr(result, key, None)
+        if value is not None:
+            line[key] = [round(v, 6) for v in value] if key == "gates" else list(value)
+    return line
 
 
 def _to_builtin(value: Any) -> Any:

@@ -1,3 +1,5 @@
-"""Producers: turn corpora into Kafka streams of wire records."""
+"""Producers: turn corpora into Kafka streams of wire records (imports nothing from streamer/ or monitor/)."""
 
-__all__ = []
+from producers.wire import Record, Truth, WireError, decode, encode
+
+__all__ = ["Record", "Truth", "WireError", "decode", "encode"]

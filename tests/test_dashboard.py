@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from monitor.dashboard import DEFAULT_PATH, build_dashboard, panel_queries, render_dashboard
-from streamer.cli_monitor import add_monitor_parser, cmd_monitor
+from streamer.cli.monitor import add_monitor_parser, cmd_monitor
 from monitor.exporter import CATALOGUE
 
 ROOT = Path(__file__).resolve().parent.parent

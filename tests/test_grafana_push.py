@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from monitor import grafana_push
-from streamer.cli_monitor import add_monitor_parser, cmd_monitor
+from streamer.cli.monitor import add_monitor_parser, cmd_monitor
 from monitor.grafana_push import PushError, load_credentials, push
 
 T0 = 1_700_000_000.25  # epoch seconds of the first batch

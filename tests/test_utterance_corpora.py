@@ -1,4 +1,4 @@
-"""Labeled utterance corpora: the .jsonl directory format and the real intents / MultiWOZ builds."""
+"""Labeled utterance corpora: the .jsonl directory format, the real intents build and the MultiWOZ corpus."""
 
 from tests.figures import figure  # noqa: E402
 import json
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from producers.corpora import corpus_info
 from producers.corpora.calm_dir import CorpusError
 from producers.corpora.intents import LANGUAGES, build_intents_multilingual
-from producers.corpora.multiwoz import DOMAINS, build_multiwoz_domains, detokenize, utterances_from_templates
+from producers.corpora.multiwoz import DOMAINS, detokenize, utterances_from_templates
 from producers.corpora.utterances import (
     Utterance,
     describe_utterance_dir,
@@ -145,7 +146,7 @@ def test_templates_become_domain_classes_with_filled_placeholders():
     assert counts["duplicates"] == 1
 
 
-# --- the real builds, once each ---------------------------------------------------------------
+# --- the real corpora: intents built here from installed packages, MultiWOZ by ./dev setup --
 
 
 def _build(builder, tmp_path_factory, name):
@@ -164,8 +165,10 @@ def intents_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def multiwoz_corpus(tmp_path_factory):
-    return _build(build_multiwoz_domains, tmp_path_factory, "multiwoz-domains")
+def multiwoz_corpus(built_corpus):
+    """The corpus ./dev setup built (its build downloads the ConvLab-3 archive)."""
+    path = built_corpus("multiwoz-domains")
+    return path, corpus_info("multiwoz-domains", path.parent)
 
 
 def test_intents_build_has_five_languages_of_many_intents(intents_corpus):

@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from monitor.live import ViewSnapshot
+from monitor.tracker import ViewSnapshot
 from monitor.view import LiveView, plain_line, render, sparkline
 
 SNAPSHOT = ViewSnapshot(
@@ -56,3 +56,25 @@ def test_plain_mode_prints_log_lines_when_not_a_terminal(tmp_path):
     lines = out.read_text().splitlines()
     assert lines == [plain_line(SNAPSHOT)] * 2
     assert lines[0].startswith("batch 50/200 loss 1.000 rolling_ppl 3.50 class fr ppl 4.00 ppl@sw 9.50 rec 2.25")
+
+
+def test_on_a_terminal_live_redraws_the_latest_snapshot(tmp_path):
+    import io
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    view = LiveView(console=console)
+    assert view.interactive
+    assert "waiting for the first batch" in _text(view.renderable())
+    with view:
+        view.update(SNAPSHOT, force=True)
+        assert _text(view.renderable()) == _text(render(SNAPSHOT))
+    assert "50/200 batches" in out.getvalue()
+
+
+def test_a_disabled_view_prints_nothing(tmp_path):
+    out = tmp_path / "out.txt"
+    with out.open("w") as handle:
+        with LiveView(console=Console(file=handle, force_terminal=False), enabled=False) as view:
+            view.update(SNAPSHOT, force=True)
+    assert out.read_text() == ""

@@ -7,7 +7,6 @@ from .cache import (
     build_corpus,
     corpus_info,
     corpus_path,
-    default_cache_root,
     list_corpora,
 )
 from .calm_dir import CorpusError, load_corpus_dir
@@ -21,7 +20,6 @@ __all__ = [
     "build_corpus",
     "corpus_info",
     "corpus_path",
-    "default_cache_root",
     "list_corpora",
     "load_corpus_dir",
     "load_user_data",

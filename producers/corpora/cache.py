@@ -1,5 +1,6 @@
 """The corpus cache: the registry of buildable corpora and their built directories.
 
+Every function takes the cache root explicitly (the command line decides where it is).
 A built corpus is `<root>/<name>/`: one `<class>.txt` per class and a
 `manifest.json` written last. A build runs in a hidden staging directory beside
 the target and is renamed into place, so a corpus directory is either complete
@@ -34,7 +35,6 @@ __all__ = [
     "CorpusSpec",
     "CORPORA",
     "MANIFEST",
-    "default_cache_root",
     "list_corpora",
     "corpus_path",
     "build_corpus",
@@ -95,16 +95,6 @@ CORPORA: dict[str, CorpusSpec] = {
         builder=build_multiwoz_domains,
     ),
 }
-
-
-def default_cache_root() -> Path:
-    """$STREAMER_CACHE, else $XDG_CACHE_HOME/streamer, else ~/.cache/streamer."""
-    explicit = os.environ.get("STREAMER_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "streamer"
 
 
 def list_corpora(root: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,134 @@
+"""The Prometheus sink: publishes a run tracker's numbers on the metrics of monitor.exporter.
+
+Gauges hold states (the latest loss of a class, the rolling perplexity, the last switch's
+spike); counters and histograms accumulate what happens between scrapes. `state_dict()`
+keeps the gauges' and counters' current values as plain values, so a resumed run shows the
+same states and its counters continue; histograms (timings) start again, as after any
+restart of a Prometheus target.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from monitor.exporter import NAMESPACE, Metrics
+from monitor.tracker import Observation, RunTracker
+
+__all__ = ["PrometheusSink"]
+
+# readings that the next report replaces, and the wall-clock checkpoint age: not saved
+_READINGS = {"checkpoint_age_seconds", "consumer_lag_records", "queue_depth", "tokens_per_second"}
+
+
+class PrometheusSink:
+    """Writes one run's (run, strategy) series; every label value comes from the tracker."""
+
+    def __init__(self, metrics: Metrics, run: str, strategy: str):
+        self.metrics = metrics
+        self.labels = (run, strategy)
+
+    def step(self, result, seen: Observation, tracker: RunTracker) -> None:
+        """After the tracker observed `result`: update what that batch changed."""
+        m, labels, name = self.metrics, self.labels, seen.class_name
+        m.batch_loss.labels(*labels, name).set(result.loss)
+        m.class_loss_mean.labels(*labels, name).set(tracker.class_loss_mean(name))
+        m.batches_since_detected_switch.labels(*labels).set(tracker.batches_since_detected)
+        if seen.detected:
+            m.switches_detected_total.labels(*labels).inc()
+        gpu_memory = getattr(result, "gpu_memory_bytes", None)
+        if gpu_memory is not None:
+            m.gpu_memory_bytes.labels(*labels).set(gpu_memory)
+        if seen.switched or seen.detected:  # precision, recall and delay change only then
+            snap = tracker.detection.snapshot()
+            for gauge, key in ((m.detection_precision, "precision"), (m.detection_recall, "recall"),
+                               (m.detection_delay_batches, "mean_delay_batches")):
+                if snap[key] is not None:
+                    gauge.labels(*labels).set(snap[key])
+        m.rolling_perplexity.labels(*labels).set(tracker.rolling_perplexity())
+        m.tokens_per_second.labels(*labels).set(tracker.tokens_per_second())
+        m.tokens_total.labels(*labels).inc(result.tokens)
+        m.batches_learned_total.labels(*labels).inc()
+        m.predict_seconds.labels(*labels).observe(result.predict_s)
+        if tracker.accuracy.utterances and getattr(result, "predicted", None) is not None:
+            self._accuracy(tracker, name)
+        m.learn_seconds.labels(*labels).observe(result.learn_s)
+        if seen.switched:
+            m.switches_total.labels(*labels).inc()
+            self._switch_metrics(tracker)
+
+    def _accuracy(self, tracker: RunTracker, name: str) -> None:
+        """Classifiers: prequential accuracy and macro-F1, overall, rolling and of this batch's class."""
+        m, labels = self.metrics, self.labels
+        snap = tracker.accuracy.snapshot()
+        m.accuracy.labels(*labels).set(snap["accuracy"])
+        m.macro_f1.labels(*labels).set(snap["macro_f1"])
+        m.accuracy_rolling.labels(*labels).set(snap["rolling"]["accuracy"])
+        m.macro_f1_rolling.labels(*labels).set(snap["rolling"]["macro_f1"])
+        m.class_accuracy.labels(*labels, name).set(snap["per_class"][name]["accuracy"])
+        m.class_macro_f1.labels(*labels, name).set(snap["per_class"][name]["macro_f1"])
+
+    def _switch_metrics(self, tracker: RunTracker) -> None:
+        """Revisit metrics change only when a fragment closes, i.e. at a switch."""
+        m, labels = self.metrics, self.labels
+        snap = tracker.calm.snapshot()
+        live = snap["live"]
+        last_class = live.get("last_revisit_class")
+        if live["last_loss_after_switch"] is not None:
+            cls = last_class or "all"
+            m.loss_after_switch_last.labels(*labels, cls).set(live["last_loss_after_switch"])
+            m.recovery_batches_last.labels(*labels, cls).set(live["last_rec"])
+        if live["mean_loss_after_switch"] is not None:
+            m.loss_after_switch_mean.labels(*labels, "all").set(live["mean_loss_after_switch"])
+            m.recovery_batches_mean.labels(*labels, "all").set(live["mean_rec"])
+        for cls, values in snap["per_class"].items():
+            if values["ppl@sw"] is not None:
+                m.loss_after_switch_mean.labels(*labels, cls).set(math.log(values["ppl@sw"]))
+                m.recovery_batches_mean.labels(*labels, cls).set(values["rec"])
+
+    def lag(self, lag_by_partition: dict) -> None:
+        for partition, lag in lag_by_partition.items():
+            self.metrics.consumer_lag_records.labels(*self.labels, str(partition)).set(lag)
+
+    def queue_depth(self, depth: int) -> None:
+        self.metrics.queue_depth.labels(*self.labels).set(depth)
+
+    def dead_letter(self, reason: str) -> None:
+        self.metrics.dead_letter_total.labels(*self.labels, reason).inc()
+
+    def forgetting(self, by_class: dict[str, float]) -> None:
+        for name, value in by_class.items():
+            self.metrics.forgetting.labels(*self.labels, name).set(value)
+
+    def checkpointed(self, at: float) -> None:
+        """A checkpoint was written at wall time `at`; its age is computed at each scrape."""
+        self.metrics.checkpoint_age_seconds.labels(*self.labels).set_function(lambda: time.time() - at)
+
+    def _series(self):
+        """(family name, kind, extra label values, value) of this run's gauges and counters."""
+        run, strategy = self.labels
+        for name, family in self.metrics.families.items():
+            if name in _READINGS:
+                continue
+            for metric in family.collect():
+                if metric.type not in ("gauge", "counter"):
+                    continue
+                wanted = f"{NAMESPACE}_{name}" if metric.type == "gauge" else f"{NAMESPACE}_{name.removesuffix('_total')}_total"
+                for sample in metric.samples:
+                    if sample.name == wanted and (sample.labels.get("run"), sample.labels.get("strategy")) == (run, strategy):
+                        extra = [value for key, value in sample.labels.items() if key not in ("run", "strategy")]
+                        yield name, metric.type, extra, sample.value
+
+    def state_dict(self) -> dict:
+        """The current value of this run's gauges and counters (plain values)."""
+        return {"series": [[name, kind, extra, value] for name, kind, extra, value in self._series()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Set the gauges; raise the counters to their saved totals (a counter never goes down)."""
+        current = {(name, tuple(extra)): value for name, kind, extra, value in self._series() if kind == "counter"}
+        for name, kind, extra, value in state["series"]:
+            child = self.metrics.families[name].labels(*self.labels, *extra)
+            if kind == "gauge":
+                child.set(value)
+            elif value > current.get((name, tuple(extra)), 0.0):
+                child.inc(value - current.get((name, tuple(extra)), 0.0))

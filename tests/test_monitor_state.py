@@ -1,0 +1,159 @@
+"""The live monitor's state: plain values that continue a run exactly where it was saved.
+
+Feed N step results, save, load into a fresh monitor, feed M more: the loss-log lines, the
+view's snapshot, the trackers' snapshots and the exported series equal those of one monitor
+fed all N + M. Hand-made StepResult values; no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from prometheus_client import generate_latest
+
+from monitor.drift import detector_state, load_detector, make_detector
+from monitor.exporter import create_metrics
+from monitor.live import LiveMonitor
+from monitor.results import BatchTruth, StepResult
+
+CLASSES = ("en", "fr", "de")
+PLAIN = (dict, list, tuple, str, int, float, bool, type(None))
+
+
+def stream(n: int, seed: int = 0, classifier: bool = False) -> list[StepResult]:
+    """Fragments of 5-30 batches cycling through three classes whose losses differ."""
+    rng = random.Random(seed)
+    results, fragment, index = [], 0, 0
+    level = {"en": 2.0, "fr": 3.5, "de": 5.0}
+    while len(results) < n:
+        name = CLASSES[rng.randrange(3)]
+        for position in range(rng.randint(5, 30)):
+            loss = level[name] + 1.5 * math.exp(-position / 4) + rng.uniform(-0.2, 0.2)
+            labels = tuple(rng.randrange(4) for _ in range(3)) if classifier else None
+            predicted = tuple(label if rng.random() < 0.7 else rng.randrange(4) for label in labels) if classifier else None
+            results.append(StepResult(
+                index=index, loss=loss, train_loss=loss - 0.1, grad_norm=1.0, tokens=100 + index % 7,
+                truth=BatchTruth(class_name=name, fragment=fragment), predict_s=0.001 * (index % 5),
+                learn_s=0.002 * (index % 3), finished_at=1_700_000_000.0 + index, gpu_memory_bytes=1000 + index,
+                gates=(0.25, 0.75) if index % 2 else None, predicted=predicted, labels=labels))
+            index += 1
+        fragment += 1
+    return results[:n]
+
+
+def assert_plain(value, where="state"):
+    assert isinstance(value, PLAIN), f"{where}: {type(value).__name__}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            assert isinstance(key, str), f"{where}: key {key!r}"
+            assert_plain(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            assert_plain(item, f"{where}[{i}]")
+
+
+def monitor(detector: str) -> LiveMonitor:
+    return LiveMonitor(run="r", strategy="naive", classes=CLASSES, k=3, from_fragment=1,
+                       metrics=create_metrics(), detector=detector)
+
+
+def feed(live: LiveMonitor, results, probe_every: int = 17) -> list[dict]:
+    lines = []
+    for result in results:
+        lines.append(live.observe(result))
+        if result.index % probe_every == 0:
+            live.probed({"ended_class": result.truth.class_name,
+                         "scores": {name: 2.0 + (result.index % (i + 3)) / 10 for i, name in enumerate(CLASSES)}})
+        if result.index % 23 == 0:
+            live.dead_letter("bad_utf8" if result.index % 2 else "extra_stream")
+    return lines
+
+
+TIMED = ("streamer_tokens_per_second", "streamer_checkpoint_age_seconds", "streamer_predict_seconds",
+         "streamer_learn_seconds")
+
+
+def exported(live: LiveMonitor) -> list[str]:
+    text = generate_latest(live.metrics.registry).decode()
+    return [line for line in text.splitlines()
+            if not line.startswith("#") and "_created" not in line and not line.startswith(TIMED)]
+
+
+def view(live: LiveMonitor) -> dict:
+    snapshot = vars(live.snapshot()).copy()
+    del snapshot["tokens_per_s"], snapshot["elapsed_s"]  # wall clock
+    return snapshot
+
+
+@pytest.mark.parametrize("detector", ["page-hinkley", "adwin", "kswin", "none"])
+@pytest.mark.parametrize("cut", [0, 1, 57, 140])
+def test_a_loaded_monitor_continues_like_an_uninterrupted_one(detector, cut):
+    results = stream(260, seed=cut, classifier=detector == "page-hinkley")
+    whole = monitor(detector)
+    whole_lines = feed(whole, results)
+
+    first = monitor(detector)
+    lines = feed(first, results[:cut])
+    state = first.state_dict()
+    assert_plain(state)
+    state = json.loads(json.dumps(state))  # any plain-value format (torch weights_only, JSON) carries it
+    resumed = monitor(detector)
+    resumed.load_state_dict(state)
+    lines += feed(resumed, results[cut:])
+
+    assert lines == whole_lines
+    assert view(resumed) == view(whole)
+    assert resumed.tracker.snapshot() == whole.tracker.snapshot()
+    assert resumed.detection.snapshot() == whole.detection.snapshot()
+    assert resumed.accuracy.snapshot() == whole.accuracy.snapshot()
+    assert exported(resumed) == exported(whole)
+    assert resumed.dead_letters == whole.dead_letters
+
+
+def test_the_stream_exercises_switches_detections_and_accuracy():
+    live = monitor("page-hinkley")
+    lines = feed(live, stream(260, classifier=True))
+    snapshot = live.snapshot()
+    assert snapshot.switches > 10 and snapshot.detected_switches > 3 and snapshot.overall["ppl@sw"] is not None
+    assert snapshot.accuracy["utterances"] == 780 and any(line.get("gates") for line in lines)
+
+
+def test_a_monitor_without_metrics_saves_no_series():
+    live = LiveMonitor(run="r", strategy="naive")
+    feed(live, stream(30))
+    state = live.state_dict()
+    assert state["prometheus"] is None
+    other = LiveMonitor(run="r", strategy="naive")
+    other.load_state_dict(state)
+    assert view(other) == view(live)
+
+
+def test_a_state_of_another_version_is_refused():
+    live = LiveMonitor(run="r", strategy="naive")
+    with pytest.raises(ValueError, match="version"):
+        live.load_state_dict({"version": 0})
+
+
+@pytest.mark.parametrize("name", ["page-hinkley", "adwin", "kswin"])
+def test_detectors_round_trip_through_plain_values(name):
+    losses = [2.0 + random.Random(i).uniform(-0.1, 0.1) + (3.0 if (i // 80) % 2 else 0.0) for i in range(400)]
+    whole, part = make_detector(name), make_detector(name)
+    fired = []
+    for loss in losses:
+        whole.update(loss)
+        fired.append(whole.drift_detected)
+    resumed_fired = []
+    for loss in losses[:130]:
+        part.update(loss)
+        resumed_fired.append(part.drift_detected)
+    state = json.loads(json.dumps(detector_state(part)))
+    assert_plain(state)
+    part = load_detector(state)
+    for loss in losses[130:]:
+        part.update(loss)
+        resumed_fired.append(part.drift_detected)
+    assert resumed_fired == fired and any(fired)
+    assert detector_state(None) is None and load_detector(None) is None
