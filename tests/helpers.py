@@ -29,9 +29,9 @@ def small_stream(corpus, *, fragments=6, mean_tokens=600, streams=3, window=10, 
     return build_stream(corpus, schedule)
 
 
-def naive(seed=0, config=TINY, **kw):
+def naive(seed=0, config=TINY, lr=2e-3, **kw):
     torch.manual_seed(seed)
-    return Naive(LSTMLanguageModel(config), **kw)
+    return Naive(LSTMLanguageModel(config), lr=lr, **kw)
 
 
 def permute_classes(records, mapping):

@@ -14,7 +14,6 @@ from streamer.strategies import STRATEGIES
 from streamer.strategies.adapters import AdaptedLM, Adapters, ResidualAdapter
 from producers.wire import Record
 from tests.helpers import TINY
-from tests.test_models_lm import tiny_causal_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,8 +55,8 @@ def train(strategy, batches):
 
 
 @pytest.fixture(scope="module")
-def tiny_causal(tmp_path_factory):
-    return build_model(ModelRequest("hf-causal", options=(("path", str(tiny_causal_dir(tmp_path_factory.mktemp("tiny")))),)))
+def tiny_causal(tiny_llama_dir):
+    return build_model(ModelRequest("hf-causal", options=(("path", str(tiny_llama_dir)),)))
 
 
 def test_a_new_adapter_is_the_identity_and_computes_the_papers_formula():

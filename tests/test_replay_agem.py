@@ -66,7 +66,7 @@ def test_reservoir_state_round_trip_makes_the_same_next_choices():
 
 def replay(**kw):
     torch.manual_seed(0)
-    return Replay(LSTMLanguageModel(TINY), **kw)
+    return Replay(LSTMLanguageModel(TINY), **{"lr": 2e-3, **kw})
 
 
 def test_replay_makes_one_update_per_r_interval_rows_learned():
@@ -116,7 +116,7 @@ def test_project_leaves_a_gradient_that_agrees_with_the_reference():
 
 def test_agem_projects_when_memory_holds_a_different_class():
     torch.manual_seed(0)
-    strategy = AGEM(LSTMLanguageModel(TINY), p_write=1.0, n_ref=8, memory_size=50)
+    strategy = AGEM(LSTMLanguageModel(TINY), lr=2e-3, p_write=1.0, n_ref=8, memory_size=50)
     for t in range(30):  # memory fills with English windows
         strategy.learn(windows("the quick brown fox jumps over the lazy dog ", rows=4, start=t * 40))
     english = strategy.projections
@@ -131,9 +131,9 @@ def test_agem_without_memory_is_naive():
 
     batch = windows("hello world, how are you ", rows=3)
     torch.manual_seed(0)
-    agem = AGEM(LSTMLanguageModel(TINY), p_write=0.0)
+    agem = AGEM(LSTMLanguageModel(TINY), lr=2e-3, p_write=0.0)
     torch.manual_seed(0)
-    naive = Naive(LSTMLanguageModel(TINY))
+    naive = Naive(LSTMLanguageModel(TINY), lr=2e-3)
     for _ in range(3):
         a, n = agem.learn(batch), naive.learn(batch)
         assert torch.equal(a.loss, n.loss) and torch.equal(a.grad_norm, n.grad_norm)
@@ -226,7 +226,7 @@ def test_replay_with_herding_round_trips_and_predict_changes_nothing():
     strategy.predict(windows("bonjour le monde ", rows=3))
     assert_same(strategy.state_dict(), before)
     torch.manual_seed(9)
-    restored = Replay(LSTMLanguageModel(TINY), **options)
+    restored = Replay(LSTMLanguageModel(TINY), **{"lr": 2e-3, **options})
     restored.load_state_dict(copy.deepcopy(before))
     later = [windows("bonjour le monde ", rows=3, start=t * 30) for t in range(8)]
     assert [strategy.learn(b).loss for b in later] == [restored.learn(b).loss for b in later]

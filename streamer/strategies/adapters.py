@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
+from streamer.strategies.params import HyperparameterRepr
 
 __all__ = ["ResidualAdapter", "AdaptedLM", "Adapters"]
 
@@ -179,10 +180,10 @@ class AdaptedLM(nn.Module):
         return int(self.row_losses(inputs[:, :-1], inputs[:, 1:], state).mean(1).argmin())
 
 
-class Adapters:
+class Adapters(HyperparameterRepr):
     """AdapterCL on a stream: train the current adapter set, spawn one per detected distribution."""
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, steps: int = 1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1,
                  bottleneck: int = 100, max_adapters: int = 8, boundary: str = "page-hinkley",
                  selection: str = "batch", seed: int = 0):
         if bottleneck < 1:
@@ -207,11 +208,6 @@ class Adapters:
         self._spawned_at: list[int] = []  # learned batch index after which each later adapter set was spawned
         self._optimizer = self._new_optimizer()
         self._state = None  # carried hidden state (LSTM bases), detached
-
-    def __repr__(self) -> str:
-        return (f"Adapters(lr={self.lr}, clip={self.clip}, steps={self.steps}, bottleneck={self.bottleneck}, "
-                f"max_adapters={self.max_adapters}, boundary={self.boundary!r}, selection={self.selection!r}, "
-                f"seed={self.seed})")
 
     @property
     def n_adapters(self) -> int:

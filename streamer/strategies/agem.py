@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from streamer.strategies.base import Batch, LearnStats
+from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.memory import ReservoirMemory, write_sparsely
-from streamer.strategies.naive import Naive
+from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.trainer import OnlineTrainer
 
 __all__ = ["AGEM", "project"]
 
@@ -21,7 +22,7 @@ def project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
     return g - scale * g_ref
 
 
-class AGEM(Naive):
+class AGEM(HyperparameterRepr):
     """Naive fine-tuning whose gradient is projected against a reference gradient from memory.
 
     After the gradient g on the current batch (carried hidden state), n_ref rows are sampled from
@@ -33,9 +34,12 @@ class AGEM(Naive):
     `seed + 2`.
     """
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, p_write: float = 0.1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, p_write: float = 0.1,
                  n_ref: int = 64, memory_size: int = 10_000, seed: int = 0):
-        super().__init__(model, lr=lr, clip=clip)
+        self.model = model
+        self.lr = lr
+        self.clip = clip
+        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
         self.p_write = p_write
         self.n_ref = n_ref
         self.memory_size = memory_size
@@ -44,10 +48,6 @@ class AGEM(Naive):
         self._write_generator = torch.Generator().manual_seed(seed)
         self._sample_generator = torch.Generator().manual_seed(seed + 1)
         self._projections = torch.zeros((), dtype=torch.int64)  # on the device after the first step
-
-    def __repr__(self) -> str:
-        return (f"AGEM(lr={self.lr}, clip={self.clip}, p_write={self.p_write}, n_ref={self.n_ref}, "
-                f"memory_size={self.memory_size}, seed={self.seed})")
 
     @property
     def projections(self) -> int:
@@ -68,29 +68,30 @@ class AGEM(Naive):
             p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
             offset += p.numel()
 
+    def predict(self, batch: Batch) -> Prediction:
+        return self._trainer.predict(batch, self._trainer.start_state(batch))
+
     def learn(self, batch: Batch) -> LearnStats:
+        trainer = self._trainer
         self.model.train()
-        self._optimizer.zero_grad(set_to_none=True)
-        loss, next_state = self._loss(batch, self._start_state(batch))
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss, next_state = trainer.loss(batch, trainer.start_state(batch))
         loss.backward()
         if len(self._memory):
             g = self._gradient()
             inputs, targets = self._memory.sample(self.n_ref, self._sample_generator)
-            self._optimizer.zero_grad(set_to_none=True)
-            zero_state = self.model.initial_state(inputs.shape[0], self._device())
-            ref_loss, _ = self._loss(Batch(inputs=inputs, targets=targets), zero_state)
-            ref_loss.backward()
+            trainer.optimizer.zero_grad(set_to_none=True)
+            trainer.zero_state_loss(inputs, targets).backward()
             g_ref = self._gradient()
             self._projections = self._projections.to(g.device) + (torch.dot(g, g_ref) < 0)
             self._set_gradient(project(g, g_ref))
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self._optimizer.step()
-        self._carry(next_state)
+        grad_norm = trainer.clip_and_step()
+        trainer.carry(next_state)
         write_sparsely(self._memory, batch, self.p_write, self._write_generator)
         return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {
+        return self._trainer.state_dict() | {
             "memory": self._memory.state_dict(),
             "write_generator": self._write_generator.get_state(),
             "sample_generator": self._sample_generator.get_state(),
@@ -98,7 +99,7 @@ class AGEM(Naive):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        self._trainer.load_state_dict(state)
         self._memory.load_state_dict(state["memory"])
         self._write_generator.set_state(state["write_generator"])
         self._sample_generator.set_state(state["sample_generator"])

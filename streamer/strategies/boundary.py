@@ -6,16 +6,20 @@ closes a memory segment (replay with herding) finds them itself:
 `boundary="page-hinkley" | "adwin" | "kswin"` feeds its own training loss to a
 river drift detector (monitor.drift), `"every:N"` is a boundary after every N-th
 learned batch, and `"none"` never is one.
+
+A detector is saved as plain values, never pickled (monitor.drift's `detector_state` and
+`load_detector`: Page-Hinkley and KSWIN as their numeric state, ADWIN as the values fed to it
+since its last reset, replayed on load).
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import torch
 
-from monitor.drift import make_detector
+from monitor.drift import detector_state, load_detector, make_detector
+from streamer.strategies.params import HyperparameterRepr
 
 __all__ = ["Boundaries", "parse_boundary"]
 
@@ -34,7 +38,7 @@ def parse_boundary(boundary: str) -> int | None:
     return period
 
 
-class Boundaries:
+class Boundaries(HyperparameterRepr):
     """Counts learned batches and says after which of them a boundary falls.
 
     `found_at` holds the 0-based index of the learned batch after which each boundary fell.
@@ -46,9 +50,6 @@ class Boundaries:
         self._detector = None if self._period is not None else make_detector(boundary)
         self._learned = 0
         self._found_at: list[int] = []
-
-    def __repr__(self) -> str:
-        return f"Boundaries(boundary={self.boundary!r})"
 
     @property
     def learned(self) -> int:
@@ -82,11 +83,10 @@ class Boundaries:
         return {
             "learned": self._learned,
             "found_at": list(self._found_at),
-            # pickled bytes: an identical, independent copy of the detector, loadable with weights_only
-            "detector": None if self._detector is None else pickle.dumps(self._detector),
+            "detector": detector_state(self._detector),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._learned = state["learned"]
         self._found_at = list(state["found_at"])
-        self._detector = None if state["detector"] is None else pickle.loads(state["detector"])
+        self._detector = load_detector(state["detector"])

@@ -25,11 +25,12 @@ from torch.nn import functional as F
 from streamer.models.experts import LSTMExperts
 from streamer.models.lstm import LSTMConfig
 from streamer.models.mos import MixtureOfSoftmaxes
-from streamer.strategies.base import Batch, LearnStats
-from streamer.strategies.naive import Naive
+from streamer.strategies.base import Batch, LearnStats, Prediction
+from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.trainer import OnlineTrainer, fine_tune
 
 __all__ = ["poe_log_probs", "moe_log_probs", "poe_gate_gradient", "moe_gate_gradient", "ExpertMixture", "GateLSTM",
-           "GateAdam", "Ensemble", "PoE", "MoE", "PoELSTM", "MoELSTM", "MoS"]
+           "GateAdam", "UniformGate", "PlasticGate", "LSTMGate", "Ensemble", "PoE", "MoE", "PoELSTM", "MoELSTM", "MoS"]
 
 
 def _per_expert(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -172,38 +173,124 @@ class GateAdam:
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
-class _Experts(Naive):
-    """n batched LSTM experts trained by one Adam on the combined loss, clipped per expert.
+def combine(kind: str, logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """poe_log_probs or moe_log_probs by kind ("poe" | "moe")."""
+    return (poe_log_probs if kind == "poe" else moe_log_probs)(logits, weights)
 
-    Subclasses set `kind` ("poe" | "moe") and define `_weights` (the combination weights for
-    a batch) and `_update_gate`. The first `warmup_batches` learned batches (and their
-    predictions) use fixed uniform weights: 1/n each for poe (the geometric mean of the
-    experts), softmax(0) = 1/n for moe.
+
+class UniformGate:
+    """No gate: the experts are always combined with the uniform weights (the ensemble)."""
+
+    module = None
+    optimizer = None
+
+    def weights(self, inputs: torch.Tensor, state, uniform, warming_up: bool = False) -> tuple[torch.Tensor, tuple]:
+        return uniform(), ()
+
+    def update(self, logits, targets, inputs, state, uniform, warming_up: bool):
+        return uniform(), ()
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+class PlasticGate:
+    """A free weight vector w (init U(-0.1, 0.1), drawn on the CPU from the global RNG) fitted by
+    `steps` GateAdam steps per batch against the experts' detached logits (closed-form gradients)."""
+
+    def __init__(self, kind: str, n: int, steps: int, lr: float, device: torch.device):
+        self.kind = kind
+        self.steps = steps
+        self.module = nn.Parameter(torch.empty(n).uniform_(-0.1, 0.1).to(device))
+        self.optimizer = GateAdam(self.module, lr)
+
+    def weights(self, inputs, state, uniform, warming_up: bool = False):
+        return (uniform() if warming_up else self.module), ()
+
+    @torch.no_grad()
+    def train(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """`steps` Adam steps on w alone against the experts' logits (n, b, w, V), taken as constants.
+
+        The gradient is in closed form (poe_gate_gradient, moe_gate_gradient; the tests check
+        it against autograd): a step is then three tensor operations and a GateAdam update,
+        several times faster than autograd and torch.optim on these small problems."""
+        gradient = (poe_gate_gradient if self.kind == "poe" else moe_gate_gradient)(logits, targets)
+        for _ in range(self.steps):
+            self.optimizer.step(gradient(self.module))
+
+    def update(self, logits, targets, inputs, state, uniform, warming_up: bool):
+        self.train(logits, targets)
+        return self.weights(inputs, state, uniform, warming_up)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class LSTMGate:
+    """A GateLSTM reading the input window gives per-position weights; one Adam step (lr) per batch
+    on the detached expert outputs."""
+
+    def __init__(self, kind: str, vocab: int, n: int, hidden: int, lr: float, device: torch.device):
+        self.kind = kind
+        self.module = GateLSTM(vocab, n, hidden).to(device)
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=lr)
+
+    def weights(self, inputs, state, uniform, warming_up: bool = False):
+        weights, gate_state = self.module(inputs, state)
+        return (uniform() if warming_up else weights), gate_state
+
+    def update(self, logits, targets, inputs, state, uniform, warming_up: bool):
+        weights, gate_state = self.module(inputs, state)
+        self.optimizer.zero_grad(set_to_none=True)
+        _nll(combine(self.kind, logits, weights), targets).backward()
+        self.optimizer.step()
+        return (uniform() if warming_up else weights.detach()), gate_state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class _Experts(HyperparameterRepr):
+    """n batched LSTM experts trained by one Adam on the combined loss, clipped per expert, and a gate.
+
+    The gate is a component (UniformGate, PlasticGate, LSTMGate) that gives the combination
+    weights and trains itself on the experts' detached logits before the experts' update. The
+    first `warmup_batches` learned batches (and their predictions) use fixed uniform weights:
+    1/n each for poe (the geometric mean of the experts), softmax(0) = 1/n for moe; the gate
+    already trains during the warm-up. Subclasses only choose the kind and the gate.
     """
 
     kind = "moe"
 
-    def __init__(self, model: nn.Module, lr: float, clip: float, n_experts: int, warmup_batches: int,
-                 gate: nn.Parameter | nn.Module | None = None, gate_lr: float = 1e-3):
+    def _build(self, model: nn.Module, lr: float, clip: float, n_experts: int, warmup_batches: int,
+               make_gate) -> None:
+        """The gate first (its initial weights are drawn before the experts'), then the experts."""
         config, device = _template(model)
-        super().__init__(ExpertMixture(LSTMExperts(n_experts, config), gate).to(device), lr=lr, clip=clip)
+        self._gate = make_gate(config, device)
+        self.model = ExpertMixture(LSTMExperts(n_experts, config), self._gate.module).to(device)
+        self.lr = lr
+        self.clip = clip
         self.n_experts = n_experts
         self.warmup_batches = warmup_batches
-        self.gate_lr = gate_lr
         # fused: one pass over the stacked parameters (on CPU, 30 experts of hidden 200: 36 ms a step against 136)
-        fused = self._device().type in ("cpu", "cuda")
-        self._optimizer = torch.optim.Adam(self.model.experts.parameters(), lr=lr, fused=fused)
-        self._gate_optimizer = self._make_gate_optimizer()
+        fused = device.type in ("cpu", "cuda")
+        self._trainer = OnlineTrainer(self.model, torch.optim.Adam(self.model.experts.parameters(), lr=lr,
+                                                                   fused=fused), clip)
         self._learned = 0  # batches learned so far
         self.model.mix = self._mix
 
     def _mix(self, logits: torch.Tensor, inputs: torch.Tensor, gate_state):
         weights, gate_state = self._weights(inputs, gate_state)
         return self.combine(logits, weights), gate_state
-
-    def _make_gate_optimizer(self):
-        gate = self.model.gate
-        return None if gate is None else torch.optim.Adam(gate.parameters(), lr=self.gate_lr)
 
     @property
     def warming_up(self) -> bool:
@@ -212,10 +299,10 @@ class _Experts(Naive):
     def uniform_weights(self) -> torch.Tensor:
         n = self.n_experts
         value = 1.0 / n if self.kind == "poe" else 0.0
-        return torch.full((n,), value, device=self._device())
+        return torch.full((n,), value, device=self._trainer.device())
 
     def combine(self, logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return (poe_log_probs if self.kind == "poe" else moe_log_probs)(logits, weights)
+        return combine(self.kind, logits, weights)
 
     def shown(self, weights: torch.Tensor) -> torch.Tensor:
         """The (n,) weights reported in LearnStats.gates: w for poe, softmax(w) for moe, mean over positions."""
@@ -223,151 +310,145 @@ class _Experts(Naive):
         return shown.reshape(self.n_experts, -1).mean(1).detach().clone()
 
     def _start_state(self, batch: Batch):
-        if self._state is None or self._state[0].shape[-2] != batch.inputs.shape[0]:
-            return self.model.initial_state(batch.inputs.shape[0], self._device())
-        return self._state
+        return self._trainer.start_state(batch, dim=-2)
 
     def _weights(self, inputs: torch.Tensor, state) -> tuple[torch.Tensor, tuple]:
         """Combination weights for this batch and the gate's next state (() for stateless gates)."""
-        return self.uniform_weights(), ()
+        return self._gate.weights(inputs, state, self.uniform_weights, self.warming_up)
 
     def _loss(self, batch: Batch, state):
         logits, expert_state = self.model.experts(batch.inputs, state[:2])
         weights, gate_state = self._weights(batch.inputs, state[2:])
         return _nll(self.combine(logits, weights), batch.targets), expert_state + gate_state
 
-    def _update_gate(self, logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor, state):
-        """Train the gate on detached expert logits; return (weights for the experts, gate state)."""
-        return self.uniform_weights(), ()
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> Prediction:
+        was_training = self.model.training
+        self.model.eval()
+        loss, _ = self._loss(batch, self._start_state(batch))
+        self.model.train(was_training)
+        return Prediction(loss=loss)
+
+    def train_gates(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Plastic gates: gate_steps Adam steps on w alone against the experts' logits (n, b, w, V),
+        taken as constants (PlasticGate.train)."""
+        self._gate.train(logits, targets)
 
     def learn(self, batch: Batch) -> LearnStats:
         self.model.train()
         start = self._start_state(batch)
         logits, expert_state = self.model.experts(batch.inputs, start[:2])
-        weights, gate_state = self._update_gate(logits.detach(), batch.targets, batch.inputs, start[2:])
+        weights, gate_state = self._gate.update(logits.detach(), batch.targets, batch.inputs, start[2:],
+                                                self.uniform_weights, self.warming_up)
         loss = _nll(self.combine(logits, weights.detach()), batch.targets)
-        self._optimizer.zero_grad(set_to_none=True)
+        optimizer = self._trainer.optimizer
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norms = self.model.experts.clip_grad_norms_(self.clip)
-        self._optimizer.step()
-        self._carry(expert_state + gate_state)
+        optimizer.step()
+        self._trainer.carry(expert_state + gate_state)
         self._learned += 1  # grad_norm: over all experts together, as clip_grad_norm_ of the whole module
         return LearnStats(loss=loss.detach(), grad_norm=norms.norm(), gates=self.shown(weights))
 
     def state_dict(self) -> dict[str, Any]:
-        gate = None if self._gate_optimizer is None else self._gate_optimizer.state_dict()
-        return super().state_dict() | {"gate_optimizer": gate, "learned": self._learned}
+        return self._trainer.state_dict() | {"gate_optimizer": self._gate.state_dict(), "learned": self._learned}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self._gate_optimizer is not None:
-            self._gate_optimizer.load_state_dict(state["gate_optimizer"])
+        self._trainer.load_state_dict(state)
+        self._gate.load_state_dict(state["gate_optimizer"])
         self._learned = state["learned"]
 
 
 class Ensemble(_Experts):
     """A mixture of n experts with fixed uniform weights (no gate)."""
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, clip: float = 1.0, n_experts: int = 30):
-        super().__init__(model, lr=lr, clip=clip, n_experts=n_experts, warmup_batches=0)
-
-    def __repr__(self) -> str:
-        return f"Ensemble(lr={self.lr}, clip={self.clip}, n_experts={self.n_experts})"
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, n_experts: int = 30):
+        self._build(model, lr, clip, n_experts, 0, lambda config, device: UniformGate())
 
 
-class _Plastic(_Experts):
-    """Plastic gates: a free vector w (init U(-0.1, 0.1)) fitted by gate_steps Adam steps on each
-    batch against the experts' detached outputs of the learning forward (no recomputation).
-    The gate steps run first; the experts are then trained with the fitted w (detached), which
-    also scores the next batch. The gates train from the first batch on, also during the
-    warm-up, when the experts are trained and scored with uniform weights: the first prediction
-    with plastic weights then uses weights fitted to the warmed-up experts."""
+_PLASTIC = """Plastic gates (`PlasticGate`): a free vector w fitted by gate_steps Adam steps on each batch
+    against the experts' detached outputs of the learning forward (no recomputation). The gate
+    steps run first; the experts are then trained with the fitted w (detached), which also scores
+    the next batch. The gates train from the first batch on, also during the warm-up, when the
+    experts are trained and scored with uniform weights: the first prediction with plastic
+    weights then uses weights fitted to the warmed-up experts."""
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, clip: float = 1.0, n_experts: int = 30,
+_LSTM_GATED = """A GateLSTM (hidden gate_hidden, `LSTMGate`) reads the input window and gives per-position
+    weights; one Adam step (gate_lr) per batch on the detached expert outputs; the experts are
+    trained with the weights of that same forward, detached. During warm-up the experts are
+    trained and scored with uniform weights while the gate already trains."""
+
+
+def _plastic(strategy: _Experts, model, lr, clip, n_experts, gate_steps, gate_lr, warmup_batches) -> None:
+    strategy.gate_steps = gate_steps
+    strategy.gate_lr = gate_lr
+    strategy._build(model, lr, clip, n_experts, warmup_batches,
+                    lambda config, device: PlasticGate(strategy.kind, n_experts, gate_steps, gate_lr, device))
+
+
+def _lstm_gated(strategy: _Experts, model, lr, clip, n_experts, gate_hidden, gate_lr, warmup_batches) -> None:
+    strategy.gate_hidden = gate_hidden
+    strategy.gate_lr = gate_lr
+    strategy._build(model, lr, clip, n_experts, warmup_batches, lambda config, device: LSTMGate(
+        strategy.kind, config.vocab, n_experts, gate_hidden, gate_lr, device))
+
+
+class PoE(_Experts):
+    __doc__ = "Product of experts (poe) with plastic gates.\n\n    " + _PLASTIC
+    kind = "poe"
+
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, n_experts: int = 30,
                  gate_steps: int = 100, gate_lr: float = 1e-3, warmup_batches: int = 250):
-        gate = nn.Parameter(torch.empty(n_experts).uniform_(-0.1, 0.1))
-        super().__init__(model, lr=lr, clip=clip, n_experts=n_experts, warmup_batches=warmup_batches,
-                         gate=gate, gate_lr=gate_lr)
-        self.gate_steps = gate_steps
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(lr={self.lr}, clip={self.clip}, n_experts={self.n_experts}, "
-                f"gate_steps={self.gate_steps}, gate_lr={self.gate_lr}, warmup_batches={self.warmup_batches})")
-
-    def _make_gate_optimizer(self) -> GateAdam:
-        return GateAdam(self.model.gate, self.gate_lr)
-
-    def _weights(self, inputs: torch.Tensor, state):
-        return (self.uniform_weights() if self.warming_up else self.model.gate), ()
-
-    @torch.no_grad()
-    def train_gates(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """gate_steps Adam steps on w alone against the experts' logits (n, b, w, V), taken as constants.
-
-        The gradient is in closed form (poe_gate_gradient, moe_gate_gradient; the tests check
-        it against autograd): a step is then three tensor operations and a GateAdam update,
-        several times faster than autograd and torch.optim on these small problems."""
-        gradient = (poe_gate_gradient if self.kind == "poe" else moe_gate_gradient)(logits, targets)
-        for _ in range(self.gate_steps):
-            self._gate_optimizer.step(gradient(self.model.gate))
-
-    def _update_gate(self, logits, targets, inputs, state):
-        self.train_gates(logits, targets)
-        return self._weights(inputs, state)
+        _plastic(self, model, lr, clip, n_experts, gate_steps, gate_lr, warmup_batches)
 
 
-class PoE(_Plastic):
-    kind = "poe"
-
-
-class MoE(_Plastic):
+class MoE(_Experts):
+    __doc__ = "Mixture of experts (moe) with plastic gates.\n\n    " + _PLASTIC
     kind = "moe"
 
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, n_experts: int = 30,
+                 gate_steps: int = 100, gate_lr: float = 1e-3, warmup_batches: int = 250):
+        _plastic(self, model, lr, clip, n_experts, gate_steps, gate_lr, warmup_batches)
 
-class _LSTMGated(_Experts):
-    """A GateLSTM (hidden gate_hidden) reads the input window and gives per-position weights; one
-    Adam step (gate_lr) per batch on the detached expert outputs; the experts are trained with
-    the weights of that same forward, detached. During warm-up the experts are trained and
-    scored with uniform weights while the gate already trains."""
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, clip: float = 1.0, n_experts: int = 30,
+class PoELSTM(_Experts):
+    __doc__ = "Product of experts (poe) with an LSTM gate.\n\n    " + _LSTM_GATED
+    kind = "poe"
+
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, n_experts: int = 30,
                  gate_hidden: int = 50, gate_lr: float = 1e-3, warmup_batches: int = 250):
-        config, _ = _template(model)
-        super().__init__(model, lr=lr, clip=clip, n_experts=n_experts, warmup_batches=warmup_batches,
-                         gate=GateLSTM(config.vocab, n_experts, gate_hidden), gate_lr=gate_lr)
-        self.gate_hidden = gate_hidden
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(lr={self.lr}, clip={self.clip}, n_experts={self.n_experts}, "
-                f"gate_hidden={self.gate_hidden}, gate_lr={self.gate_lr}, warmup_batches={self.warmup_batches})")
-
-    def _weights(self, inputs, state):
-        weights, gate_state = self.model.gate(inputs, state)
-        return (self.uniform_weights() if self.warming_up else weights), gate_state
-
-    def _update_gate(self, logits, targets, inputs, state):
-        weights, gate_state = self.model.gate(inputs, state)
-        self._gate_optimizer.zero_grad(set_to_none=True)
-        _nll(self.combine(logits, weights), targets).backward()
-        self._gate_optimizer.step()
-        return (self.uniform_weights() if self.warming_up else weights.detach()), gate_state
+        _lstm_gated(self, model, lr, clip, n_experts, gate_hidden, gate_lr, warmup_batches)
 
 
-class PoELSTM(_LSTMGated):
-    kind = "poe"
-
-
-class MoELSTM(_LSTMGated):
+class MoELSTM(_Experts):
+    __doc__ = "Mixture of experts (moe) with an LSTM gate.\n\n    " + _LSTM_GATED
     kind = "moe"
 
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, n_experts: int = 30,
+                 gate_hidden: int = 50, gate_lr: float = 1e-3, warmup_batches: int = 250):
+        _lstm_gated(self, model, lr, clip, n_experts, gate_hidden, gate_lr, warmup_batches)
 
-class MoS(Naive):
+
+class MoS(HyperparameterRepr):
     """Naive online training of a mixture of softmaxes (streamer.models.mos) built from the template's config."""
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, clip: float = 1.0, steps: int = 1, n_components: int = 5):
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1, n_components: int = 5):
         config, device = _template(model)
-        super().__init__(MixtureOfSoftmaxes(config, n_components).to(device), lr=lr, clip=clip, steps=steps)
+        self.model = MixtureOfSoftmaxes(config, n_components).to(device)
+        self.lr = lr
+        self.clip = clip
+        self.steps = steps
         self.n_components = n_components
+        self._trainer = OnlineTrainer(self.model, torch.optim.Adam(self.model.parameters(), lr=lr), clip)
 
-    def __repr__(self) -> str:
-        return f"MoS(lr={self.lr}, clip={self.clip}, steps={self.steps}, n_components={self.n_components})"
+    def predict(self, batch: Batch) -> Prediction:
+        return self._trainer.predict(batch, self._trainer.start_state(batch))
+
+    def learn(self, batch: Batch) -> LearnStats:
+        return fine_tune(self._trainer, batch, self._trainer.start_state(batch), self.steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._trainer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._trainer.load_state_dict(state)

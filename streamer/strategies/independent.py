@@ -15,6 +15,7 @@ from torch import nn
 
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.naive import Naive
+from streamer.strategies.params import HyperparameterRepr
 
 __all__ = ["Independent", "PerClassModels", "UNROUTED"]
 
@@ -42,7 +43,7 @@ class PerClassModels(nn.ModuleDict):
         return self[self.selected](inputs, state)
 
 
-class Independent:
+class Independent(HyperparameterRepr):
     """One naive learner per class: a copy of the initial model with its own Adam and hidden state.
 
     The model given to the constructor serves the first class routed (and any batch learned
@@ -61,7 +62,7 @@ class Independent:
 
     oracle = True  # reads the ground-truth class: labelled "(oracle)" in views, configs and tables
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0):
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0):
         self.lr = lr
         self.clip = clip
         self._template = copy.deepcopy(model).eval()  # the initial weights every new class starts from
@@ -69,9 +70,6 @@ class Independent:
         self._slots: dict[str, int] = {}  # class name -> index into _learners
         self._current = 0
         self.model = PerClassModels({"0": model}, self._model_of)
-
-    def __repr__(self) -> str:
-        return f"Independent(lr={self.lr}, clip={self.clip})"
 
     @property
     def classes(self) -> dict[str, str]:

@@ -7,18 +7,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from streamer.strategies.base import Batch, Prediction
+from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.distill import frozen_copy
 from streamer.strategies.memory import sparse_rows, window_features
-from streamer.strategies.replay import Replay
+from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.replay import SparseReplay
+from streamer.strategies.trainer import OnlineTrainer, fine_tune
 
 __all__ = ["MbPA"]
 
 
-class MbPA(Replay):
+class MbPA(HyperparameterRepr):
     """Sparse experience replay while learning; memory-based local adaptation while predicting.
 
-    Learning is Replay's (reservoir memory, p_write, r_interval, n_replay, seeds). Each written row
+    Learning is Replay's (a `SparseReplay` component: reservoir memory, p_write, r_interval, n_replay, seeds). Each written row
     is stored with a key: the mean over its window of the top-layer features of a key network, a
     frozen copy of the model taken at construction and never trained (the paper's frozen BERT
     key encoder; a fixed encoder keeps stored keys comparable with new ones forever), run from a
@@ -42,11 +44,19 @@ class MbPA(Replay):
     then costs local_steps forward-backward passes over the neighbours: about 20x Replay's time.
     """
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, p_write: float = 0.1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, p_write: float = 0.1,
                  r_interval: int = 1000, n_replay: int = 100, memory_size: int = 10_000, neighbours: int = 25,
                  local_steps: int = 10, local_lambda: float = 1e-3, local_lr: float = 0.1, seed: int = 0):
-        super().__init__(model, lr=lr, clip=clip, p_write=p_write, r_interval=r_interval, n_replay=n_replay,
-                         memory_size=memory_size, seed=seed)
+        self.model = model
+        self.lr = lr
+        self.clip = clip
+        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._replay = SparseReplay(p_write, r_interval, n_replay, memory_size, "reservoir", seed)
+        self.p_write = p_write
+        self.r_interval = r_interval
+        self.n_replay = n_replay
+        self.memory_size = memory_size
+        self.seed = seed
         if not callable(getattr(model, "features", None)):
             raise ValueError(f"mbpa needs a model with features(inputs, state); {type(model).__name__} has none")
         if neighbours < 1:
@@ -58,23 +68,25 @@ class MbPA(Replay):
         self._key_network = frozen_copy(model)
         self._keys: torch.Tensor | None = None  # (memory_size, d): row i is the key of memory slot i
 
-    def __repr__(self) -> str:
-        return (f"MbPA(lr={self.lr}, clip={self.clip}, p_write={self.p_write}, r_interval={self.r_interval}, "
-                f"n_replay={self.n_replay}, memory_size={self.memory_size}, neighbours={self.neighbours}, "
-                f"local_steps={self.local_steps}, local_lambda={self.local_lambda}, local_lr={self.local_lr}, "
-                f"seed={self.seed})")
+    @property
+    def replays(self) -> int:
+        return self._replay.replays
+
+    @property
+    def memory(self):
+        return self._replay.memory
 
     def keys(self, inputs: torch.Tensor) -> torch.Tensor:
         """(n, w) windows -> (n, d) keys from the frozen key network."""
         return window_features(self._key_network, inputs)
 
     def _write(self, batch: Batch) -> None:
-        rows = sparse_rows(batch.inputs.shape[0], self.p_write, self._write_generator)
+        rows = sparse_rows(batch.inputs.shape[0], self.p_write, self._replay.write_generator)
         if not rows:
             return
         keys = self.keys(batch.inputs[torch.tensor(rows, device=batch.inputs.device)])
         for key, row in zip(keys, rows):
-            slot = self._memory.offer(batch.inputs[row], batch.targets[row])
+            slot = self._replay.memory.offer(batch.inputs[row], batch.targets[row])
             if slot is not None:
                 if self._keys is None:
                     self._keys = keys.new_empty((self.memory_size, keys.shape[1]))
@@ -82,21 +94,24 @@ class MbPA(Replay):
 
     def nearest(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The memory rows (inputs, targets) nearest to the batch's mean key, nearest first."""
-        held = len(self._memory)
+        held = len(self._replay.memory)
         query = self.keys(batch.inputs).mean(dim=0)
         distance = ((self._keys[:held] - query) ** 2).sum(dim=1)
         index = torch.topk(distance, min(self.neighbours, held), largest=False).indices
-        return self._memory.rows(index)
+        return self._replay.memory.rows(index)
+
+    def _predict_base(self, batch: Batch) -> Prediction:
+        return self._trainer.predict(batch, self._trainer.start_state(batch))
 
     def predict(self, batch: Batch) -> Prediction:
-        if len(self._memory) == 0 or self.local_steps == 0:
-            return super().predict(batch)
+        if len(self._replay.memory) == 0 or self.local_steps == 0:
+            return self._predict_base(batch)
         inputs, targets = self.nearest(batch)
         params = [p for p in self.model.parameters() if p.requires_grad]
         base = [p.detach().clone() for p in params]
         try:
             self._adapt(params, base, inputs, targets)
-            return super().predict(batch)
+            return self._predict_base(batch)
         finally:
             with torch.no_grad():
                 for p, saved in zip(params, base):
@@ -105,14 +120,14 @@ class MbPA(Replay):
     def _adapt(self, params: list[nn.Parameter], base: list[torch.Tensor], inputs: torch.Tensor,
                targets: torch.Tensor) -> None:
         """local_steps gradient steps on the neighbours' loss + local_lambda * ||theta - base||^2, in place."""
-        device = self._device()
+        device = self._trainer.device()
         was_training = self.model.training
         forked = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=forked), torch.enable_grad():
             self.model.train()
             zero_state = self.model.initial_state(inputs.shape[0], device)
             for _ in range(self.local_steps):
-                loss, _ = self._loss(Batch(inputs=inputs, targets=targets), zero_state)
+                loss, _ = self._trainer.loss(Batch(inputs=inputs, targets=targets), zero_state)
                 drift = sum(((p - b) ** 2).sum() for p, b in zip(params, base))
                 grads = torch.autograd.grad(loss + self.local_lambda * drift, params,
                                             allow_unused=True, materialize_grads=True)
@@ -123,15 +138,22 @@ class MbPA(Replay):
                         p.sub_(scale * g)
         self.model.train(was_training)
 
+    def learn(self, batch: Batch) -> LearnStats:
+        stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
+        self._write(batch)
+        self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
+        return stats
+
     def state_dict(self) -> dict[str, Any]:
-        held = len(self._memory)
-        return super().state_dict() | {
+        held = len(self._replay.memory)
+        return self._trainer.state_dict() | self._replay.state_dict() | {
             "keys": None if self._keys is None else self._keys[:held].clone(),
             "key_network": {k: v.clone() for k, v in self._key_network.state_dict().items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        self._trainer.load_state_dict(state)
+        self._replay.load_state_dict(state)
         self._key_network.load_state_dict(state["key_network"])
         keys = state["keys"]
         if keys is None:

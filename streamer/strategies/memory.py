@@ -8,12 +8,13 @@ from typing import Any
 import torch
 
 from streamer.strategies.base import Batch
+from streamer.strategies.params import HyperparameterRepr
 
 __all__ = ["ReservoirMemory", "HerdingMemory", "herding_order", "window_features", "sparse_rows",
            "write_sparsely"]
 
 
-class ReservoirMemory:
+class ReservoirMemory(HyperparameterRepr):
     """Vitter's algorithm R: after t offers, every offered row is held with probability capacity / t.
 
     Rows are stored in two preallocated (capacity, w) tensors on the device of the first row offered.
@@ -30,9 +31,6 @@ class ReservoirMemory:
         self._seen = 0  # rows offered so far
         self._inputs: torch.Tensor | None = None
         self._targets: torch.Tensor | None = None
-
-    def __repr__(self) -> str:
-        return f"ReservoirMemory(capacity={self.capacity}, seed={self.seed})"
 
     def __len__(self) -> int:
         return min(self._seen, self.capacity)
@@ -143,7 +141,7 @@ def window_features(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tenso
     return hidden.mean(dim=1) if hidden.dim() == 3 else hidden
 
 
-class HerdingMemory:
+class HerdingMemory(HyperparameterRepr):
     """Exemplars chosen by herding within each segment of the stream, split evenly across segments.
 
     The stream has no classes to herd within, so segments (between boundaries the strategy finds)
@@ -163,9 +161,6 @@ class HerdingMemory:
         self._inputs: torch.Tensor | None = None  # exemplars, segment after segment, each in herding order
         self._targets: torch.Tensor | None = None
         self._sizes: list[int] = []  # exemplars per closed segment, oldest first
-
-    def __repr__(self) -> str:
-        return f"HerdingMemory(capacity={self.capacity}, seed={self.seed})"
 
     def __len__(self) -> int:
         """Rows that `sample` draws from."""

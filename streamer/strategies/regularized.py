@@ -14,25 +14,106 @@ from typing import Any
 import torch
 from torch import nn
 
-from streamer.strategies.base import Batch, LearnStats
+from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
-from streamer.strategies.naive import Naive
+from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.trainer import OnlineTrainer
 
-__all__ = ["L2", "EWC"]
+__all__ = ["L2", "EWC", "L2Penalty", "FisherPenalty"]
 
 
-class _Consolidating(Naive):
-    """Naive fine-tuning plus `penalty()` in the training loss and consolidation at detected boundaries.
+def _clone(tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    return None if tensors is None else {name: t.detach().clone() for name, t in tensors.items()}
 
-    Subclasses define `penalty()`, `_consolidate()` and, if they watch gradients,
-    `_observe_gradients()`; they keep their tensors in `_extra_state()`.
-    """
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, steps: int = 1,
-                 boundary: str = "page-hinkley"):
-        super().__init__(model, lr=lr, clip=clip, steps=steps)
+class L2Penalty:
+    """(l2_lambda / 2) * sum_i (theta_i - anchor_i)^2 to the weights at the last consolidation (none before)."""
+
+    def __init__(self, l2_lambda: float):
+        self.l2_lambda = l2_lambda
+        self.anchor: dict[str, torch.Tensor] | None = None
+
+    def observe(self, params: dict[str, torch.Tensor]) -> None:
+        """Nothing: the L2 penalty does not watch gradients."""
+
+    def __call__(self, params: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+        if self.anchor is None:
+            return torch.zeros((), device=device)
+        squared = sum(((p - self.anchor[name]) ** 2).sum() for name, p in params.items())
+        return (self.l2_lambda / 2) * squared
+
+    def consolidate(self, params: dict[str, torch.Tensor]) -> None:
+        self.anchor = _clone(params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"anchor": _clone(self.anchor)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.anchor = _clone(state["anchor"])
+
+
+class FisherPenalty:
+    """Online EWC's penalty: a running Fisher from squared gradients, consolidated with decay gamma."""
+
+    def __init__(self, ewc_lambda: float, fisher_decay: float, gamma: float):
+        self.ewc_lambda = ewc_lambda
+        self.fisher_decay = fisher_decay
+        self.gamma = gamma
+        self.fisher: dict[str, torch.Tensor] | None = None  # running, decayed mean of squared gradients
+        self.anchor: dict[str, torch.Tensor] | None = None
+        self.consolidated_fisher: dict[str, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def observe(self, params: dict[str, torch.Tensor]) -> None:
+        """After the data loss's backward, before the penalty's gradient is added."""
+        squared = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach() ** 2
+                   for name, p in params.items()}
+        if self.fisher is None:
+            self.fisher = squared
+            return
+        for name, value in squared.items():
+            self.fisher[name].mul_(self.fisher_decay).add_(value, alpha=1.0 - self.fisher_decay)
+
+    def __call__(self, params: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+        if self.anchor is None:
+            return torch.zeros((), device=device)
+        weighted = sum((self.consolidated_fisher[name] * (p - self.anchor[name]) ** 2).sum()
+                       for name, p in params.items())
+        return (self.ewc_lambda / 2) * weighted
+
+    @torch.no_grad()
+    def consolidate(self, params: dict[str, torch.Tensor]) -> None:
+        self.anchor = _clone(params)
+        if self.consolidated_fisher is None:
+            self.consolidated_fisher = _clone(self.fisher)
+        else:
+            for name, value in self.fisher.items():
+                self.consolidated_fisher[name].mul_(self.gamma).add_(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"anchor": _clone(self.anchor), "fisher": _clone(self.fisher),
+                "consolidated_fisher": _clone(self.consolidated_fisher)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.anchor = _clone(state["anchor"])
+        self.fisher = _clone(state["fisher"])
+        self.consolidated_fisher = _clone(state["consolidated_fisher"])
+
+
+class _Consolidating(HyperparameterRepr):
+    """Fine-tuning plus a penalty component in the training loss, consolidated at boundaries found
+    on the strategy's own training loss (a `Boundaries` component). L2 and EWC differ only in
+    their penalty (L2Penalty, FisherPenalty)."""
+
+    def _build(self, model: nn.Module, lr: float, clip: float, steps: int, boundary: str, penalty) -> None:
+        self.model = model
+        self.lr = lr
+        self.clip = clip
+        self.steps = steps
         self.boundary = boundary
+        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
         self._boundaries = Boundaries(boundary)  # counts learned batches; consolidations follow its boundaries
+        self._penalty = penalty
 
     @property
     def consolidations(self) -> int:
@@ -45,64 +126,61 @@ class _Consolidating(Naive):
 
     @property
     def _detector(self):
-        """The boundary detector itself (tests swap a fresh one into a saved state)."""
+        """The boundary detector itself (read-only)."""
         return self._boundaries.detector
+
+    @property
+    def anchor(self) -> dict[str, torch.Tensor] | None:
+        return _clone(self._penalty.anchor)
 
     def _named_parameters(self) -> dict[str, torch.Tensor]:
         return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
 
     def penalty(self) -> torch.Tensor:
-        raise NotImplementedError
+        return self._penalty(self._named_parameters(), self._trainer.device())
 
-    def _consolidate(self) -> None:
-        raise NotImplementedError
+    def _start_state(self, batch: Batch):
+        return self._trainer.start_state(batch)
 
-    def _observe_gradients(self) -> None:
-        """Called after the data loss's backward, before the penalty's gradient is added."""
+    def _loss(self, batch: Batch, state):
+        return self._trainer.loss(batch, state)
+
+    def predict(self, batch: Batch) -> Prediction:
+        return self._trainer.predict(batch, self._trainer.start_state(batch))
 
     def learn(self, batch: Batch) -> LearnStats:
+        trainer = self._trainer
         self.model.train()
-        start = self._start_state(batch)
+        start = trainer.start_state(batch)
         for _ in range(self.steps):
-            self._optimizer.zero_grad(set_to_none=True)
-            data_loss, next_state = self._loss(batch, start)
+            trainer.optimizer.zero_grad(set_to_none=True)
+            data_loss, next_state = trainer.loss(batch, start)
             data_loss.backward()
-            self._observe_gradients()
+            self._penalty.observe(self._named_parameters())
             penalty = self.penalty()
             if penalty.requires_grad:
                 penalty.backward()  # accumulates onto the data-loss gradients
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-            self._optimizer.step()
-        self._carry(next_state)
+            grad_norm = trainer.clip_and_step()
+        trainer.carry(next_state)
         if self._boundaries.update(data_loss.detach()):
-            self._consolidate()
+            self._penalty.consolidate(self._named_parameters())
         return LearnStats(loss=(data_loss + penalty).detach(), grad_norm=grad_norm.detach())
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        pass
 
     def state_dict(self) -> dict[str, Any]:
         boundaries = self._boundaries.state_dict()  # flat keys, as in checkpoints written before boundary.py
         return {
-            **super().state_dict(),
+            **self._trainer.state_dict(),
             "learned": boundaries["learned"],
             "consolidated_at": boundaries["found_at"],
-            "detector": boundaries["detector"],  # pickled bytes
-            **self._extra_state(),
+            "detector": boundaries["detector"],  # plain values (monitor.drift.detector_state)
+            **self._penalty.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        self._trainer.load_state_dict(state)
         self._boundaries.load_state_dict({"learned": state["learned"], "found_at": state["consolidated_at"],
                                           "detector": state["detector"]})
-        self._load_extra_state(state)
-
-
-def _clone(tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
-    return None if tensors is None else {name: t.detach().clone() for name, t in tensors.items()}
+        self._penalty.load_state_dict(state)
 
 
 class L2(_Consolidating):
@@ -119,34 +197,10 @@ class L2(_Consolidating):
     prequential loss 5.22 against Naive's 4.40); at 0.01 it stays with Naive (4.40).
     """
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, steps: int = 1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1,
                  l2_lambda: float = 0.01, boundary: str = "page-hinkley"):
-        super().__init__(model, lr=lr, clip=clip, steps=steps, boundary=boundary)
         self.l2_lambda = l2_lambda
-        self._anchor: dict[str, torch.Tensor] | None = None
-
-    def __repr__(self) -> str:
-        return (f"L2(lr={self.lr}, clip={self.clip}, steps={self.steps}, l2_lambda={self.l2_lambda}, "
-                f"boundary={self.boundary!r})")
-
-    @property
-    def anchor(self) -> dict[str, torch.Tensor] | None:
-        return _clone(self._anchor)
-
-    def penalty(self) -> torch.Tensor:
-        if self._anchor is None:
-            return torch.zeros((), device=self._device())
-        squared = sum(((p - self._anchor[name]) ** 2).sum() for name, p in self._named_parameters().items())
-        return (self.l2_lambda / 2) * squared
-
-    def _consolidate(self) -> None:
-        self._anchor = _clone(self._named_parameters())
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {"anchor": _clone(self._anchor)}
-
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._anchor = _clone(state["anchor"])
+        self._build(model, lr, clip, steps, boundary, L2Penalty(l2_lambda))
 
 
 class EWC(_Consolidating):
@@ -173,67 +227,20 @@ class EWC(_Consolidating):
       loss of 4.35 against Naive's 4.40; 1e5 froze the model (4.77).
     """
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, steps: int = 1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1,
                  ewc_lambda: float = 1000.0, fisher_decay: float = 0.9, gamma: float = 0.9,
                  boundary: str = "page-hinkley"):
-        super().__init__(model, lr=lr, clip=clip, steps=steps, boundary=boundary)
         if not 0.0 <= fisher_decay < 1.0:
             raise ValueError(f"fisher_decay must be in [0, 1), got {fisher_decay}")
         self.ewc_lambda = ewc_lambda
         self.fisher_decay = fisher_decay
         self.gamma = gamma
-        self._fisher: dict[str, torch.Tensor] | None = None  # running, decayed mean of squared gradients
-        self._anchor: dict[str, torch.Tensor] | None = None
-        self._consolidated_fisher: dict[str, torch.Tensor] | None = None
-
-    def __repr__(self) -> str:
-        return (f"EWC(lr={self.lr}, clip={self.clip}, steps={self.steps}, ewc_lambda={self.ewc_lambda}, "
-                f"fisher_decay={self.fisher_decay}, gamma={self.gamma}, boundary={self.boundary!r})")
-
-    @property
-    def anchor(self) -> dict[str, torch.Tensor] | None:
-        return _clone(self._anchor)
+        self._build(model, lr, clip, steps, boundary, FisherPenalty(ewc_lambda, fisher_decay, gamma))
 
     @property
     def fisher(self) -> dict[str, torch.Tensor] | None:
-        return _clone(self._fisher)
+        return _clone(self._penalty.fisher)
 
     @property
     def consolidated_fisher(self) -> dict[str, torch.Tensor] | None:
-        return _clone(self._consolidated_fisher)
-
-    @torch.no_grad()
-    def _observe_gradients(self) -> None:
-        params = self._named_parameters()
-        squared = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach() ** 2
-                   for name, p in params.items()}
-        if self._fisher is None:
-            self._fisher = squared
-            return
-        for name, value in squared.items():
-            self._fisher[name].mul_(self.fisher_decay).add_(value, alpha=1.0 - self.fisher_decay)
-
-    def penalty(self) -> torch.Tensor:
-        if self._anchor is None:
-            return torch.zeros((), device=self._device())
-        weighted = sum((self._consolidated_fisher[name] * (p - self._anchor[name]) ** 2).sum()
-                       for name, p in self._named_parameters().items())
-        return (self.ewc_lambda / 2) * weighted
-
-    @torch.no_grad()
-    def _consolidate(self) -> None:
-        self._anchor = _clone(self._named_parameters())
-        if self._consolidated_fisher is None:
-            self._consolidated_fisher = _clone(self._fisher)
-        else:
-            for name, value in self._fisher.items():
-                self._consolidated_fisher[name].mul_(self.gamma).add_(value)
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {"anchor": _clone(self._anchor), "fisher": _clone(self._fisher),
-                "consolidated_fisher": _clone(self._consolidated_fisher)}
-
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._anchor = _clone(state["anchor"])
-        self._fisher = _clone(state["fisher"])
-        self._consolidated_fisher = _clone(state["consolidated_fisher"])
+        return _clone(self._penalty.consolidated_fisher)

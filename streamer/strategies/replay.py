@@ -2,30 +2,93 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from streamer.strategies.base import Batch, LearnStats
+from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.memory import HerdingMemory, ReservoirMemory, window_features, write_sparsely
-from streamer.strategies.naive import Naive
+from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.trainer import OnlineTrainer, fine_tune
 
-__all__ = ["Replay", "SELECTIONS"]
+__all__ = ["Replay", "SparseReplay", "close_segment", "SELECTIONS"]
 
 SELECTIONS = ("reservoir", "herding")
 
 
-class Replay(Naive):
-    """Naive fine-tuning plus sparse replay from a bounded memory.
+class SparseReplay(HyperparameterRepr):
+    """The replay component: sparse writes to a bounded memory, a replay update each r_interval rows.
 
-    Every row of a learned batch is written to memory with probability p_write. Each time the
-    count of learned rows (b per batch) crosses a multiple of r_interval, one extra update is made
-    on n_replay rows sampled from memory, from a zero hidden state (they are separate windows);
-    the carried state of the b streams is untouched. A replay due while the memory is still empty
-    is skipped. Seeds: the write draws use `seed`, the replay samples `seed + 1`, the memory's
-    own draws `seed + 2`.
+    Every row of a learned batch is written with probability p_write. Each time the count of
+    learned rows (b per batch) crosses a multiple of r_interval, one extra update is made on
+    n_replay rows sampled from memory; a replay due while the memory is empty is skipped. Seeds:
+    the write draws use `seed`, the replay samples `seed + 1`, the memory's own draws `seed + 2`.
+    """
+
+    def __init__(self, p_write: float, r_interval: int, n_replay: int, memory_size: int,
+                 selection: str = "reservoir", seed: int = 0):
+        if selection not in SELECTIONS:
+            raise ValueError(f"unknown selection {selection!r}; choose from {', '.join(SELECTIONS)}")
+        self.p_write = p_write
+        self.r_interval = r_interval
+        self.n_replay = n_replay
+        self.memory_size = memory_size
+        self.selection = selection
+        self.seed = seed
+        memory = HerdingMemory if selection == "herding" else ReservoirMemory
+        self.memory = memory(memory_size, seed=seed + 2)
+        self.write_generator = torch.Generator().manual_seed(seed)
+        self.sample_generator = torch.Generator().manual_seed(seed + 1)
+        self.rows_learned = 0
+        self.replays = 0  # replay updates made
+
+    def write(self, batch: Batch) -> None:
+        write_sparsely(self.memory, batch, self.p_write, self.write_generator)
+
+    def after_learn(self, batch: Batch, trainer: OnlineTrainer,
+                    replay_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Count the batch's rows and make the replay updates now due, on replay_loss(inputs, targets)."""
+        before = self.rows_learned
+        self.rows_learned += batch.inputs.shape[0]
+        due = self.rows_learned // self.r_interval - before // self.r_interval
+        for _ in range(due):
+            if len(self.memory):
+                inputs, targets = self.memory.sample(self.n_replay, self.sample_generator)
+                trainer.step_on(replay_loss(inputs, targets))
+                self.replays += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "memory": self.memory.state_dict(),
+            "write_generator": self.write_generator.get_state(),
+            "sample_generator": self.sample_generator.get_state(),
+            "rows_learned": self.rows_learned,
+            "replays": self.replays,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.memory.load_state_dict(state["memory"])
+        self.write_generator.set_state(state["write_generator"])
+        self.sample_generator.set_state(state["sample_generator"])
+        self.rows_learned = state["rows_learned"]
+        self.replays = state["replays"]
+
+
+def close_segment(memory: ReservoirMemory | HerdingMemory, model: nn.Module) -> None:
+    """Herding closes the segment on the current model's features of its candidates (reservoir: nothing)."""
+    if isinstance(memory, HerdingMemory):
+        candidates = memory.candidates()
+        if candidates is not None:
+            memory.close_segment(window_features(model, candidates[0]))
+
+
+class Replay(HyperparameterRepr):
+    """Naive fine-tuning plus sparse replay from a bounded memory (`SparseReplay`).
+
+    Replay updates start the sampled rows from a zero hidden state (they are separate
+    windows); the carried state of the b streams is untouched.
 
     selection="reservoir" (default): a uniform reservoir of memory_size rows; `boundary` is unused.
     selection="herding" (seed 001, iCaRL): segments end at boundaries found on the training loss
@@ -34,14 +97,14 @@ class Replay(Naive):
     memory_size exemplars are split evenly across segments.
     """
 
-    _needs_boundaries = False  # subclasses that act at boundaries whatever the selection set this
-
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, p_write: float = 0.1,
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, p_write: float = 0.1,
                  r_interval: int = 1000, n_replay: int = 100, memory_size: int = 10_000,
                  selection: str = "reservoir", boundary: str = "page-hinkley", seed: int = 0):
-        super().__init__(model, lr=lr, clip=clip)
-        if selection not in SELECTIONS:
-            raise ValueError(f"unknown selection {selection!r}; choose from {', '.join(SELECTIONS)}")
+        self.model = model
+        self.lr = lr
+        self.clip = clip
+        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._replay = SparseReplay(p_write, r_interval, n_replay, memory_size, selection, seed)
         self.p_write = p_write
         self.r_interval = r_interval
         self.n_replay = n_replay
@@ -49,87 +112,40 @@ class Replay(Naive):
         self.selection = selection
         self.boundary = boundary
         self.seed = seed
-        memory = HerdingMemory if selection == "herding" else ReservoirMemory
-        self._memory = memory(memory_size, seed=seed + 2)
-        uses_boundaries = selection == "herding" or self._needs_boundaries
-        self._boundaries = Boundaries(boundary) if uses_boundaries else None
-        self._write_generator = torch.Generator().manual_seed(seed)
-        self._sample_generator = torch.Generator().manual_seed(seed + 1)
-        self._rows_learned = 0
-        self._replays = 0  # replay updates made
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(lr={self.lr}, clip={self.clip}, p_write={self.p_write}, "
-                f"r_interval={self.r_interval}, n_replay={self.n_replay}, memory_size={self.memory_size}, "
-                f"selection={self.selection!r}, boundary={self.boundary!r}, seed={self.seed})")
+        self._boundaries = Boundaries(boundary) if selection == "herding" else None
 
     @property
     def replays(self) -> int:
-        return self._replays
+        return self._replay.replays
 
     @property
     def memory(self) -> ReservoirMemory | HerdingMemory:
-        return self._memory
+        return self._replay.memory
 
     @property
     def boundaries_at(self) -> tuple[int, ...]:
         """0-based learn index after which each boundary fell (empty when none are looked for)."""
         return () if self._boundaries is None else self._boundaries.found_at
 
+    def predict(self, batch: Batch) -> Prediction:
+        return self._trainer.predict(batch, self._trainer.start_state(batch))
+
     def learn(self, batch: Batch) -> LearnStats:
-        stats = super().learn(batch)
-        self._write(batch)
-        before = self._rows_learned
-        self._rows_learned += batch.inputs.shape[0]
-        due = self._rows_learned // self.r_interval - before // self.r_interval
-        for _ in range(due):
-            if len(self._memory):
-                self._replay()
+        stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
+        self._replay.write(batch)
+        self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
         if self._boundaries is not None and self._boundaries.update(stats.loss):
-            self._at_boundary()
+            close_segment(self._replay.memory, self.model)
         return stats
 
-    def _write(self, batch: Batch) -> None:
-        write_sparsely(self._memory, batch, self.p_write, self._write_generator)
-
-    def _at_boundary(self) -> None:
-        """Herding closes the segment on the current model's features of its candidates."""
-        if self.selection == "herding":
-            candidates = self._memory.candidates()
-            if candidates is not None:
-                self._memory.close_segment(window_features(self.model, candidates[0]))
-
-    def _replay_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        zero_state = self.model.initial_state(inputs.shape[0], self._device())
-        loss, _ = self._loss(Batch(inputs=inputs, targets=targets), zero_state)
-        return loss
-
-    def _replay(self) -> None:
-        inputs, targets = self._memory.sample(self.n_replay, self._sample_generator)
-        self._optimizer.zero_grad(set_to_none=True)
-        self._replay_loss(inputs, targets).backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self._optimizer.step()
-        self._replays += 1
-
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict() | {
-            "memory": self._memory.state_dict(),
-            "write_generator": self._write_generator.get_state(),
-            "sample_generator": self._sample_generator.get_state(),
-            "rows_learned": self._rows_learned,
-            "replays": self._replays,
-        }
+        state = self._trainer.state_dict() | self._replay.state_dict()
         if self._boundaries is not None:
             state["boundaries"] = self._boundaries.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._memory.load_state_dict(state["memory"])
-        self._write_generator.set_state(state["write_generator"])
-        self._sample_generator.set_state(state["sample_generator"])
-        self._rows_learned = state["rows_learned"]
-        self._replays = state["replays"]
+        self._trainer.load_state_dict(state)
+        self._replay.load_state_dict(state)
         if self._boundaries is not None:
             self._boundaries.load_state_dict(state["boundaries"])
