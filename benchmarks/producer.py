@@ -15,15 +15,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from producers.corpora import CorpusError, corpus_path, default_cache_root, load_corpus_dir  # noqa: E402
+from producers.corpora import CorpusError, corpus_path, load_corpus_dir  # noqa: E402
 from producers.schedule import Schedule, build_stream  # noqa: E402
 from producers.stream import produce_stream  # noqa: E402
 from streamer.broker import EmbeddedBroker  # noqa: E402
+from streamer.settings import cache_root  # noqa: E402
 
 
 def corpus() -> tuple[str, dict[str, str]]:
     try:
-        return "calm-multilingual", load_corpus_dir(corpus_path("calm-multilingual", default_cache_root()))
+        return "calm-multilingual", load_corpus_dir(corpus_path("calm-multilingual", cache_root()))
     except CorpusError:
         from tests.conftest import write_corpus
 

@@ -23,20 +23,22 @@ import torch  # noqa: E402
 
 from monitor.exporter import create_metrics  # noqa: E402
 from monitor.live import LiveMonitor  # noqa: E402
-from producers.corpora import CorpusError, corpus_path, default_cache_root, load_corpus_dir  # noqa: E402
+from monitor.view import LiveView  # noqa: E402
+from producers.corpora import CorpusError, corpus_path, load_corpus_dir  # noqa: E402
 from producers.kafka import produce  # noqa: E402
 from producers.schedule import CalmSchedule, build_stream  # noqa: E402
 from streamer.batching import Batcher  # noqa: E402
 from streamer.broker import EmbeddedBroker  # noqa: E402
+from streamer.settings import cache_root  # noqa: E402
 from streamer.config import LearnConfig  # noqa: E402
-from streamer.learner import build_strategy, learn, resolve_device  # noqa: E402
+from streamer.learner import build_strategy, resolve_device, run as run_learner  # noqa: E402
 from streamer.models import LSTMConfig  # noqa: E402
 from streamer.step import run  # noqa: E402
 
 
 def corpus() -> tuple[str, dict[str, str]]:
     try:
-        path = corpus_path("calm-multilingual", default_cache_root())
+        path = corpus_path("calm-multilingual", cache_root())
         return "calm-multilingual", load_corpus_dir(path)
     except CorpusError:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,7 +74,7 @@ def kafka_path(config: LearnConfig, records) -> tuple[float, float]:
         asyncio.run(produce(records, broker.bootstrap_servers, config.topic))
         monitor = LiveMonitor(run="bench", strategy=config.strategy, metrics=create_metrics())
         started = time.perf_counter()
-        asyncio.run(learn(config, monitor))
+        asyncio.run(run_learner(config, monitor=monitor, view=LiveView(enabled=False)))
         total = time.perf_counter() - started
     lines = [json.loads(line) for line in (config.run_dir / "losses.jsonl").read_text().splitlines()]
     tokens = sum(line["tokens"] for line in lines[1:])

@@ -14,9 +14,9 @@ import torch
 
 from monitor.results import BatchTruth
 from streamer.strategies.base import Batch
-from producers.wire import Record
+from producers.wire import Record, Truth
 
-__all__ = ["ReadyBatch", "Batcher", "OffsetTracker", "vote"]
+__all__ = ["ReadyBatch", "Batcher", "OffsetTracker", "vote", "truth_to_plain", "truth_from_plain"]
 
 
 def vote(votes: Counter) -> BatchTruth | None:
@@ -41,6 +41,17 @@ class ReadyBatch:
 
 def _utf8(text: str) -> bytes:
     return text.encode("utf-8")
+
+
+def truth_to_plain(truth: Truth | None) -> tuple | None:
+    """A wire Truth as a tuple of plain values (checkpoints hold no Python objects)."""
+    if truth is None:
+        return None
+    return (truth.class_name, truth.fragment, truth.position, truth.produced, truth.label)
+
+
+def truth_from_plain(values) -> Truth | None:
+    return None if values is None else Truth(*values)
 
 
 @dataclass
@@ -72,6 +83,19 @@ class OffsetTracker:
 
     def commit_positions(self) -> dict:
         return {tp: (q[0] if q else self._next[tp]) for tp, q in self._pending.items()}
+
+    def next_positions(self) -> dict:
+        """Per partition, the next offset to read: everything before it is learned or carried over."""
+        return dict(self._next)
+
+    def state_dict(self) -> list:
+        return [[list(tp), list(self._pending[tp]), sorted(self._done[tp]), self._next[tp]] for tp in self._next]
+
+    def load_state_dict(self, state: list) -> None:
+        self.__init__()
+        for tp, pending, done, following in state:
+            tp = tuple(tp)
+            self._pending[tp], self._done[tp], self._next[tp] = deque(pending), set(done), following
 
 
 class Batcher:
@@ -132,6 +156,27 @@ class Batcher:
             self._release(buf)
         batch = Batch(inputs=grid[:, :w].to(self.device), targets=grid[:, 1:].to(self.device))
         return ReadyBatch(batch=batch, truth=truth, commit=self.offsets.commit_positions())
+
+    def state_dict(self) -> dict:
+        """The carry-over: each row's unconsumed tokens and record spans, the key-to-row map, the offsets.
+        A copy: the fetch side goes on adding while a checkpoint is written."""
+        return {
+            "rows": dict(self._rows),
+            "buffers": [{"data": bytes(b.data) if self._bytes else list(b.data), "base": b.base,
+                         "spans": [(end, truth_to_plain(truth), None if handle is None else (list(handle[0]), handle[1]))
+                                   for end, truth, handle in b.spans]} for b in self._buffers],
+            "offsets": self.offsets.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._rows = dict(state["rows"])
+        self._buffers = []
+        for saved in state["buffers"]:
+            spans = deque((end, truth_from_plain(truth), None if handle is None else (tuple(handle[0]), handle[1]))
+                          for end, truth, handle in saved["spans"])
+            data = bytearray(saved["data"]) if self._bytes else list(saved["data"])
+            self._buffers.append(_Stream(data, spans, saved["base"]))
+        self.offsets.load_state_dict(state["offsets"])
 
     def _majority_truth(self) -> BatchTruth | None:
         votes: Counter = Counter()

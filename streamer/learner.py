@@ -1,33 +1,44 @@
-"""The learner: Kafka on the asyncio loop, the prequential step in a worker thread.
+"""A learning run: the prequential loop (streamer.loop) and the small objects that consume its results.
 
-    fetch -> decode -> batch  ==bounded queue==>  worker thread: predict, record, learn
-                                                   -> monitor, loss log, commit offsets
+    results of PrequentialLoop --> LiveMonitor (metrics tracker, Prometheus through its facade)
+                               --> LossLogWriter (losses.jsonl)
+                               --> Checkpointer (checkpoint.pt every checkpoint_every_s and at the end;
+                                                 then commits the offsets it covers to Kafka)
+                               --> ProbeScheduler (probes.jsonl)
+    loop state (dead letters, lag, queue depth) --> LiveMonitor --> LiveView, polled a few times a second
+
+`run(config, ...)` composes them for the command line; it prints only through `log`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import random
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from rich.console import Console
 
+from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
+from monitor.view import LiveView
+from producers.kafka import ensure_topic
+from streamer import checkpoint
 from streamer.config import LearnConfig, RunSummary
 from streamer.consumer import KafkaSource
-from streamer.models import LSTMConfig, ModelRequest, build_model
-from streamer.step import prequential_step
+from streamer.loop import PrequentialLoop
+from streamer.models import ModelRequest, build_model
+from streamer.probe import ProbeScheduler, load_probe_set
 from streamer.strategies import STRATEGIES
 
-__all__ = ["build_strategy", "resolve_device", "learn"]
+__all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,7 +65,8 @@ def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | N
         raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 
 
-def _write_config(config: LearnConfig, device: torch.device, params: int, built) -> None:
+def write_run_config(config: LearnConfig, device: torch.device, params: int, built) -> None:
+    """config.json: the run's config, device, parameter count, model details and whether the strategy is an oracle."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
@@ -63,195 +75,173 @@ def _write_config(config: LearnConfig, device: torch.device, params: int, built)
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 
-async def learn(config: LearnConfig, monitor: LiveMonitor, on_step=None, probe_set=None,
-                manifest: dict | None = None, prepared=None) -> RunSummary:
-    """Consume, score, learn and commit until a stop condition; `on_step()` after each batch.
+async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=None, producer=None,
+              console: Console | None = None, log=print, monitor: LiveMonitor | None = None,
+              view=None) -> RunSummary:
+    """Consume, score and learn until a stop condition; returns the run's summary.
 
-    With a `probe_set` (streamer.probe), the held-out probe split of every class is scored
-    between steps at every true switch and every `probe_every` batches, into probes.jsonl.
-    `prepared` is build_strategy's (strategy, built) for this config, when the caller has it
-    (a pretrained model then loads once)."""
+    `prepared`: build_strategy's (strategy, built) for this config, when the caller has it (a
+    pretrained model then loads once). `producer`: a coroutine factory run beside the learner (its
+    topic is created first). `monitor`: a LiveMonitor of the caller's (tests read its tracker);
+    otherwise one is built, with Prometheus metrics served on config.metrics_port when set.
+    `view`: anything with LiveView's update(snapshot, force=False) and context manager (compare
+    shows one progress line); otherwise a LiveView on `console` (plain lines when not config.live_view)."""
+    started = time.monotonic()
     device = resolve_device(config.device)
     strategy, built = prepared or build_strategy(config, device, manifest)
-    _write_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
-    source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id)
+    write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
     batcher = built.make_batcher(config.streams, config.window, device)
-    queue: asyncio.Queue = asyncio.Queue(maxsize=config.queue_size)
-    loop = asyncio.get_running_loop()
-    started = time.monotonic()
-    state = {"batches": 0, "tokens": 0, "last_record": time.monotonic(), "stop": None, "commit": {},
-             "checkpointed": time.monotonic(), "probes": 0, "probe_seconds": 0.0, "truth": None,
-             "labels_known": None, "records": 0}
-    # The manifest counts b x w byte windows; with another tokenizer the stream ends when its records do.
-    counts_bytes = built.kind == "lm" and isinstance(built.encode("a"), (bytes, bytearray))
-    limit = config.max_batches or (config.total_batches if counts_bytes else None)
-    if not counts_bytes:
-        monitor.total_batches = config.max_batches
-    if built.kind == "classifier" and manifest and manifest.get("level") == "utterance":
-        limit = config.max_batches or manifest["total_records"] // config.streams  # one utterance per row
-        monitor.total_batches = limit
-    if built.kind == "classifier" and probe_set is not None:  # held-out utterances: accuracy, DMI representations
-        from streamer.classifier_probe import load_classifier_probe
-
-        probe_set = load_classifier_probe(manifest, batcher, config.run_dir,
-                                          lambda: (state["batches"], state["labels_known"]))
-
-    async def fetch_loop() -> None:
-        last_lag = 0.0
-        while True:
-            async for fetched in source.fetch():
-                state["last_record"] = time.monotonic()
-                state["records"] += 1
-                if fetched.record is None:
-                    batcher.offsets.seen(fetched.tp, fetched.offset)
-                    batcher.offsets.finish(fetched.tp, fetched.offset)
-                    monitor.dead_letter(fetched.dead_reason)
-                    continue
-                rejected = _rejected(batcher, fetched.record, config.streams)
-                if rejected:
-                    batcher.offsets.seen(fetched.tp, fetched.offset)
-                    batcher.offsets.finish(fetched.tp, fetched.offset)
-                    await source.send_dead_letter(fetched, *rejected)
-                    monitor.dead_letter(rejected[0])
-                    continue
-                batcher.add(fetched.record, fetched.tp, fetched.offset)
-                while batcher.ready():
-                    await queue.put(batcher.pop())  # blocks when the worker is behind
-                    monitor.set_queue_depth(queue.qsize())
-            if time.monotonic() - last_lag > 1.0:
-                last_lag = time.monotonic()
-                monitor.set_lag(await source.lag())
-
-    async def step_loop(log: LossLogWriter) -> None:
-        """Steps run one at a time, in order, in the worker thread. While step t+1
-        computes, the loop logs, exports and commits step t (at most two in flight)."""
-        in_flight: deque = deque()
-        submitted = 0
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step") as worker:
-            while state["stop"] is None:
-                if time.monotonic() - state["checkpointed"] >= config.checkpoint_every_s:
-                    while in_flight:  # the saved state and offsets must be those after one same step
-                        await finish(log, *in_flight.popleft())
-                    await loop.run_in_executor(worker, checkpoint)
-                    continue
-                if in_flight and (len(in_flight) == 2 or queue.empty() or (limit and submitted >= limit)):
-                    await finish(log, *in_flight.popleft())
-                    continue
-                if limit and submitted >= limit:
-                    break
-                try:
-                    ready = await asyncio.wait_for(queue.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    _check_idle_and_time()
-                    continue
-                monitor.set_queue_depth(queue.qsize())
-                trigger = _probe_trigger(ready.truth, submitted)
-                if trigger:  # the model as it is after batch submitted-1, before learning this one
-                    while in_flight:
-                        await finish(log, *in_flight.popleft())
-                    await probe(worker, trigger, submitted)
-                state["truth"] = ready.truth or state["truth"]
-                future = loop.run_in_executor(
-                    worker, prequential_step, strategy, ready.batch, ready.truth, submitted)
-                in_flight.append((future, ready))
-                submitted += 1
-            while in_flight:  # a stop condition never abandons a step already taken
-                await finish(log, *in_flight.popleft())
-
-    def _probe_trigger(truth, index: int) -> str | None:
-        if probe_set is None:
-            return None
-        if index == 0:  # the untrained model: the reference for forward and zero-shot transfer
-            return "start"
-        previous = state["truth"]
-        if config.probe_at_switches and truth and previous and truth.fragment != previous.fragment:
-            return "switch"
-        if config.probe_every and index % config.probe_every == 0:
-            return "periodic"
-        return None
-
-    async def probe(worker, trigger: str, index: int) -> None:
-        scores, seconds = await loop.run_in_executor(worker, probe_set.score, strategy.model)
-        previous = state["truth"]
-        row = {"batch": index, "trigger": trigger,
-               "ended_class": previous.class_name if trigger in ("switch", "end") and previous else None,
-               "scores": scores, "seconds": round(seconds, 4), "time": round(time.time(), 3)}
-        if built.kind == "classifier":
-            row["unit"] = "accuracy"
-        with (config.run_dir / "probes.jsonl").open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
-        state["probes"] += 1
-        state["probe_seconds"] += seconds
-        monitor.probed(row)
-
-    def checkpoint() -> None:
-        labels = batcher.vocabulary.names() if built.kind == "classifier" else None  # the label of each head row
-        _save_checkpoint(config, strategy, state["commit"], state["batches"], labels)
-        state["checkpointed"] = time.monotonic()
-        monitor.checkpointed(time.time())
-
-    async def finish(log: LossLogWriter, future, ready) -> None:
-        result = await future
-        log.write(monitor.observe(result))
-        await source.commit(ready.commit)
-        state["commit"] = ready.commit
-        state["batches"] += 1
-        state["labels_known"] = ready.batch.labels_known
-        state["tokens"] += result.tokens
-        if on_step:
-            on_step()
-        if limit and state["batches"] >= limit:
-            state["stop"] = "max_batches" if config.max_batches else "end_of_stream"
-        _check_idle_and_time()
-
-    def _check_idle_and_time() -> None:
-        now = time.monotonic()
-        if config.minutes and now - started >= config.minutes * 60:
-            state["stop"] = state["stop"] or "time_limit"
-        if config.idle_timeout_s and queue.empty() and now - state["last_record"] >= config.idle_timeout_s:
-            state["stop"] = state["stop"] or "idle"
-        if (config.total_records and state["records"] >= config.total_records and queue.empty()
-                and not batcher.ready()):  # every record read and batched: what remains is less than a batch
-            state["stop"] = state["stop"] or "end_of_stream"
-
-    await source.start()
+    total_batches, shown_total = _batch_limits(config, built, manifest)
+    if monitor is None:
+        monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
+                              from_fragment=config.from_fragment, total_batches=shown_total,
+                              metrics=create_metrics() if config.metrics_port is not None else None,
+                              detector=config.detector)
+    else:
+        monitor.total_batches = shown_total
+    server = None
+    if config.metrics_port is not None and monitor.metrics is not None:
+        server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host)
+        log(f"metrics: http://{config.metrics_host}:{server.server_address[1]}/metrics")
+    if view is None:
+        view = LiveView(console=console if config.live_view else Console(force_terminal=False))
+    if producer is not None:  # the topic must exist before the consumer subscribes
+        await ensure_topic(config.bootstrap_servers, config.topic)
+    loop = PrequentialLoop(strategy, batcher, KafkaSource(config.bootstrap_servers, config.topic, config.group_id),
+                           max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
+                           total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
+                           max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size)
+    probes = _probe_scheduler(config, built, manifest, batcher, loop)
+    labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
+    checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
+                                config=config, loop=loop, monitor=monitor, labels=labels)
     tasks = []
     try:
-        with LossLogWriter(config.run_dir / "losses.jsonl") as log:
-            tasks = [asyncio.create_task(fetch_loop()), asyncio.create_task(step_loop(log))]
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # re-raise a failure of either side
+        with view:
+            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, config.run_dir, view,
+                                                final_probe=built.kind == "classifier"))]
+            if producer is not None:
+                tasks.append(asyncio.create_task(producer()))
+            await asyncio.gather(*tasks)
+            view.update(monitor.snapshot(), force=True)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await source.stop()
-    if built.kind == "classifier" and probe_set is not None and state["batches"]:
-        await probe(None, "end", state["batches"])  # the model after the whole stream: the last task's stage
-    checkpoint()
-    return RunSummary(state["batches"], state["tokens"], time.monotonic() - started,
-                      state["stop"] or "stopped", monitor.dead_letters, config.run_dir,
-                      state["probes"], state["probe_seconds"])
+        if server is not None:
+            server.shutdown()
+    return RunSummary(loop.step, loop.tokens, time.monotonic() - started, loop.stop_reason or "stopped",
+                      monitor.dead_letters, config.run_dir, probes.evaluations if probes else 0,
+                      probes.seconds if probes else 0.0)
 
 
-def _rejected(batcher, record, streams: int) -> tuple[str, str] | None:
-    """(reason, detail) when a record cannot reach the model; classifiers also reject unlabelled records."""
-    if not batcher.accepts(record.stream):
-        return "extra_stream", f"more than {streams} stream ids"
-    rejects = getattr(batcher, "rejects", None)
-    return rejects(record) if rejects else None
+async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path, view,
+                 final_probe: bool) -> None:
+    """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes."""
+    async with loop:
+        publisher = asyncio.create_task(_publish(loop, monitor, view))
+        try:
+            with LossLogWriter(run_dir / "losses.jsonl") as losses:
+                if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
+                    monitor.probed(row)
+                async for result in loop:
+                    losses.write(monitor.observe(result))
+                    if checkpointer.due():
+                        await checkpointer.write()
+                    if probes and (row := await probes.before_next(loop)):
+                        monitor.probed(row)
+            if probes and final_probe and loop.step:  # the model after the whole stream: the last task's stage
+                monitor.probed(await probes.score(loop, "end"))
+            _sync(loop, monitor)
+            await checkpointer.write()  # one at the end, always
+        finally:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
 
 
-def _save_checkpoint(config: LearnConfig, strategy, commit: dict, batches: int, labels=None) -> None:
-    """A plain dict: model, optimizer and strategy state, config, next offset per partition
-    (classifiers: and the label names in head-row order).
+async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, every_s: float = 0.25) -> None:
+    """Copy the loop's plain state into the monitor and refresh the view, a few times a second."""
+    shown = -1
+    while True:
+        _sync(loop, monitor)
+        if loop.step != shown:
+            shown = loop.step
+            view.update(monitor.snapshot())
+        await asyncio.sleep(every_s)
 
-    Written to a temporary file and renamed, so a crash never leaves half a checkpoint."""
-    partial = config.run_dir / "checkpoint.pt.partial"
-    torch.save({
-        "strategy": strategy.state_dict(), "config": asdict(config), "batches": batches,
-        "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in commit.items()},
-        **({"labels": list(labels)} if labels is not None else {}),
-    }, partial)
-    partial.replace(config.run_dir / "checkpoint.pt")
+
+def _sync(loop: PrequentialLoop, monitor: LiveMonitor) -> None:
+    counted = monitor.dead_letters
+    for reason, count in loop.dead_letters.items():
+        for _ in range(count - counted.get(reason, 0)):
+            monitor.dead_letter(reason)
+    if loop.lag:
+        monitor.set_lag(loop.lag)
+    monitor.set_queue_depth(loop.queue_depth)
+
+
+class Checkpointer:
+    """checkpoint.pt at a snapshot point every `every_s` seconds, and when asked at the end.
+
+    The written checkpoint covers every record read (learned, or carried over in the loop's state),
+    so after writing it the Kafka offsets it holds are committed: Kafka never runs ahead of it."""
+
+    def __init__(self, path: Path, every_s: float, *, config: LearnConfig, loop: PrequentialLoop,
+                 monitor: LiveMonitor, labels=None):
+        self.path, self.every_s = Path(path), every_s
+        self.config, self.loop, self.monitor, self.labels = config, loop, monitor, labels
+        self.written_at = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.written_at >= self.every_s
+
+    def state(self) -> dict:
+        """The run after batch `loop.step`; call at a snapshot point (between two results)."""
+        loop = self.loop
+        looped = loop.state_dict()
+        state = {
+            "config": checkpoint.plain(self.config), "model": loop.strategy.model.state_dict(),
+            "strategy": loop.strategy.state_dict(), "rng": checkpoint.rng_state(), "loop": looped,
+            "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in looped["offsets"].items()},
+            "step": loop.step, "tracker": copy.deepcopy(self.monitor.state_dict()),  # the event loop goes on updating it
+        }
+        if self.labels is not None:
+            state["labels"] = list(self.labels())
+        return state
+
+    async def write(self) -> None:
+        state = self.state()
+        await self.loop.in_worker(checkpoint.save, self.path, state)  # off the event loop: the heartbeat goes on
+        await self.loop.commit(state["loop"]["offsets"])
+        self.written_at = time.monotonic()
+        self.monitor.checkpointed(time.time())
+
+
+def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[int | None, int | None]:
+    """(batches that end the stream, the total the view shows). The manifest counts b x w byte windows;
+    with another tokenizer the stream ends when its records do; utterance streams have one per row."""
+    counts_bytes = built.kind == "lm" and isinstance(built.encode("a"), (bytes, bytearray))
+    total = config.total_batches if counts_bytes else None
+    shown = (config.max_batches or config.total_batches) if counts_bytes else config.max_batches
+    if built.kind == "classifier" and manifest and manifest.get("level") == "utterance":
+        total = manifest["total_records"] // config.streams
+        shown = config.max_batches or total
+    return total, shown
+
+
+def _probe_scheduler(config: LearnConfig, built, manifest, batcher, loop) -> ProbeScheduler | None:
+    """The held-out probe split of every class, scored between steps (None without one or with --no-probe)."""
+    if not (manifest and config.probe):
+        return None
+    if built.kind == "classifier":  # held-out utterances: accuracy, DMI representations
+        from streamer.classifier_probe import load_classifier_probe
+
+        probe_set = load_classifier_probe(manifest, batcher, config.run_dir, lambda: (loop.step, loop.labels_known))
+        unit = "accuracy"
+    else:
+        probe_set = load_probe_set(manifest, rows=config.streams, window=config.window, encode=built.encode)
+        unit = None
+    if probe_set is None:
+        return None
+    return ProbeScheduler(probe_set, config.run_dir / "probes.jsonl", every=config.probe_every,
+                          at_switches=config.probe_at_switches, unit=unit)

@@ -27,6 +27,7 @@ from torch import nn
 
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
+from streamer import checkpoint
 from streamer.strategies.base import Batch
 from streamer.strategies.naive import Naive
 
@@ -36,13 +37,9 @@ __all__ = ["ShuffledNaive", "shuffled_order", "stream_batches", "records_from_ma
 class ShuffledNaive(Naive):
     """Naive fine-tuning for batches in shuffled order: a zero hidden state per batch unless carry_state."""
 
-    def __init__(self, model: nn.Module, lr: float = 2e-3, clip: float = 1.0, steps: int = 1,
-                 carry_state: bool = False):
+    def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1, carry_state: bool = False):
         super().__init__(model, lr=lr, clip=clip, steps=steps)
         self.carry_state = carry_state
-
-    def __repr__(self) -> str:
-        return f"ShuffledNaive(lr={self.lr}, clip={self.clip}, steps={self.steps}, carry_state={self.carry_state})"
 
     def _start_state(self, batch: Batch):
         if self.carry_state:
@@ -108,9 +105,9 @@ def _write_config(config, device, strategy, built, n: int) -> None:
 
 def run_multitask(config, manifest: dict, records=None, *, detector: str = "page-hinkley", on_step=None):
     """Learn the stream's batches in shuffled order; write losses.jsonl (stream order), config.json
-    and checkpoint.pt into config.run_dir; return a streamer.learner.RunSummary.
+    and checkpoint.pt into config.run_dir; return a streamer.config.RunSummary.
 
-    `config` is a streamer.learner.LearnConfig (its strategy is recorded as given, "multitask";
+    `config` is a streamer.config.LearnConfig (its strategy is recorded as given, "multitask";
     strategy_options are ShuffledNaive's hyperparameters); `records` default to those rebuilt
     from the manifest. `max_batches` keeps the first batches of the stream, then shuffles them."""
     from streamer.config import RunSummary
@@ -145,7 +142,8 @@ def run_multitask(config, manifest: dict, records=None, *, detector: str = "page
     with LossLogWriter(config.run_dir / "losses.jsonl") as log:
         for index, result in enumerate(results):
             log.write({**monitor.observe(result), "trained_at": trained_at[index]})
-    torch.save({"strategy": strategy.state_dict(), "config": asdict(config), "batches": len(batches),
-                "order": order}, config.run_dir / "checkpoint.pt")
+    checkpoint.save(config.run_dir / "checkpoint.pt", {
+        "config": checkpoint.plain(config), "model": strategy.model.state_dict(), "strategy": strategy.state_dict(),
+        "rng": checkpoint.rng_state(), "step": len(batches), "order": order, "offsets": {}})
     return RunSummary(len(batches), sum(r.tokens for r in results), time.monotonic() - started,
                       "end_of_stream", {}, config.run_dir)

@@ -11,13 +11,14 @@ without a carried state (`initial_state` gives None) score each window on its ow
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-__all__ = ["ProbeSet", "load_probe_set"]
+__all__ = ["ProbeSet", "ProbeScheduler", "load_probe_set"]
 
 
 class ProbeSet:
@@ -86,3 +87,50 @@ def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2
         if path.is_file():
             texts[name] = path.read_text(encoding="utf-8")
     return ProbeSet(texts, rows=rows, window=window, max_bytes=max_bytes, encode=encode) if texts else None
+
+
+class ProbeScheduler:
+    """When to score a probe set, and its rows in `path` (probes.jsonl).
+
+    "start" before batch 0 (the untrained model), "switch" before the first batch of a new fragment
+    (the model after the last batch of the previous one), "periodic" before every `every`-th batch,
+    "end" after the last one (`score(loop, "end")`). The model is scored in the loop's worker thread
+    between two steps, so a run with probes learns exactly what it learns without them."""
+
+    def __init__(self, probe_set, path: Path, *, every: int = 0, at_switches: bool = True, unit: str | None = None):
+        self.probe_set, self.path = probe_set, Path(path)
+        self.every, self.at_switches, self.unit = every, at_switches, unit
+        self.evaluations = 0
+        self.seconds = 0.0
+
+    def trigger(self, index: int, upcoming, previous) -> str | None:
+        """Why to score before learning batch `index` of truth `upcoming` after `previous`; None: no probe."""
+        if index == 0:
+            return "start"
+        if self.at_switches and upcoming and previous and upcoming.fragment != previous.fragment:
+            return "switch"
+        if self.every and index % self.every == 0:
+            return "periodic"
+        return None
+
+    async def before_next(self, loop) -> dict | None:
+        """Score before the loop learns its next batch when a trigger says so; the row written, or None."""
+        upcoming = await loop.peek()
+        if upcoming is None:
+            return None
+        trigger = self.trigger(loop.step, upcoming.truth, loop.truth)
+        return None if trigger is None else await self.score(loop, trigger)
+
+    async def score(self, loop, trigger: str) -> dict:
+        scores, seconds = await loop.in_worker(self.probe_set.score, loop.strategy.model)
+        previous = loop.truth
+        row = {"batch": loop.step, "trigger": trigger,
+               "ended_class": previous.class_name if trigger in ("switch", "end") and previous else None,
+               "scores": scores, "seconds": round(seconds, 4), "time": round(time.time(), 3)}
+        if self.unit:
+            row["unit"] = self.unit
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        self.evaluations += 1
+        self.seconds += seconds
+        return row

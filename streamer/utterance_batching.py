@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from monitor.results import BatchTruth
-from streamer.batching import OffsetTracker, ReadyBatch, vote
+from streamer.batching import OffsetTracker, ReadyBatch, truth_from_plain, truth_to_plain, vote
 from streamer.strategies.base import Batch
 from producers.wire import Record
 
@@ -58,6 +58,11 @@ class LabelVocabulary:
         """All labels, in id order."""
         with self._lock:
             return tuple(self._ids)
+
+    def load_names(self, names) -> None:
+        """Restore the labels of a checkpoint, in id order."""
+        with self._lock:
+            self._ids = {name: i for i, name in enumerate(names)}
 
 
 def pad_ids(ids, pad_id: int, max_length: int) -> list[int]:
@@ -139,3 +144,21 @@ class UtteranceBatcher:
                       labels_known=items[-1].labels_known)
         return ReadyBatch(batch=batch, truth=majority_truth(item.truth for item in items),
                           commit=self.offsets.commit_positions())
+
+    def state_dict(self) -> dict:
+        """The carry-over: utterances waiting for a batch, the label vocabulary, the offsets."""
+        return {
+            "labels": list(self.vocabulary.names()),
+            "pending": [(list(item.ids), item.label, item.labels_known, truth_to_plain(item.truth),
+                         None if item.handle is None else (list(item.handle[0]), item.handle[1]))
+                        for item in self._pending],
+            "offsets": self.offsets.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.vocabulary.load_names(state["labels"])
+        self._pending = deque(
+            _Pending(list(ids), label, known, truth_from_plain(truth),
+                     None if handle is None else (tuple(handle[0]), handle[1]))
+            for ids, label, known, truth, handle in state["pending"])
+        self.offsets.load_state_dict(state["offsets"])

@@ -73,3 +73,49 @@ def test_commit_positions_only_pass_fully_learned_records():
     assert tracker.commit_positions() == {tp: 5}
     tracker.finish(tp, 5)
     assert tracker.commit_positions() == {tp: 7}
+
+
+def _drain(batcher, records, start=0):
+    out = []
+    for offset, record in enumerate(records, start):
+        batcher.add(record, ("t", 0), offset)
+        while batcher.ready():
+            ready = batcher.pop()
+            out.append((ready.batch.inputs, ready.batch.targets, ready.batch.labels_known, ready.truth, ready.commit))
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2:] == y[2:]
+
+
+def test_a_batchers_carry_over_round_trips_through_its_state_dict():
+    records, _ = small_stream({"en": "hello world " * 200, "fr": "bonjour le monde " * 200},
+                              fragments=4, mean_tokens=200, streams=3, window=7)
+    whole = _drain(Batcher(3, 7), records)
+    first = Batcher(3, 7)
+    before = _drain(first, records[:25])
+    assert any(len(b.data) for b in first._buffers)  # partial windows are carried over
+    second = Batcher(3, 7)
+    second.load_state_dict(first.state_dict())
+    _same(before + _drain(second, records[25:], start=25), whole)
+    assert second.offsets.next_positions() == {("t", 0): len(records)}
+
+
+def test_an_utterance_batchers_carry_over_round_trips_through_its_state_dict():
+    from streamer.utterance_batching import UtteranceBatcher
+
+    def make():
+        return UtteranceBatcher(2, lambda text: list(text.encode()), pad_id=0, max_length=6, max_labels=3)
+    labels = ["on", "off", "on", "timer", "off", "on", "timer"]
+    records = [Record(str(i % 2), f"text {i}", Truth("en" if i < 4 else "fr", i // 4, i, 0.0, label))
+               for i, label in enumerate(labels)]
+    whole = _drain(make(), records)
+    first = make()
+    before = _drain(first, records[:3])  # one utterance waits for its batch
+    second = make()
+    second.load_state_dict(first.state_dict())
+    _same(before + _drain(second, records[3:], start=3), whole)
+    assert second.vocabulary.names() == ("on", "off", "timer")

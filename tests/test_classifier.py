@@ -18,9 +18,9 @@ from producers.kafka import produce
 from producers.schedule import Schedule
 from producers.stream import prepare_stream
 from streamer.config import LearnConfig
-from streamer.learner import learn
+from streamer.checkpoint import load
+from streamer.learner import run as run_learner
 from streamer.models import ModelRequest, build_model
-from streamer.probe import load_probe_set
 from streamer.step import run
 from streamer.strategies import STRATEGIES
 from streamer.utterance_batching import UtteranceBatcher, majority_truth, pad_ids
@@ -232,8 +232,7 @@ def test_through_the_broker_loss_log_probes_report_and_live_accuracy(broker, enc
                          classes=tuple(manifest["classes"]), n_fragments=manifest["n_fragments"],
                          total_batches=manifest["total_batches"], idle_timeout_s=20, probe_every=4)
     monitor = LiveMonitor(run="utter", strategy="naive", classes=config.classes)
-    probe_set = load_probe_set(manifest, rows=3, window=5)  # only switches probing on; classifiers use their own
-    summary = asyncio.run(learn(config, monitor, probe_set=probe_set, manifest=manifest))
+    summary = asyncio.run(run_learner(config, manifest=manifest, monitor=monitor))
 
     assert summary.stop_reason == "end_of_stream"
     assert summary.batches == len(records) // 3 == 20
@@ -242,7 +241,7 @@ def test_through_the_broker_loss_log_probes_report_and_live_accuracy(broker, enc
     assert all(len(line["predicted"]) == len(line["labels"]) == 3 for line in log)
     assert [line["domain_name"] for line in log] == ["en"] * 10 + ["fr"] * 10
     assert max(label for line in log for label in line["labels"]) == 3  # 4 labels over both classes
-    checkpoint = torch.load(summary.run_dir / "checkpoint.pt", weights_only=False)  # our own file (paths inside)
+    checkpoint = load(summary.run_dir / "checkpoint.pt")
     assert sorted(checkpoint["labels"][:3]) == ["LightOff", "LightOn", "Timer"] and checkpoint["labels"][3] == "Weather"
     rows = [json.loads(line) for line in (summary.run_dir / "probes.jsonl").open()]
     assert [(r["trigger"], r["ended_class"]) for r in rows if r["trigger"] in ("switch", "end")] == [

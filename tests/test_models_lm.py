@@ -1,7 +1,7 @@
 """The language models by name beside lstm-char: lstm-word (a word vocabulary) and hf-causal (any HF causal LM).
 
-hf-causal runs on a tiny random Llama with a byte-level BPE tokenizer trained here
-(`tiny_causal_dir`); nothing is downloaded. The shipped SmolLM2 is in test_pretrained_slow.py.
+hf-causal runs on a tiny random Llama with a byte-level BPE tokenizer trained on SENTENCES
+(conftest's `tiny_llama_dir`); nothing is downloaded. The shipped SmolLM2 is in test_pretrained_slow.py.
 """
 
 import dataclasses
@@ -22,37 +22,10 @@ from streamer.probe import ProbeSet, load_probe_set
 from streamer.step import prequential_step
 from streamer.strategies import Naive
 from producers.wire import Record
-from tests.conftest import write_corpus
+from tests.conftest import SENTENCES, write_corpus
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-SENTENCES = ["hello world, how are you today", "bonjour le monde, ça va bien", "ahoj světe, jak se dnes máš"]
-
-
-def tiny_causal_dir(path):
-    """A random 2-layer Llama (hidden 32) and a 320-token byte-level BPE tokenizer, save_pretrained into path."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(SENTENCES * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    fast.save_pretrained(path)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return tiny_causal_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def feed(batcher, records):
@@ -178,7 +151,7 @@ def test_lstm_word_learns_through_its_batcher(tmp_path):
     built = build_model(ModelRequest("lstm-word", lstm=TINY, manifest={"corpus": str(corpus), "classes": sorted(texts)}))
     ready = feed(built.make_batcher(2, 6, torch.device("cpu")), records)
     assert isinstance(built.make_batcher(2, 6, torch.device("cpu")), WholeWordBatcher)
-    strategy = Naive(built.model)
+    strategy = Naive(built.model, lr=2e-3)
     results = [prequential_step(strategy, r.batch, r.truth, i) for i, r in enumerate(ready[:10])]
     assert all(math.isfinite(r.loss) for r in results)
     assert results[0].loss == pytest.approx(math.log(built.model.config.vocab), abs=0.5)  # untrained: near uniform
@@ -187,15 +160,15 @@ def test_lstm_word_learns_through_its_batcher(tmp_path):
 # --- hf-causal ------------------------------------------------------------------------------------
 
 
-def test_hf_causal_wraps_a_local_model_behind_the_lstm_interface(tiny_dir):
-    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_dir)),)))
+def test_hf_causal_wraps_a_local_model_behind_the_lstm_interface(tiny_llama_dir):
+    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_llama_dir)),)))
     model = built.model
     assert built.name == "hf-causal" and built.kind == "lm"
     assert model.config.layers == 2 and model.config.hidden == 32 and model.config.model_type == "llama"
-    assert built.details["dtype"] == "float32" and built.details["source"] == f"path:{tiny_dir}"
+    assert built.details["dtype"] == "float32" and built.details["source"] == f"path:{tiny_llama_dir}"
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     assert built.encode(SENTENCES[0]) == tokenizer(SENTENCES[0], add_special_tokens=False).input_ids
     inputs = torch.tensor([built.encode(SENTENCES[0])[:6], built.encode(SENTENCES[1])[:6]])
     assert model.initial_state(2, "cpu") is None
@@ -206,8 +179,8 @@ def test_hf_causal_wraps_a_local_model_behind_the_lstm_interface(tiny_dir):
     assert len(model.decoder_layers()) == 2
 
 
-def test_hf_causal_tokenizer_drives_the_batcher_and_a_step_gives_a_finite_loss(tiny_dir):
-    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_dir)),)))
+def test_hf_causal_tokenizer_drives_the_batcher_and_a_step_gives_a_finite_loss(tiny_llama_dir):
+    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_llama_dir)),)))
     text = " ".join(SENTENCES) + " "
     records = [Record(str(s), text[i:i + 7]) for i in range(0, len(text), 7) for s in (0, 1)]
     ready = feed(built.make_batcher(2, 8, torch.device("cpu")), records)
@@ -222,8 +195,8 @@ def test_hf_causal_tokenizer_drives_the_batcher_and_a_step_gives_a_finite_loss(t
     assert results[0].loss == pytest.approx(math.log(built.model.config.vocab), abs=0.5)
 
 
-def test_hf_causal_dtype_option(tiny_dir):
-    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_dir)), ("dtype", "bfloat16"))))
+def test_hf_causal_dtype_option(tiny_llama_dir):
+    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_llama_dir)), ("dtype", "bfloat16"))))
     assert next(built.model.parameters()).dtype == torch.bfloat16
     logits, _ = built.model(torch.tensor([[1, 2, 3]]))
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
@@ -269,7 +242,7 @@ def test_probe_set_with_the_byte_encoding_is_todays_probe_set():
     assert default.score(model)[0] == explicit.score(model)[0]
 
 
-def test_probe_set_encodes_with_the_models_tokenizer(tmp_path, tiny_dir):
+def test_probe_set_encodes_with_the_models_tokenizer(tmp_path, tiny_llama_dir):
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
     words = "hello world how are you today".split()
@@ -283,7 +256,7 @@ def test_probe_set_encodes_with_the_models_tokenizer(tmp_path, tiny_dir):
     model = LSTMLanguageModel(dataclasses.replace(TINY, vocab=len(vocabulary)))
     scores, _ = probe.score(model)
     assert math.isfinite(scores["en"])
-    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_dir)),)))
+    built = build_model(ModelRequest("hf-causal", options=(("path", str(tiny_llama_dir)),)))
     probe = load_probe_set(manifest, rows=2, window=5, encode=built.encode)
     scores, _ = probe.score(built.model)  # a stateless model: every window on its own
     assert math.isfinite(scores["en"]) and built.model.training
@@ -298,7 +271,7 @@ def test_learner_trains_lstm_word_with_the_manifests_vocabulary_and_word_probes(
     from monitor.live import LiveMonitor
     from producers.stream import prepare_stream, produce_stream
     from streamer.config import LearnConfig
-    from streamer.learner import build_strategy, learn
+    from streamer.learner import build_strategy, run
 
     corpus = write_corpus(tmp_path / "corpus", lines=80)
     schedule = Schedule(n_fragments=4, mean_tokens=600, streams=2, window=6, seed=4, probe_tokens=800)
@@ -307,10 +280,10 @@ def test_learner_trains_lstm_word_with_the_manifests_vocabulary_and_word_probes(
     config = LearnConfig(bootstrap_servers=broker.bootstrap_servers, topic="words", group_id="words",
                          run_dir=tmp_path / "run", streams=2, window=6, model=TINY, model_name="lstm-word",
                          device="cpu", max_batches=20, idle_timeout_s=20, probe_every=10)
-    _, built = build_strategy(config, torch.device("cpu"), manifest)
-    probe_set = load_probe_set(manifest, rows=2, window=6, encode=built.encode)
+    prepared = build_strategy(config, torch.device("cpu"), manifest)
+    built = prepared[1]
     monitor = LiveMonitor(run="w", strategy="naive", classes=tuple(manifest["classes"]))
-    summary = asyncio.run(learn(config, monitor, probe_set=probe_set, manifest=manifest))
+    summary = asyncio.run(run(config, manifest=manifest, prepared=prepared, monitor=monitor))
     assert summary.batches == 20 and summary.tokens == 20 * 2 * 6
     written = json.loads((tmp_path / "run" / "config.json").read_text())
     rule = vocabulary_rule([(corpus / f"{name}.txt").read_text() for name in manifest["classes"]])
@@ -328,7 +301,7 @@ def test_a_word_level_run_ends_with_the_streams_records_not_its_byte_window_coun
     from monitor.live import LiveMonitor
     from producers.stream import prepare_stream, produce_stream
     from streamer.config import LearnConfig
-    from streamer.learner import learn
+    from streamer.learner import run
 
     corpus = write_corpus(tmp_path / "corpus", lines=80)
     schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=6, seed=5, probe_tokens=400)
@@ -337,17 +310,17 @@ def test_a_word_level_run_ends_with_the_streams_records_not_its_byte_window_coun
     config = LearnConfig(bootstrap_servers=broker.bootstrap_servers, topic="words-end", group_id="words-end",
                          run_dir=tmp_path / "run", streams=2, window=6, model=TINY, model_name="lstm-word",
                          device="cpu", total_batches=manifest["total_batches"],
-                         total_records=manifest["total_records"], probe_every=0)
+                         total_records=manifest["total_records"], probe=False)
     monitor = LiveMonitor(run="w", strategy="naive", classes=tuple(manifest["classes"]))
-    summary = asyncio.run(asyncio.wait_for(learn(config, monitor, manifest=manifest), timeout=120))
+    summary = asyncio.run(asyncio.wait_for(run(config, manifest=manifest, monitor=monitor), timeout=120))
     assert summary.stop_reason == "end_of_stream"  # no idle timeout was needed
     assert 0 < summary.batches < manifest["total_batches"]  # fewer word windows than byte windows
 
 
-def test_hf_causal_directory_without_a_tokenizer_is_a_one_line_error(tmp_path, tiny_dir):
+def test_hf_causal_directory_without_a_tokenizer_is_a_one_line_error(tmp_path, tiny_llama_dir):
     import shutil
 
-    shutil.copy(tiny_dir / "config.json", tmp_path / "config.json")
+    shutil.copy(tiny_llama_dir / "config.json", tmp_path / "config.json")
     with pytest.raises(ValueError, match=f"hf-causal: cannot load {tmp_path}: ") as info:
         build_model(ModelRequest("hf-causal", options=(("path", str(tmp_path)),)))
     assert "\n" not in str(info.value)

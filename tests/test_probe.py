@@ -11,9 +11,10 @@ from torch.nn import functional as F
 from monitor.exporter import create_metrics
 from monitor.live import LiveMonitor
 from producers.kafka import produce
-from producers.schedule import Schedule, build_stream
+from producers.schedule import Schedule
+from producers.stream import prepare_stream
 from streamer.config import LearnConfig
-from streamer.learner import learn
+from streamer.learner import run as run_learner
 from streamer.models import LSTMConfig, LSTMLanguageModel
 from streamer.probe import ProbeSet
 from tests.helpers import TINY
@@ -43,22 +44,29 @@ def test_scoring_changes_nothing_and_is_the_plain_held_out_loss():
     assert first["en"] == pytest.approx(expected, rel=1e-5)
 
 
+def _write(directory, texts):
+    directory.mkdir(parents=True)
+    for name, text in texts.items():
+        (directory / f"{name}.txt").write_text(text, encoding="utf-8")
+    return directory
+
+
 def test_learner_probes_at_every_switch_without_changing_the_losses(broker, tmp_path):
     corpus = {"en": "hello world, how are you today " * 300, "fr": "bonjour le monde, ça va bien " * 300,
               "cs": "ahoj světe, jak se dnes máš " * 300}
     schedule = Schedule(n_fragments=6, mean_tokens=900, streams=3, window=10, seed=2, probe_tokens=600)
-    records, manifest = build_stream(corpus, schedule)
-    probe_texts = {name: entry["text"] for name, entry in manifest["probe"]["classes"].items()}
+    records, manifest = prepare_stream(_write(tmp_path / "corpus", corpus), schedule, tmp_path / "m.json")
     runs = {}
-    for name, probe_set in (("without", None), ("with", ProbeSet(probe_texts, rows=3, window=10))):
+    for name, probe in (("without", False), ("with", True)):
         topic = f"probe-{name}"
         asyncio.run(produce(records, broker.bootstrap_servers, topic))
         config = LearnConfig(bootstrap_servers=broker.bootstrap_servers, topic=topic, group_id=topic,
                              run_dir=tmp_path / name, streams=3, window=10, model=TINY, device="cpu",
-                             total_batches=manifest["total_batches"], idle_timeout_s=20, probe_every=25)
+                             total_batches=manifest["total_batches"], idle_timeout_s=20, probe_every=25,
+                             probe=probe, live_view=False)
         metrics = create_metrics()
         monitor = LiveMonitor(run=name, strategy="naive", classes=tuple(manifest["classes"]), metrics=metrics)
-        summary = asyncio.run(learn(config, monitor, probe_set=probe_set))
+        summary = asyncio.run(run_learner(config, manifest=manifest, monitor=monitor))
         runs[name] = [json.loads(line)["loss"] for line in (tmp_path / name / "losses.jsonl").open()]
     assert runs["with"] == runs["without"]  # scoring the probe never touched the model
     rows = [json.loads(line) for line in (tmp_path / "with" / "probes.jsonl").open()]

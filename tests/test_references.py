@@ -12,7 +12,7 @@ from producers.stream import prepare_stream
 from producers.schedule import Schedule
 from monitor.results import BatchTruth
 from streamer.config import LearnConfig
-from streamer.learner import _write_config
+from streamer.learner import write_run_config
 from streamer.models import BuiltModel, LSTMLanguageModel
 from streamer.multitask import ShuffledNaive, records_from_manifest, run_multitask, shuffled_order
 from streamer.probe import ProbeSet
@@ -43,7 +43,7 @@ def stream():
 def test_independent_routes_by_class_and_leaves_other_classes_models_untouched(stream):
     _, _, batches = stream
     torch.manual_seed(0)
-    strategy = Independent(LSTMLanguageModel(TINY))
+    strategy = Independent(LSTMLanguageModel(TINY), lr=2e-3)
     initial = params(strategy.model["0"])
     a_batches = [b for b, t in batches if t.class_name == "en"][:3]
     b_batches = [b for b, t in batches if t.class_name == "fr"][:5]
@@ -76,7 +76,7 @@ def test_independent_routes_by_class_and_leaves_other_classes_models_untouched(s
 def test_independent_probe_scores_each_class_with_its_own_model(stream):
     _, _, batches = stream
     torch.manual_seed(0)
-    strategy = Independent(LSTMLanguageModel(TINY))
+    strategy = Independent(LSTMLanguageModel(TINY), lr=2e-3)
     probe = ProbeSet({"en": CORPUS["en"][:600], "fr": CORPUS["fr"][:600]}, rows=3, window=10)
     untrained, _ = probe.score(strategy.model)
     assert untrained["en"] == pytest.approx(untrained["fr"], abs=1.0)  # both from the initial weights
@@ -93,7 +93,7 @@ def test_independent_is_labelled_an_oracle(tmp_path):
     assert Independent.oracle is True and not getattr(STRATEGIES["naive"], "oracle", False)
     config = LearnConfig(bootstrap_servers="x", topic="t", run_dir=tmp_path / "run", strategy="independent")
     model = LSTMLanguageModel(TINY)
-    _write_config(config, torch.device("cpu"), 1, BuiltModel(model=model, encode=str.encode))
+    write_run_config(config, torch.device("cpu"), 1, BuiltModel(model=model, encode=str.encode))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["oracle"] is True
 
     from monitor.live import ViewSnapshot
@@ -130,7 +130,7 @@ def test_multitask_sees_every_batch_once_in_a_seeded_order_and_logs_stream_order
 
     # the first batch trained was scored by the untrained model, from a zero hidden state
     torch.manual_seed(0)
-    fresh = ShuffledNaive(LSTMLanguageModel(TINY))
+    fresh = ShuffledNaive(LSTMLanguageModel(TINY), lr=2e-3)
     first = order[0]
     assert rows[first]["loss"] == pytest.approx(fresh.predict(batches[first][0]).loss.item(), rel=1e-6)
     config = json.loads((tmp_path / "multitask-0" / "config.json").read_text())
@@ -152,10 +152,10 @@ def test_multitask_rebuilds_the_stream_from_the_manifest(tmp_path):
 def test_multitask_conformance_with_the_naive_learner_when_the_state_carries(stream):
     _, _, batches = stream
     torch.manual_seed(1)
-    carried = [r.loss for r in run(ShuffledNaive(LSTMLanguageModel(TINY), carry_state=True), batches[:8])]
+    carried = [r.loss for r in run(ShuffledNaive(LSTMLanguageModel(TINY), lr=2e-3, carry_state=True), batches[:8])]
     torch.manual_seed(1)
-    naive = [r.loss for r in run(STRATEGIES["naive"](LSTMLanguageModel(TINY)), batches[:8])]
+    naive = [r.loss for r in run(STRATEGIES["naive"](LSTMLanguageModel(TINY), lr=2e-3), batches[:8])]
     assert carried == naive
     torch.manual_seed(1)
-    zeroed = [r.loss for r in run(ShuffledNaive(LSTMLanguageModel(TINY)), batches[:8])]
+    zeroed = [r.loss for r in run(ShuffledNaive(LSTMLanguageModel(TINY), lr=2e-3), batches[:8])]
     assert zeroed[0] == naive[0] and zeroed[1:] != naive[1:]

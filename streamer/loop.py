@@ -1,0 +1,195 @@
+"""The prequential loop over a topic: an async generator of one StepResult per learned batch, in order.
+
+    asyncio loop (Kafka side)                               single worker thread (model side)
+    fetch -> decode -> dead-letter -> batch  ==bounded queue==>  predict -> record -> learn
+
+The fetch side is a task on the event loop (the consumer's heartbeat runs there too); the step runs in
+one worker thread, so a slow step never starves the heartbeat, and a full queue pauses fetching
+(backpressure). The loop owns no monitor, exporter, view or file: whoever iterates it reads the
+results and, between two results, the plain state below (records, dead_letters, lag, queue_depth).
+
+    async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
+        async for result in loop:
+            ...  # at each result: strategy, batcher carry-over and offsets describe "after batch result.index"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator
+
+from monitor.results import BatchTruth, StepResult
+from streamer.batching import ReadyBatch
+from streamer.step import prequential_step
+from streamer.strategies.base import Batch
+
+__all__ = ["PrequentialLoop"]
+
+
+class PrequentialLoop:
+    """Learn batches from `source` (streamer.consumer.KafkaSource or any object with its methods) until
+    a stop condition: `max_batches` learned, `max_seconds` elapsed, `idle_timeout_s` without a record,
+    or the end of the stream: `total_batches` learned, or every one of `total_records` read and no
+    whole batch left (both from the producer's manifest)."""
+
+    def __init__(self, strategy, batcher, source, *, max_batches: int | None = None,
+                 total_batches: int | None = None, total_records: int | None = None,
+                 max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8):
+        self.strategy, self.batcher, self.source = strategy, batcher, source
+        self.max_batches, self.total_batches, self.total_records = max_batches, total_batches, total_records
+        self.max_seconds, self.idle_timeout_s = max_seconds, idle_timeout_s
+        # plain state, read between results
+        self.step = 0  # batches learned; the next result's index
+        self.tokens = 0
+        self.records = 0  # records read: learned, carried over or dead-lettered
+        self.dead_letters: Counter = Counter()  # reason -> records
+        self.lag: dict[int, int] = {}  # partition -> records in the log beyond our position
+        self.truth: BatchTruth | None = None  # the latest truth of a learned batch
+        self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
+        self.stop_reason: str | None = None
+        self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
+        self._queue_size = queue_size
+        self._changed = asyncio.Event()
+        self._started = self._last_record = time.monotonic()
+        self._worker: ThreadPoolExecutor | None = None
+        self._fetcher: asyncio.Task | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def __aenter__(self) -> PrequentialLoop:
+        await self.source.start()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
+        self._started = self._last_record = time.monotonic()
+        self._fetcher = asyncio.create_task(self._fetch())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._fetcher.cancel()
+        await asyncio.gather(self._fetcher, return_exceptions=True)
+        self._worker.shutdown(wait=True)
+        await self.source.stop()
+
+    async def __aiter__(self) -> AsyncIterator[StepResult]:
+        while True:
+            ready = await self.peek()  # fetch -> batch: the fetch task has cut it; None: a stop condition
+            if ready is None:
+                return
+            self._queue.popleft()
+            self._changed.set()  # room in the queue: the fetch side goes on
+            result = await self.in_worker(prequential_step, self.strategy, ready.batch, ready.truth, self.step)
+            self.step += 1  # predict -> record -> learn happened in the worker, in this order
+            self.tokens += result.tokens
+            self.truth = ready.truth or self.truth
+            self.labels_known = ready.batch.labels_known
+            yield result  # SNAPSHOT POINT: strategy, carry-over and offsets all describe "after batch result.index"
+
+    async def peek(self) -> ReadyBatch | None:
+        """The next batch to learn, with its truth, once the fetch side has cut it (it stays next);
+        None when the loop stops first. Probes at a switch ask for it before the batch is learned."""
+        while True:
+            self._check_stop()
+            if self.stop_reason is not None:
+                return None
+            if self._queue:
+                return self._queue[0]
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+            if self._fetcher.done():
+                self._fetcher.result()  # re-raise a failure of the fetch side
+
+    async def in_worker(self, function, *args):
+        """Run `function(*args)` in the model's worker thread, after any step in flight."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
+
+    async def commit(self, offsets: dict) -> None:
+        """Commit `offsets` ({(topic, partition): next offset}) to Kafka; call it only with offsets a
+        written checkpoint covers (state_dict()["offsets"])."""
+        await self.source.commit(offsets)
+
+    def state_dict(self) -> dict:
+        """The loop's side of a snapshot, read at a snapshot point on the event loop: the batcher's
+        carry-over, the batches cut but not yet learned, the next offset to read per partition."""
+        return {
+            "step": self.step, "tokens": self.tokens, "records": self.records,
+            "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
+            "batcher": self.batcher.state_dict(),
+            "waiting": [_ready_to_plain(ready) for ready in self._queue],
+            "offsets": self.batcher.offsets.next_positions(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after a snapshot (call before `async with`; the source seeks to state["offsets"])."""
+        self.step, self.tokens, self.records = state["step"], state["tokens"], state["records"]
+        self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
+        self.batcher.load_state_dict(state["batcher"])
+        self._queue = deque(_ready_from_plain(saved, self.batcher) for saved in state["waiting"])
+
+    def _check_stop(self) -> None:
+        now = time.monotonic()
+        if self.max_batches and self.step >= self.max_batches:
+            self.stop_reason = self.stop_reason or "max_batches"
+        if self.total_batches and self.step >= self.total_batches:
+            self.stop_reason = self.stop_reason or "end_of_stream"
+        if self.max_seconds and now - self._started >= self.max_seconds:
+            self.stop_reason = self.stop_reason or "time_limit"
+        if self.idle_timeout_s and not self._queue and now - self._last_record >= self.idle_timeout_s:
+            self.stop_reason = self.stop_reason or "idle"
+        if (self.total_records and self.records >= self.total_records and not self._queue
+                and not self.batcher.ready()):  # every record read and batched: what remains is less than a batch
+            self.stop_reason = self.stop_reason or "end_of_stream"
+
+    async def _fetch(self) -> None:
+        """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
+        batcher, last_lag = self.batcher, 0.0
+        while True:
+            async for fetched in self.source.fetch():
+                self._last_record = time.monotonic()
+                self.records += 1
+                rejected = None if fetched.record is None else _rejected(batcher, fetched.record)
+                if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
+                    batcher.offsets.seen(fetched.tp, fetched.offset)
+                    batcher.offsets.finish(fetched.tp, fetched.offset)
+                    if rejected:
+                        await self.source.send_dead_letter(fetched, *rejected)
+                    self.dead_letters[fetched.dead_reason or rejected[0]] += 1
+                    continue
+                batcher.add(fetched.record, fetched.tp, fetched.offset)
+                while batcher.ready():
+                    while len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
+                        self._changed.clear()
+                        await self._changed.wait()
+                    self._queue.append(batcher.pop())
+                    self._changed.set()
+            if time.monotonic() - last_lag > 1.0:
+                last_lag = time.monotonic()
+                self.lag = await self.source.lag()
+            self._changed.set()  # a fetch ended: stop conditions may hold now
+
+
+def _rejected(batcher, record) -> tuple[str, str] | None:
+    """(reason, detail) when a record cannot reach the model; classifiers also reject unlabelled records."""
+    if not batcher.accepts(record.stream):
+        return "extra_stream", f"more than {getattr(batcher, 'streams', '?')} stream ids"
+    rejects = getattr(batcher, "rejects", None)
+    return rejects(record) if rejects else None
+
+
+def _ready_to_plain(ready: ReadyBatch) -> dict:
+    truth = None if ready.truth is None else (ready.truth.class_name, ready.truth.fragment)
+    return {"inputs": ready.batch.inputs.cpu(), "targets": ready.batch.targets.cpu(),
+            "labels_known": ready.batch.labels_known, "truth": truth,
+            "commit": [(list(tp), offset) for tp, offset in ready.commit.items()]}
+
+
+def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
+    batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
+    truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
+    return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]})

@@ -1,0 +1,124 @@
+"""streamer.loop fed from memory: the same results as the in-memory run, the stop conditions, dead
+letters as plain state, probes' peek, and a snapshot that continues exactly."""
+
+import asyncio
+
+import pytest
+import torch
+
+from producers.wire import Record
+from streamer import checkpoint
+from streamer.batching import Batcher
+from streamer.consumer import Fetched
+from streamer.loop import PrequentialLoop
+from streamer.step import run
+from tests.helpers import batches_from_records, naive, small_stream
+
+CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça va " * 300}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class MemorySource:
+    """KafkaSource's interface over a list: one partition, `chunk` records per fetch, from offset `start`."""
+
+    def __init__(self, records, *, start=0, chunk=7, bad=()):
+        self.records, self.position, self.chunk, self.bad = records, start, chunk, set(bad)
+        self.committed, self.dead = None, []
+
+    async def start(self):
+        pass
+
+    async def stop(self):
+        pass
+
+    async def fetch(self):
+        await asyncio.sleep(0.001)
+        end = min(len(self.records), self.position + self.chunk)
+        for offset in range(self.position, end):
+            self.position = offset + 1
+            if offset in self.bad:
+                yield Fetched(None, ("t", 0), offset, "bad_utf8")
+            else:
+                yield Fetched(self.records[offset], ("t", 0), offset)
+
+    async def send_dead_letter(self, fetched, reason, detail):
+        self.dead.append(reason)
+
+    async def commit(self, offsets):
+        self.committed = dict(offsets)
+
+    async def lag(self):
+        return {0: len(self.records) - self.position}
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return small_stream(CORPUS, fragments=4, mean_tokens=300, streams=2, window=10, seed=1)
+
+
+def learn(loop, *, peek=False):
+    async def go():
+        results, peeked = [], []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                if peek and (upcoming := await loop.peek()) is not None:
+                    peeked.append(upcoming.truth)
+        return results, peeked
+    return asyncio.run(go())
+
+
+def test_the_loop_gives_the_in_memory_runs_results_and_stops_at_the_streams_end(stream):
+    records, manifest = stream
+    expected = list(run(naive(), batches_from_records(records, 2, 10)))
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), total_records=len(records), queue_size=2)
+    results, peeked = learn(loop, peek=True)
+    assert [r.loss for r in results] == [r.loss for r in expected]
+    assert [r.index for r in results] == list(range(len(expected)))
+    assert loop.stop_reason == "end_of_stream" and loop.step == len(results) == manifest["total_batches"]
+    assert loop.records == len(records) and loop.tokens == sum(r.tokens for r in results)
+    assert peeked == [r.truth for r in expected[1:]]  # the next batch's truth, before it is learned
+
+
+def test_stop_conditions_and_dead_letters_are_plain_state(stream):
+    records, _ = stream
+    source = MemorySource([records[0], Record("7", "a third stream"), *records[1:]], bad={3})
+    loop = PrequentialLoop(naive(), Batcher(2, 10), source, max_batches=5)
+    results, _ = learn(loop)
+    assert len(results) == 5 and loop.stop_reason == "max_batches"
+    assert dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1} and source.dead == ["extra_stream"]
+
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records[:10]), idle_timeout_s=0.3)
+    results, _ = learn(loop)
+    assert loop.stop_reason == "idle" and loop.step == len(results)
+
+
+def test_a_snapshot_between_two_results_continues_exactly(stream, tmp_path):
+    """State, carry-over (partial windows and batches cut but not learned) and offsets after batch t."""
+    records, _ = stream
+    whole, _ = learn(PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), total_records=len(records)))
+
+    async def first_part():
+        loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), queue_size=4)
+        async with loop:
+            async for result in loop:
+                if result.index == 11:
+                    await asyncio.sleep(0.05)  # let the fetch side run ahead: batches wait in the queue
+                    saved = {"strategy": loop.strategy.state_dict(), "loop": loop.state_dict()}
+                    checkpoint.save(tmp_path / "checkpoint.pt", saved)
+                    await loop.commit(saved["loop"]["offsets"])
+                    return loop.source.committed, loop.queue_depth
+    committed, waiting = asyncio.run(first_part())
+    assert waiting > 0 and committed[("t", 0)] > 0
+
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
+    strategy = naive(seed=5)
+    strategy.load_state_dict(saved["strategy"])
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, start=committed[("t", 0)]),
+                           total_records=len(records))
+    loop.load_state_dict(saved["loop"])
+    rest, _ = learn(loop)
+    assert [r.index for r in rest] == list(range(12, len(whole)))
+    assert [r.loss for r in rest] == [r.loss for r in whole[12:]]
+    assert torch.equal(torch.tensor([r.tokens for r in rest]), torch.tensor([r.tokens for r in whole[12:]]))
