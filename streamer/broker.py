@@ -11,7 +11,7 @@ __all__ = ["EmbeddedBroker", "BrokerError", "free_port", "wait_for_port"]
 
 
 class BrokerError(RuntimeError):
-    pass
+    """The embedded broker cannot be found, does not start, or exits."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,6 +50,11 @@ class EmbeddedBroker:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        """Started and not exited."""
+        return self._process is not None and self._process.poll() is None
 
     def start(self) -> "EmbeddedBroker":
         try:

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from streamer.config import LearnConfig
+
 __all__ = ["BudgetError", "FittedBudget", "fit_hidden", "fit_to_budget", "trainable_parameters",
            "strategy_parameters"]
 
@@ -41,12 +43,17 @@ class FittedBudget:
     def relative_error(self) -> float:
         return (self.parameters - self.budget) / self.budget
 
+    def describe(self, strategy: str) -> str:
+        """One line: the budget, the hidden size chosen and the parameters it gives."""
+        return (f"--params {self.budget:,}: {strategy} with hidden {self.hidden} has {self.parameters:,} "
+                f"parameters ({self.relative_error:+.1%})")
+
 
 def trainable_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def strategy_parameters(config, manifest: dict | None = None) -> int:
+def strategy_parameters(config: LearnConfig, manifest: dict | None = None) -> int:
     """Parameters of `strategy.model` for a LearnConfig, frozen ones included (built on meta, else CPU)."""
     from streamer.learner import build_strategy
 
@@ -90,7 +97,8 @@ def fit_hidden(count: Callable[[int], int], budget: int, *, max_hidden: int = MA
     return high, at(high)
 
 
-def fit_to_budget(config, budget: int, manifest: dict | None = None):
+def fit_to_budget(config: LearnConfig, budget: int,
+                  manifest: dict | None = None) -> tuple[LearnConfig, FittedBudget]:
     """(config with the fitted hidden size, FittedBudget) for a LearnConfig and a budget N."""
 
     def with_hidden(hidden: int):

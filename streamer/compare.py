@@ -1,4 +1,4 @@
-"""`streamer compare`: several strategies on the same stream, seed by seed, then CALM's Table 1.
+"""Comparisons: several strategies on the same stream, seed by seed, then CALM's Table 1.
 
 Per seed the stream is built once (manifest and probe split in `<out>/streams/seed<s>/`) and
 produced once into its own topic; each strategy then reads that topic from its start as its
@@ -7,28 +7,61 @@ cores), into `<out>/<strategy>-seed<s>/`. `multitask` learns the same records of
 shuffled order (streamer.multitask). Each run gets its report (results.json,
 loss_curve.png); `<out>` gets table1.md, forgetting.md, after_switch.png and
 comparison.json (monitor.compare) and plan.json (strategies, options, sizes, skips).
+
+A comparison is a frozen CompareConfig: the command line (`streamer compare`) builds it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Mapping
 
 from monitor.losslog import read_loss_log
 from monitor.report import write_report
-from streamer.cli import UserError
+from producers.schedule import Schedule
+from streamer.config import LearnConfig, RunSummary, span_start
 
-__all__ = ["MULTITASK", "Planned", "strategy_names", "strategy_options", "run_compare"]
+__all__ = ["MULTITASK", "IDLE_TIMEOUT_S", "CompareError", "CompareConfig", "Planned", "strategy_names", "plan",
+           "run_compare"]
 
 MULTITASK = "multitask"
 IDLE_TIMEOUT_S = 120.0  # a run stops when its topic has given nothing for this long (a short topic)
+Log = Callable[[str], None]
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+class CompareError(ValueError):
+    """A comparison that cannot run as asked (an unknown strategy, one that cannot run on the model)."""
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """One comparison: which strategies, which seeds, on which stream, with which learner settings."""
+
+    learn: LearnConfig  # every run's template: model, sizes, rate, limits, detector, probe, k
+    schedule: Schedule  # the stream; each seed replaces its seed
+    corpus: Path
+    out: Path
+    strategies: tuple[str, ...] = ("naive", "replay")
+    chosen_by_all: bool = False  # "all": a strategy that cannot run on the model is skipped, not an error
+    options: Mapping[str, tuple[tuple[str, object], ...]] = field(default_factory=dict)  # per strategy
+    seeds: tuple[int, ...] = (0,)
+    params: int | None = None  # size each strategy's model to about this many parameters
+    span: str | int = "half"  # the tables' span: 'half', 'all' or a fragment index
+    probe_examples: int = 50  # producers.stream.prepare_stream's options
+    utterances: bool | None = None
+    keep_checkpoints: bool = False
+    bootstrap_servers: str | None = None  # None: the embedded broker
+    flags: Mapping[str, object] = field(default_factory=dict)  # the command line, recorded in plan.json
 
 
 @dataclass(frozen=True)
@@ -38,7 +71,6 @@ class Planned:
     name: str
     options: tuple[tuple[str, object], ...]  # hyperparameters: the file's [strategy.<name>], then --set
     hidden: int  # --hidden, or the size fitted to --params
-    encode: object = None  # the model's tokenizer, for the probe split
 
 
 def strategy_names(spec: str) -> tuple[list[str], bool]:
@@ -51,54 +83,43 @@ def strategy_names(spec: str) -> tuple[list[str], bool]:
     names = [name.strip() for name in spec.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown or not names:
-        raise UserError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
-                        f"choose from {', '.join(known)} or 'all'")
+        raise CompareError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
+                           f"choose from {', '.join(known)} or 'all'")
     if len(set(names)) != len(names):
-        raise UserError(f"--strategies names a strategy twice: {spec}")
+        raise CompareError(f"--strategies names a strategy twice: {spec}")
     return names, False
 
 
-def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, tuple]:
-    """Per strategy: its config-file table, then each --set KEY=VALUE it takes (later wins).
+def _run_config(config: CompareConfig, name: str, seed: int, hidden: int, manifest: dict, *, fit: bool = False,
+                topic: str = "", run_dir: Path = Path("."), log: Log = _print) -> LearnConfig:
+    """A run's LearnConfig; multitask is sized and checked as the naive learner it runs."""
+    from streamer.budget import fit_to_budget
 
-    A --set key that none of the strategies takes is an error."""
-    from streamer.config_file import strategy_hyperparameters
-
-    allowed = {name: strategy_hyperparameters(name) for name in names}
-    for key, _ in cli_options:
-        if not any(key in keys for keys in allowed.values()):
-            raise UserError(f"--set {key}: none of {', '.join(names)} takes it")
-    return {name: (*tables.get(name, {}).items(), *((k, v) for k, v in cli_options if k in allowed[name]))
-            for name in names}
-
-
-def _run_args(args, name: str, options, seed: int, hidden: int, params=None) -> argparse.Namespace:
-    run = argparse.Namespace(**vars(args))
-    run.strategy, run.strategy_options, run.seed, run.hidden, run.params = name, list(options), seed, hidden, params
-    run.idle_timeout = IDLE_TIMEOUT_S
-    return run
-
-
-def _config(args, name: str, options, seed: int, hidden: int, manifest: dict, *, params=None,
-            bootstrap: str = "", topic: str = "", run_dir: Path = Path(".")):
-    """The run's LearnConfig; multitask is sized and checked as the naive learner it runs."""
-    from streamer.commands import _learn_config
-
+    options = tuple(config.options.get(name, ()))
     as_name, as_options = ("naive", ()) if name == MULTITASK else (name, options)
-    config = _learn_config(_run_args(args, as_name, as_options, seed, hidden, params), bootstrap=bootstrap,
-                           topic=topic, group=f"{topic}-{name}", run_dir=run_dir, manifest=manifest)
-    return dataclasses.replace(config, strategy=name, strategy_options=tuple(options))
+    template = config.learn
+    run = dataclasses.replace(
+        template, bootstrap_servers=config.bootstrap_servers or "", topic=topic, group_id=f"{topic}-{name}",
+        run_dir=run_dir, run_name=run_dir.name, strategy=as_name, strategy_options=as_options, seed=seed,
+        model=dataclasses.replace(template.model, hidden=hidden), idle_timeout_s=IDLE_TIMEOUT_S,
+    ).with_manifest(manifest)
+    run = dataclasses.replace(run, from_fragment=span_start(config.span, run.n_fragments))
+    if fit and config.params:
+        run, fitted = fit_to_budget(run, config.params, manifest)
+        log(fitted.describe(run.strategy))
+    return dataclasses.replace(run, strategy=name, strategy_options=options)
 
 
-def _check(config, manifest: dict):
-    """Build the strategy on the CPU (raises when it cannot run on the model); its BuiltModel."""
+def _check(config: LearnConfig, manifest: dict) -> None:
+    """Build the strategy on the CPU: raises when it cannot run on the model."""
     import torch
 
     from streamer.learner import build_strategy
     from streamer.models import ModelRequest, build_model
 
     if config.strategy != MULTITASK:
-        return build_strategy(config, torch.device("cpu"), manifest)[1]
+        build_strategy(config, torch.device("cpu"), manifest)
+        return
     from streamer.multitask import ShuffledNaive
 
     built = build_model(ModelRequest(config.model_name, config.model, config.model_options, manifest,
@@ -107,41 +128,53 @@ def _check(config, manifest: dict):
         ShuffledNaive(built.model, lr=config.resolved_lr, clip=config.clip, **dict(config.strategy_options))
     except TypeError as exc:
         raise ValueError(f"--set for strategy 'multitask': {exc}") from None
-    return built
 
 
-def plan(args, names: list[str], by_all: bool, manifest: dict) -> tuple[list[Planned], dict[str, str]]:
-    """The strategies that can run (sized to --params), and those skipped with why."""
-    options = strategy_options(names, getattr(args, "strategy_tables", {}) or {}, args.strategy_options)
+def plan(config: CompareConfig, manifest: dict, log: Log = _print) -> tuple[list[Planned], dict[str, str]]:
+    """The strategies that can run (sized to the parameter budget), and those skipped with why."""
     planned, skipped = [], {}
-    for name in names:
+    for name in config.strategies:
         try:
-            config = _config(args, name, options[name], args.seed, args.hidden, manifest, params=args.params)
-            built = _check(config, manifest)
-        except (UserError, ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError) as exc:
-            if not by_all:
-                raise UserError(f"strategy {name}: {exc}") from None
+            run = _run_config(config, name, config.learn.seed, config.learn.model.hidden, manifest, fit=True, log=log)
+            _check(run, manifest)
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError) as exc:
+            if not config.chosen_by_all:
+                raise CompareError(f"strategy {name}: {exc}") from None
             skipped[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"skipping {name}: {skipped[name]}", flush=True)
+            log(f"skipping {name}: {skipped[name]}")
             continue
-        planned.append(Planned(name, options[name], config.model.hidden, built.encode))
+        planned.append(Planned(name, run.strategy_options, run.model.hidden))
     if not planned:
-        raise UserError("no strategy can run on this model: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        raise CompareError("no strategy can run on this model: "
+                           + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return planned, skipped
 
 
 class _Progress:
-    """One line per run: rewritten in place on a terminal, printed once at the end otherwise."""
+    """A run's view: one line, rewritten in place on a terminal, printed once at the end otherwise."""
 
     def __init__(self, label: str, total: int | None):
         self.label, self.total, self.batches = label, total, 0
         self._tty = sys.stdout.isatty()
         self._last = 0.0
 
-    def __call__(self) -> None:
+    def __enter__(self) -> "_Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, snapshot, force: bool = False) -> None:
+        self.batches = snapshot.batches
+        self._show(force)
+
+    def __call__(self) -> None:  # multitask's on_step, once per batch
         self.batches += 1
+        self._show(False)
+
+    def _show(self, force: bool) -> None:
         now = time.monotonic()
-        if self._tty and now - self._last >= 0.5:
+        if self._tty and (force or now - self._last >= 0.5):
             self._last = now
             total = f"/{self.total}" if self.total else ""
             print(f"\r{self.label}: {self.batches}{total} batches", end="", flush=True)
@@ -158,143 +191,154 @@ async def _produce(records, bootstrap: str, topic: str) -> int:
     return await produce_stream(records, bootstrap, topic, truth_topic=False)
 
 
-def _learn(config, manifest: dict, args, encode, progress: _Progress):
-    from monitor.live import LiveMonitor
-    from streamer.learner import learn
+def _learn(config: LearnConfig, manifest: dict, progress: _Progress, log: Log) -> RunSummary:
+    """One streaming run under its progress line."""
+    from streamer.learner import run
 
-    probe_set = None
-    if not args.no_probe:
-        from streamer.probe import load_probe_set
-
-        probe_set = load_probe_set(manifest, rows=config.streams, window=config.window, encode=encode)
-    monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=args.k,
-                          from_fragment=config.from_fragment, total_batches=config.max_batches or config.total_batches,
-                          detector=args.detector)
-    return asyncio.run(learn(config, monitor, progress, probe_set, manifest))
+    return asyncio.run(run(config, manifest=manifest, view=progress, log=log))
 
 
 def _count_oracle_models(run_dir: Path) -> None:
     """independent's model grows a copy per class: record the parameters of all of them."""
     path = run_dir / "config.json"
-    config = json.loads(path.read_text())
+    recorded = json.loads(path.read_text())
     classes = len({record["domain_name"] for record in read_loss_log(run_dir / "losses.jsonl")})
-    per_class = config["parameters"]
-    config.update(parameters=per_class * max(1, classes), parameters_at_start=per_class,
-                  parameters_per_class=per_class, classes_seen=classes)
-    path.write_text(json.dumps(config, indent=2))
+    per_class = recorded["parameters"]
+    recorded.update(parameters=per_class * max(1, classes), parameters_at_start=per_class,
+                    parameters_per_class=per_class, classes_seen=classes)
+    path.write_text(json.dumps(recorded, indent=2))
 
 
 def _metric(value) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def _run_one(args, item: Planned, seed: int, stream: tuple[dict, list], out: Path, bootstrap: str | None,
-             topic: str) -> Path:
-    from streamer.commands import run_with_report_on_interrupt
+def _is_oracle(name: str) -> bool:
+    from streamer.strategies.catalog import STRATEGY_CATALOG
+
+    return STRATEGY_CATALOG[name].oracle
+
+
+def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, list], topic: str,
+             log: Log) -> Path:
     from streamer.multitask import run_multitask
-    from streamer.strategies import STRATEGIES
 
     manifest, records = stream
-
-    run_dir = out / f"{item.name}-seed{seed}"
+    run_dir = config.out / f"{item.name}-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    config = _config(args, item.name, item.options, seed, item.hidden, manifest, bootstrap=bootstrap or "",
-                     topic=topic, run_dir=run_dir)
-    progress = _Progress(f"{item.name} seed {seed}", config.max_batches or config.total_batches)
+    run = dataclasses.replace(_run_config(config, item.name, seed, item.hidden, manifest, topic=topic,
+                                          run_dir=run_dir), strategy_options=item.options)
+    progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches)
     if item.name == MULTITASK:
-        summary = run_multitask(config, manifest, records=records, detector=args.detector, on_step=progress)
+        summary = run_multitask(run, manifest, records=records, detector=run.detector, on_step=progress)
     else:
-        summary = run_with_report_on_interrupt(run_dir, lambda: _learn(config, manifest, args, item.encode, progress))
-        if getattr(STRATEGIES[item.name], "oracle", False):
+        try:
+            summary = _learn(run, manifest, progress, log)
+        except KeyboardInterrupt:  # still the report of what was learned
+            if (run_dir / "losses.jsonl").exists() and (run_dir / "losses.jsonl").stat().st_size:
+                write_report(run_dir)
+                print(f"streamer: interrupted; report of the batches learned so far in {run_dir}", file=sys.stderr)
+            raise
+        if _is_oracle(item.name):
             _count_oracle_models(run_dir)
-    if not args.keep_checkpoints:
+    if not config.keep_checkpoints:
         (run_dir / "checkpoint.pt").unlink(missing_ok=True)
-    report = write_report(run_dir, k=args.k, from_fragment=args.from_fragment)
+    report = write_report(run_dir, k=run.k, from_fragment=config.span)
     metrics = report["metrics"]
     progress.done(f"{summary.batches} batches in {summary.seconds:.1f}s ({summary.stop_reason}); "
                   f"ppl {_metric(metrics['ppl'])} ppl@sw {_metric(metrics['ppl@sw'])} rec {_metric(metrics['rec'])}")
     return run_dir
 
 
-def _streams(args, corpus: Path, seeds, out: Path) -> dict[int, tuple[dict, list]]:
+def _streams(config: CompareConfig, log: Log) -> dict[int, tuple[dict, list]]:
     """Per seed, (manifest, records) of its stream; the manifest is written under <out>/streams/seed<s>/."""
     from producers.stream import prepare_stream
-    from streamer.commands import _schedule, _stream_options
 
     streams = {}
-    for seed in seeds:
-        seed_args = argparse.Namespace(**{**vars(args), "seed": seed})
-        manifest_path = out / "streams" / f"seed{seed}" / "manifest.json"
-        records, manifest = prepare_stream(corpus, _schedule(seed_args), manifest_path, **_stream_options(args))
-        print(f"seed {seed}: {manifest['n_fragments']} fragments of {', '.join(manifest['classes'])}, "
-              f"{manifest['total_batches']} batches of {args.streams}x{args.window}", flush=True)
+    for seed in config.seeds:
+        manifest_path = config.out / "streams" / f"seed{seed}" / "manifest.json"
+        records, manifest = prepare_stream(config.corpus, dataclasses.replace(config.schedule, seed=seed),
+                                           manifest_path, probe_examples=config.probe_examples,
+                                           utterances=config.utterances)
+        log(f"seed {seed}: {manifest['n_fragments']} fragments of {', '.join(manifest['classes'])}, "
+            f"{manifest['total_batches']} batches of {config.learn.streams}x{config.learn.window}")
         streams[seed] = (manifest, records)
     return streams
 
 
-def _tables(run_dirs: list[Path], out: Path, args, skipped: dict[str, str]) -> None:
+def _tables(config: CompareConfig, run_dirs: list[Path], skipped: dict[str, str], log: Log) -> None:
     from monitor.compare import load_runs, write_comparison
 
-    comparison = write_comparison(load_runs(run_dirs, k=args.k, from_fragment=args.from_fragment), out)
+    out = config.out
+    comparison = write_comparison(load_runs(run_dirs, k=config.learn.k, from_fragment=config.span), out)
     if skipped:
         with (out / "table1.md").open("a", encoding="utf-8") as handle:
             handle.writelines(f"- skipped {name}: {reason}\n" for name, reason in skipped.items())
-    print()
-    print((out / "table1.md").read_text())
-    print((out / "forgetting.md").read_text())
+    log("")
+    log((out / "table1.md").read_text())
+    log((out / "forgetting.md").read_text())
     for name, reason in comparison.get("skipped", {}).items():
-        print(f"figure {name} not drawn: {reason}")
-    print(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json, plan.json "
-          f"and one directory per run")
+        log(f"figure {name} not drawn: {reason}")
+    log(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json, plan.json "
+        f"and one directory per run")
 
 
-def run_compare(args) -> int:
+def _fatal_errors() -> tuple[type[BaseException], ...]:
+    """Errors that end a comparison even under "all" (the stream, the broker or the data, not a strategy)."""
+    from producers.corpora import CorpusError
+    from producers.kafka import ProduceError
+    from producers.schedule import ScheduleError
+    from streamer.broker import BrokerError
+    from streamer.consumer import SourceError
+
+    return CompareError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError
+
+
+def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
+    """Every planned strategy on every seed's stream, then the tables; the run directories."""
     from streamer.broker import EmbeddedBroker
-    from streamer.commands import KNOWN_ERRORS as KNOWN
-    from streamer.demo import _ensure_corpus
 
     started = time.monotonic()
-    names, by_all = strategy_names(args.strategies)
-    seeds = list(args.seeds or (args.seed,))
-    out = args.out or Path("runs") / f"compare-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    corpus = _ensure_corpus(args)
-    streams = _streams(args, corpus, seeds, out)
-    planned, skipped = plan(args, names, by_all, streams[seeds[0]][0])
-    (out / "plan.json").write_text(json.dumps({
+    streams = _streams(config, log)
+    planned, skipped = plan(config, streams[config.seeds[0]][0], log)
+    (config.out / "plan.json").write_text(json.dumps({
         "strategies": [{"name": p.name, "options": dict(p.options), "hidden": p.hidden} for p in planned],
-        "skipped": skipped, "seeds": seeds, "params": args.params,
-        "flags": {k: v for k, v in vars(args).items() if k != "strategy_tables"}}, indent=2, default=str))
+        "skipped": skipped, "seeds": list(config.seeds), "params": config.params,
+        "flags": dict(config.flags)}, indent=2, default=str))
     stamp = int(time.time())
     run_dirs: list[Path] = []
+    fatal = _fatal_errors()
 
     def run_all(bootstrap: str | None) -> None:
-        for seed in seeds:
+        nonlocal config
+        config = dataclasses.replace(config, bootstrap_servers=bootstrap)
+        for seed in config.seeds:
             topic = f"compare-{stamp}-seed{seed}"
             if bootstrap and any(item.name != MULTITASK for item in planned):
                 sent = asyncio.run(_produce(streams[seed][1], bootstrap, topic))
-                print(f"seed {seed}: {sent} records in topic {topic}", flush=True)
+                log(f"seed {seed}: {sent} records in topic {topic}")
             for item in planned:
                 try:
-                    run_dirs.append(_run_one(args, item, seed, streams[seed], out, bootstrap, topic))
+                    run_dirs.append(_run_one(config, item, seed, streams[seed], topic, log))
                 except Exception as exc:  # noqa: BLE001  (with `all`, one strategy's failure ends only its runs)
-                    if not by_all or isinstance(exc, KNOWN):
+                    if not config.chosen_by_all or isinstance(exc, fatal):
                         raise
                     reason = " ".join(f"{type(exc).__name__}: {exc}".replace("\\n", " ").split())
                     skipped[f"{item.name} (seed {seed})"] = f"failed: {reason[:200]}"
-                    print(f"{item.name} seed {seed}: {skipped[f'{item.name} (seed {seed})']}", flush=True)
+                    log(f"{item.name} seed {seed}: {skipped[f'{item.name} (seed {seed})']}")
 
     try:
-        if args.bootstrap_servers or all(item.name == MULTITASK for item in planned):
-            run_all(args.bootstrap_servers)
+        if config.bootstrap_servers or all(item.name == MULTITASK for item in planned):
+            run_all(config.bootstrap_servers)
         else:
             with EmbeddedBroker() as broker:
-                print(f"embedded broker on {broker.bootstrap_servers}", flush=True)
+                log(f"embedded broker on {broker.bootstrap_servers}")
                 run_all(broker.bootstrap_servers)
     except BaseException:  # interrupted or failed: still the tables of the runs that finished
         if run_dirs:
-            _tables(run_dirs, out, args, skipped)
+            _tables(config, run_dirs, skipped, log)
         raise
-    _tables(run_dirs, out, args, skipped)
-    print(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f}s")
-    return 0
+    _tables(config, run_dirs, skipped, log)
+    log(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f}s")
+    return run_dirs

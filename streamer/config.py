@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamer.models.catalog import LSTMConfig, default_lr
 
-__all__ = ["LearnConfig", "RunSummary"]
+__all__ = ["LearnConfig", "RunSummary", "span_start"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,24 @@ class LearnConfig:
     def resolved_lr(self) -> float:
         """The learning rate the strategy gets: --lr, else the model's default."""
         return self.lr if self.lr is not None else default_lr(self.model_name)
+
+    def with_manifest(self, manifest: dict | None) -> "LearnConfig":
+        """This config with what the producer's manifest knows of the stream (its length, classes, N)."""
+        manifest = manifest or {}
+        return dataclasses.replace(
+            self, total_batches=manifest.get("total_batches"), total_records=manifest.get("total_records"),
+            classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"))
+
+
+def span_start(span: str | int, n_fragments: int | None) -> int:
+    """The first fragment of a span: 'all' is 0, 'half' the paper's N/2 (needs N), an int itself."""
+    if span == "all":
+        return 0
+    if span == "half":
+        if not n_fragments:
+            raise ValueError("the span 'half' needs the number of fragments N (a manifest)")
+        return n_fragments // 2
+    return int(span)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,13 @@
-"""A real Prometheus for tests: install Debian's package on demand, start it, query it.
+"""A real Prometheus for tests: find Debian's package (./dev setup installs it), start it, query it.
 
 Nothing here knows about streamer's rules or metrics, so the rule tests and a
-live-scrape test share it. Without root or apt-get the install raises a
-RuntimeError that says so: the tests fail rather than skip.
+live-scrape test share it. Nothing here installs anything: without the
+prometheus and promtool commands the tests fail with one line naming `./dev setup`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -19,55 +17,20 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-__all__ = ["ensure_prometheus", "start_prometheus", "stop", "query"]
+from tests.conftest import missing
 
-PACKAGE = "prometheus"  # Debian 12: prometheus 2.42, which ships promtool too
-INSTALL_TIMEOUT_S = 600
+__all__ = ["require_prometheus", "start_prometheus", "stop", "query"]
+
 READY_TIMEOUT_S = 30
 
 
-@functools.cache
-def ensure_prometheus() -> tuple[str, str]:
-    """Paths of the `prometheus` and `promtool` binaries, installing Debian's package if needed."""
-    if shutil.which("promtool") is None or shutil.which("prometheus") is None:
-        _install_package()
+def require_prometheus() -> tuple[str, str]:
+    """Paths of the `prometheus` and `promtool` commands (Debian's prometheus package); the
+    calling test fails with one line naming `./dev setup` when either is missing."""
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if prometheus is None or promtool is None:
-        raise RuntimeError(f"apt-get installed {PACKAGE!r} but prometheus/promtool are still not on PATH")
+        missing("prometheus/promtool (Debian's prometheus package)")
     return prometheus, promtool
-
-
-def _install_package() -> None:
-    apt_get = shutil.which("apt-get")
-    if apt_get is None:
-        raise RuntimeError(f"promtool is not installed and there is no apt-get to install Debian's {PACKAGE!r} package")
-    if os.geteuid() != 0:
-        raise RuntimeError(f"promtool is not installed; run `apt-get install -y {PACKAGE}` as root (these tests need it)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # Recommends would add prometheus-node-exporter, a second daemon the tests do not need.
-    install = [apt_get, "install", "-y", "--no-install-recommends", PACKAGE]
-    if _run(install, env).returncode != 0:
-        update = _run([apt_get, "update"], env)
-        retry = _run(install, env)
-        if retry.returncode != 0:
-            raise RuntimeError(
-                f"`apt-get install -y {PACKAGE}` failed (after apt-get update, rc {update.returncode}):\n"
-                f"{retry.stdout[-2000:]}"
-            )
-    _stop_packaged_service()
-
-
-def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=INSTALL_TIMEOUT_S
-    )
-
-
-def _stop_packaged_service() -> None:
-    """Where the package's postinst started its own daemon on :9090, stop it: tests start their own."""
-    invoke_rc = shutil.which("invoke-rc.d")
-    if invoke_rc is not None:
-        subprocess.run([invoke_rc, PACKAGE, "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def _free_port() -> int:
@@ -82,7 +45,7 @@ def start_prometheus(config_text: str, tmp_path: Path) -> tuple[subprocess.Popen
     Returns (process, base_url) once /-/ready answers; the log is tmp_path/prometheus.log.
     Rule files named relatively in the config resolve against tmp_path.
     """
-    prometheus, _ = ensure_prometheus()
+    prometheus, _ = require_prometheus()
     tmp_path = Path(tmp_path)
     config = tmp_path / "prometheus.yml"
     config.write_text(config_text, encoding="utf-8")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from streamer.budget import BudgetError, fit_hidden, fit_to_budget, strategy_parameters
-from streamer.cli import _parse
+from streamer.cli import parse
 from streamer.config import LearnConfig
 from streamer.models import LSTMConfig
 from streamer.strategies import STRATEGIES
@@ -68,10 +68,10 @@ def test_fixed_size_models_and_too_small_budgets_are_refused(monkeypatch):
 
 
 def test_params_flag_sizes_the_learn_config(capsys):
-    from streamer.commands import _learn_config
+    from streamer.cli.configs import learn_config
 
-    args = _parse(["learn", "--params", "200000", "--embedding", "16", "--strategy", "replay"])
-    learn = _learn_config(args, bootstrap="", topic="", group="g", run_dir=Path("r"), manifest=None)
+    args = parse(["learn", "--params", "200000", "--embedding", "16", "--strategy", "replay"])
+    learn = learn_config(args, bootstrap="", topic="", group="g", run_dir=Path("r"), manifest=None)
     assert abs(strategy_parameters(learn) - 200_000) / 200_000 < 0.03
     assert "--params 200,000: replay with hidden" in capsys.readouterr().out
 
@@ -103,23 +103,23 @@ boundary = "every:10"
 [model]
 name = "lstm-char"
 """)
-    args = _parse(["demo", "--config", path, "--fragments", "9", "--set", "n_replay=3"])
+    args = parse(["demo", "--config", path, "--fragments", "9", "--set", "n_replay=3"])
     assert args.fragments == 9  # the command line wins
     assert args.mean_tokens == 3000 and args.given_order == ("en", "fr") and args.no_view is True
     assert args.lr == 0.01 and args.strategy == "replay" and args.model_name == "lstm-char"
     assert dict(args.strategy_options) == {"p_write": 0.05, "n_replay": 3}  # --set after the file's
     assert args.strategy_options[0] == ("p_write", 0.05)
     assert args.strategy_tables["ewc"] == {"boundary": "every:10"}
-    plain = _parse(["demo", "--fragments", "9"])
+    plain = parse(["demo", "--fragments", "9"])
     assert plain.mean_tokens == 10_000 and plain.strategy == "naive" and plain.strategy_options == []
 
 
 def test_compare_takes_each_strategy_table_and_the_matching_set_entries(tmp_path):
     from streamer.cli import UserError
-    from streamer.compare import strategy_options
+    from streamer.cli.compare import strategy_options
 
     path = write(tmp_path, 'seeds = [0, 1, 2]\nstrategies = "naive,replay"\n[strategy.replay]\np_write = 0.2\n')
-    args = _parse(["compare", "--config", path, "--set", "r_interval=50"])
+    args = parse(["compare", "--config", path, "--set", "r_interval=50"])
     assert args.seeds == (0, 1, 2) and args.strategies == "naive,replay"
     options = strategy_options(["naive", "replay", "ewc"], args.strategy_tables, args.strategy_options)
     assert options == {"naive": (), "replay": (("p_write", 0.2), ("r_interval", 50)), "ewc": ()}
@@ -140,14 +140,14 @@ def test_compare_takes_each_strategy_table_and_the_matching_set_entries(tmp_path
 def test_config_file_errors_are_one_line(tmp_path, capsys, text, needle):
     path = write(tmp_path, text)
     with pytest.raises(SystemExit) as exit_info:
-        _parse(["learn", "--config", path])
+        parse(["learn", "--config", path])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err and path in err
 
 
 def test_every_strategy_table_key_is_a_constructor_argument():
-    from streamer.config_file import strategy_hyperparameters
+    from streamer.cli.config_file import strategy_hyperparameters
 
     for name in [*STRATEGIES, "multitask"]:
         assert {"model", "lr", "clip"}.isdisjoint(strategy_hyperparameters(name))

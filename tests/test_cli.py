@@ -41,6 +41,37 @@ def test_every_subcommand_has_help(command):
     assert "usage: streamer " + command in result.stdout
 
 
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom streamer.cli import main\n"
+            "for argv in (['--help'], ['learn', '--help'], ['demo', '--help'], ['compare', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("module", ["streamer", "streamer.cli"])
+def test_python_dash_m_runs_the_command(module):
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage: streamer" in result.stdout
+
+
+def test_flag_defaults_come_from_the_configs():
+    from streamer.cli import parse
+    from streamer.config import LearnConfig
+    from streamer.models.catalog import LSTMConfig
+
+    learn = parse(["learn"])
+    assert (learn.hidden, learn.embedding, learn.layers, learn.dropout) == (
+        LSTMConfig.hidden, LSTMConfig.embedding, LSTMConfig.layers, LSTMConfig.dropout)
+    assert (learn.group, learn.detector, learn.probe_every, learn.checkpoint_every) == (
+        LearnConfig.group_id, LearnConfig.detector, LearnConfig.probe_every, LearnConfig.checkpoint_every_s)
+    assert learn.lr is None  # the model's own (streamer.models.catalog)
+    demo = parse(["demo"])
+    assert (demo.fragments, demo.minutes, demo.metrics_port) == (40, 3.0, 0)
+
+
 def _one_clean_line(result):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
@@ -72,9 +103,8 @@ def test_bad_flag_value_lists_the_allowed_values():
     assert "'half', 'all'" in line
 
 
-def test_an_unknown_strategy_option_is_one_line(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus")
-    line = _one_clean_line(streamer("demo", "--corpus", str(corpus), "--set", "no_such_option=1",
+def test_an_unknown_strategy_option_is_one_line(tmp_path, tiny_corpus):
+    line = _one_clean_line(streamer("demo", "--corpus", str(tiny_corpus), "--set", "no_such_option=1",
                                     "--run-dir", str(tmp_path / "run"), *TINY_FLAGS))
     assert "no_such_option" in line and "naive" in line
 
@@ -84,11 +114,10 @@ def test_report_of_a_missing_path_is_one_line(tmp_path):
     assert "does not exist" in line
 
 
-def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus")
+def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus):
     run_dir = tmp_path / "run"
     before = tansu_pids()
-    result = streamer("demo", "--corpus", str(corpus), "--fragments", "8", "--lambda", "1500",
+    result = streamer("demo", "--corpus", str(tiny_corpus), "--fragments", "8", "--lambda", "1500",
                       "--run-dir", str(run_dir), *TINY_FLAGS)
     assert result.returncode == 0, result.stderr
     assert tansu_pids() <= before
@@ -158,32 +187,34 @@ def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
 
 def test_cli_choices_match_the_registries():
     from monitor.drift import DETECTORS
-    from streamer.cli import DETECTOR_CHOICES, MODEL_CHOICES, STRATEGY_CHOICES
+    from streamer.cli.data import WEIGHTS_CHOICES
+    from streamer.cli.flags import DETECTOR_CHOICES, MODEL_CHOICES, STRATEGY_CHOICES
     from streamer.models import MODELS
+    from streamer.models.weights import WEIGHTS
     from streamer.strategies import STRATEGIES
 
     assert tuple(sorted(STRATEGIES)) == STRATEGY_CHOICES
     assert tuple(sorted(MODELS)) == MODEL_CHOICES
     assert tuple(sorted([*DETECTORS, "none"])) == DETECTOR_CHOICES
+    assert tuple(sorted(WEIGHTS)) == WEIGHTS_CHOICES
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA to provoke the error")
-def test_an_error_after_the_broker_started_still_stops_it(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus")
+def test_an_error_after_the_broker_started_still_stops_it(tmp_path, tiny_corpus):
     before = tansu_pids()
-    line = _one_clean_line(streamer("demo", "--corpus", str(corpus), "--fragments", "4", "--device", "cuda",
+    line = _one_clean_line(streamer("demo", "--corpus", str(tiny_corpus), "--fragments", "4", "--device", "cuda",
                                     "--run-dir", str(tmp_path / "run"), *TINY_FLAGS))
     assert "cuda" in line
     assert tansu_pids() <= before
 
 
 def test_the_learning_rate_defaults_by_model_and_a_given_one_wins(tmp_path):
-    from streamer.cli import build_parser
-    from streamer.commands import _learn_config
+    from streamer.cli import parse
+    from streamer.cli.configs import learn_config
 
     def lr(*flags):
-        args = build_parser().parse_args(["learn", "--topic", "t", *flags])
-        return _learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=None).lr
+        args = parse(["learn", "--topic", "t", *flags])
+        return learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=None).lr
 
     assert lr() == 2e-3
     assert lr("--model", "lstm-word") == 2e-3

@@ -4,8 +4,12 @@ import json
 
 import pytest
 
-from streamer.cli import UserError, _parse
-from streamer.compare import plan, run_compare, strategy_names
+import dataclasses
+
+from streamer.cli import parse as parse_flags
+from streamer.cli.compare import compare_config
+from streamer.cli.compare import run as run_compare_command
+from streamer.compare import CompareError, plan, strategy_names
 from streamer.strategies import STRATEGIES
 from tests.conftest import write_corpus
 
@@ -23,10 +27,10 @@ def rows(path):
 def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus", lines=200)
     out = tmp_path / "out"
-    args = _parse(["compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--seeds", "0,1",
-                   "--out", str(out), "--bootstrap-servers", broker.bootstrap_servers, "--from-fragment", "all",
-                   *TINY])
-    assert run_compare(args) == 0
+    args = parse_flags(["compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--seeds", "0,1",
+                         "--out", str(out), "--bootstrap-servers", broker.bootstrap_servers, "--from-fragment", "all",
+                         *TINY])
+    assert run_compare_command(args) == 0
     printed = capsys.readouterr().out
     assert printed.count("naive seed ") == 2 and printed.count("multitask seed ") == 2
 
@@ -67,20 +71,22 @@ def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatc
     monkeypatch.setitem(STRATEGIES, "picky", NeedsAnotherModel)
     names, by_all = strategy_names("all")
     assert by_all and names[-1] == "multitask" and {"naive", "independent", "picky"} <= set(names)
-    args = _parse(["compare", "--hidden", "8", "--embedding", "4"])
-    planned, skipped = plan(args, ["naive", "picky", "multitask"], True, MANIFEST)
+    config = compare_config(parse_flags(["compare", "--hidden", "8", "--embedding", "4"]))
+    by_all = dataclasses.replace(config, strategies=("naive", "picky", "multitask"), chosen_by_all=True)
+    planned, skipped = plan(by_all, MANIFEST)
     assert [p.name for p in planned] == ["naive", "multitask"]
     assert skipped == {"picky": "needs --model hf-causal"}
     assert "skipping picky: needs --model hf-causal" in capsys.readouterr().out
-    with pytest.raises(UserError, match="strategy picky: needs --model hf-causal"):
-        plan(args, ["naive", "picky"], False, MANIFEST)
-    with pytest.raises(UserError, match="unknown nope"):
+    with pytest.raises(CompareError, match="strategy picky: needs --model hf-causal"):
+        plan(dataclasses.replace(config, strategies=("naive", "picky"), chosen_by_all=False), MANIFEST)
+    with pytest.raises(CompareError, match="unknown nope"):
         strategy_names("naive,nope")
 
 
 def test_params_budget_applies_per_strategy_in_the_plan(capsys):
-    args = _parse(["compare", "--params", "60000", "--embedding", "8", "--set", "n_experts=3"])
-    planned, _ = plan(args, ["naive", "poe", "multitask"], False, MANIFEST)
+    config = compare_config(parse_flags(["compare", "--params", "60000", "--embedding", "8", "--set", "n_experts=3",
+                                          "--strategies", "naive,poe,multitask"]))
+    planned, _ = plan(config, MANIFEST)
     hidden = {p.name: p.hidden for p in planned}
     assert hidden["poe"] < hidden["naive"] == hidden["multitask"]
     assert dict(planned[1].options) == {"n_experts": 3} and planned[0].options == ()
@@ -89,6 +95,6 @@ def test_params_budget_applies_per_strategy_in_the_plan(capsys):
 
 def test_learn_points_multitask_to_compare(capsys):
     with pytest.raises(SystemExit):
-        _parse(["learn", "--strategy", "multitask"])
+        parse_flags(["learn", "--strategy", "multitask"])
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "streamer compare --strategies naive,multitask" in err

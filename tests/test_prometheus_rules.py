@@ -1,8 +1,7 @@
 """The Prometheus config, recording rules and alerts under deploy/prometheus, checked by promtool.
 
-promtool comes from Debian's prometheus package, installed on first use
-(tests/prometheus_util.py); without root or apt-get these tests fail with a
-RuntimeError saying so.
+promtool and prometheus come from Debian's prometheus package, which `./dev setup`
+installs; without them these tests fail with one line naming `./dev setup`.
 """
 
 import re
@@ -10,7 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.prometheus_util import ensure_prometheus, query, start_prometheus, stop
+import pytest
+
+from tests.prometheus_util import query, start_prometheus, stop
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 CONFIG = DEPLOY / "prometheus.yml"
@@ -18,25 +19,30 @@ RULES = DEPLOY / "rules.yml"
 RULES_TEST = DEPLOY / "rules_test.yml"
 
 
-def promtool(*args: str) -> subprocess.CompletedProcess:
-    _, binary = ensure_prometheus()
-    return subprocess.run(
-        [binary, *args], cwd=DEPLOY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60
-    )
+@pytest.fixture(scope="module")
+def promtool(prometheus_binaries):
+    """promtool(*args) -> the completed run, in deploy/prometheus."""
+    _, binary = prometheus_binaries
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [binary, *args], cwd=DEPLOY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60
+        )
+    return run
 
 
-def test_config_is_valid_and_loads_the_rules():
+def test_config_is_valid_and_loads_the_rules(promtool):
     result = promtool("check", "config", str(CONFIG))
     assert result.returncode == 0, result.stdout
     assert "1 rule files found" in result.stdout
 
 
-def test_rules_are_valid():
+def test_rules_are_valid(promtool):
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout
 
 
-def test_rule_unit_tests_pass():
+def test_rule_unit_tests_pass(promtool):
     result = promtool("test", "rules", str(RULES_TEST))
     assert result.returncode == 0, result.stdout
     assert "SUCCESS" in result.stdout
@@ -83,7 +89,7 @@ def test_every_alert_has_severity_summary_and_description():
             assert field in block, f"{block.splitlines()[0]} lacks {field}"
 
 
-def test_a_running_prometheus_loads_the_rules_and_misses_the_exporter(tmp_path):
+def test_a_running_prometheus_loads_the_rules_and_misses_the_exporter(prometheus_binaries, tmp_path):
     """No streamer target at all: the absent() branch of StreamerExporterDown goes pending."""
     config = f"""
 global:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from streamer.cli import UserError
+from streamer.cli.errors import UserError
 
 __all__ = ["ConfigError", "ConfigFile", "read_config_file", "apply_config_file", "strategy_hyperparameters"]
 
@@ -51,11 +51,11 @@ def strategy_hyperparameters(name: str) -> set[str]:
     if name == "multitask":
         from streamer.multitask import ShuffledNaive as cls
     else:
-        from streamer.strategies import STRATEGIES
+        from streamer.strategies.catalog import STRATEGY_CATALOG, strategy_class
 
-        if name not in STRATEGIES:
+        if name not in STRATEGY_CATALOG:
             raise KeyError(name)
-        cls = STRATEGIES[name]
+        cls = strategy_class(name)
     parameters = inspect.signature(cls).parameters
     return {key for key in parameters if key not in ("model", "lr", "clip")}
 

