@@ -1,6 +1,6 @@
 """Turn decoded records into b x w byte windows, per stream, in arrival order.
 
-Each of the b streams (record keys) keeps a token buffer (UTF-8 bytes by
+Each of the b streams (stream ids 0..b-1, producers.wire.stream_id) keeps a token buffer (UTF-8 bytes by
 default; a model's tokenizer otherwise); a batch is emitted when every stream
 holds w + 1 unconsumed tokens (w inputs and the next token as the last target). Evaluation truth rides beside the batch, never inside it.
 """
@@ -14,7 +14,7 @@ import torch
 
 from monitor.results import BatchTruth
 from streamer.strategies.base import Batch
-from producers.wire import Record, Truth
+from producers.wire import Record, Truth, stream_id
 
 __all__ = ["ReadyBatch", "Batcher", "OffsetTracker", "vote", "truth_to_plain", "truth_from_plain"]
 
@@ -99,7 +99,7 @@ class OffsetTracker:
 
 
 class Batcher:
-    """Cuts b x w batches; a stream key maps to one of the b rows for the run's life."""
+    """Cuts b x w batches; stream id n owns row n for the run's life."""
 
     def __init__(self, streams: int, window: int, device: torch.device | str = "cpu", encode=None):
         """`encode(text)` gives a record's token ids (bytes or a list of ints); UTF-8 bytes by default."""
@@ -113,22 +113,20 @@ class Batcher:
         self.offsets = OffsetTracker()
 
     def _row(self, stream: str) -> int | None:
-        """Keys "0".."b-1" own their row; other keys take the lowest free row."""
-        if stream in self._rows:
-            return self._rows[stream]
-        taken = set(self._rows.values())
-        if stream.isdigit():
-            row = int(stream)
-            return row if row < self.streams and row not in taken else None
-        free = [r for r in range(self.streams) if r not in taken]
-        return free[0] if free else None
+        """Stream id n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an id >= b
+        and for a key that is not a stream id (never a row taken from another stream)."""
+        row = stream_id(stream)
+        return row if row is not None and row < self.streams else None
 
     def accepts(self, stream: str) -> bool:
         return self._row(stream) is not None
 
     def add(self, record: Record, tp=None, offset: int | None = None) -> None:
-        """Append a record's bytes to its stream; caller checks `accepts` first."""
-        row = self._rows.setdefault(record.stream, self._row(record.stream))
+        """Append a record's bytes to its stream; caller checks `accepts` first (else ValueError)."""
+        row = self._row(record.stream)
+        if row is None:
+            raise ValueError(f"stream {record.stream[:40]!r} has no row: not a stream id below {self.streams}")
+        self._rows[record.stream] = row
         buf = self._buffers[row]
         buf.data += self.encode(record.text)
         handle = None if tp is None else (tp, offset)

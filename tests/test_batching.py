@@ -54,8 +54,9 @@ def test_numbered_streams_own_their_row_and_extra_streams_are_refused():
     batcher = Batcher(2, 3)
     assert not batcher.accepts("2")  # only rows 0 and 1 exist
     batcher.add(Record("1", "xxxx"))
-    batcher.add(Record("a", "yyyy"))  # a named stream takes the lowest free row, 0
-    assert batcher.accepts("a") and not batcher.accepts("0") and not batcher.accepts("c")
+    assert not batcher.accepts("a")  # a named stream never takes a row (producers.wire dead-letters it as bad_key)
+    batcher.add(Record("0", "yyyy"))
+    assert batcher.accepts("0") and batcher.accepts("1") and not batcher.accepts("c")
     assert batcher.pop().batch.inputs[0].tolist() == list(b"yyy")
 
 

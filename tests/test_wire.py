@@ -19,6 +19,8 @@ def test_record_without_truth_round_trips():
     (None, b"x", [], "missing_key"),
     (b"0", None, [], "missing_value"),
     (b"0", b"\xff\xfe", [], "bad_utf8"),
+    ("²".encode(), b"x", [], "bad_key"),
+    (b"0", b"", [], "empty_value"),
     (b"0", b"x", [("streamer.class", b"en")], "bad_headers"),
     (b"0", b"x", [("streamer.class", b"en"), ("streamer.fragment", b"one"),
                   ("streamer.position", b"0"), ("streamer.produced", b"0")], "bad_headers"),
