@@ -2,18 +2,34 @@
 
 A line holds at least the CALM keys ``loss`` (nats), ``domain`` (class id),
 ``domain_name`` and ``sequence`` (fragment index); the project may add more keys.
+
+Rotation: a daemon's log would grow without end, so the writer starts a new file when the
+live one would pass ``max_bytes`` (default 100 MB). The full file becomes
+``losses.<n>.jsonl``, numbered in the order written (``losses.1.jsonl`` is the oldest), and
+``losses.jsonl`` is always the newest. Rotated files are kept up to ``max_total_bytes``
+together (default 2 GB); past that the oldest are deleted, each said in one warning line.
+Readers (``iter_loss_log``, ``read_loss_log``) go through the rotated files in order, then the
+live one, one line at a time.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["CALM_KEYS", "LossLogWriter", "loss_log_line", "read_loss_log"]
+__all__ = ["CALM_KEYS", "MAX_BYTES", "MAX_TOTAL_BYTES", "LossLogWriter", "loss_log_line", "loss_log_files",
+           "iter_loss_log", "read_loss_log", "trim_loss_log"]
 
 CALM_KEYS = ("loss", "domain", "domain_name", "sequence")
+MAX_BYTES = 100_000_000  # per file: losses.jsonl is rotated before it grows past this
+MAX_TOTAL_BYTES = 2_000_000_000  # all rotated files together: the oldest are dropped past this
+
+log = logging.getLogger(__name__)
 
 
 def loss_log_line(result, *, domain: int, class_name: str, fragment: int, detected: bool) -> dict:
@@ -39,20 +55,48 @@ def _to_builtin(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def rotated_name(path: Path, number: int) -> Path:
+    """losses.jsonl, 3 -> losses.3.jsonl."""
+    return path.with_name(f"{path.stem}.{number}{path.suffix}")
+
+
+def rotated_files(path: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(number, file) of the rotated files of the log at `path`, oldest first."""
+    path = Path(path)
+    pattern = re.compile(rf"{re.escape(path.stem)}\.(\d+){re.escape(path.suffix)}")
+    if not path.parent.is_dir():
+        return []
+    found = [(int(m.group(1)), child) for child in path.parent.iterdir() if (m := pattern.fullmatch(child.name))]
+    return sorted(found)
+
+
+def loss_log_files(path: str | os.PathLike) -> list[Path]:
+    """Every file of the log at `path` in the order written: the rotated ones, then the live one."""
+    path = Path(path)
+    files = [file for _, file in rotated_files(path)]
+    return files + [path] if path.exists() or not files else files
+
+
 class LossLogWriter:
     """Writes one JSON line per batch and flushes it at once, so a crash loses no written line.
 
-    ``append=False`` truncates an existing file, ``append=True`` continues it
-    (a resumed run). Use as a context manager.
+    ``append=False`` starts a new log (the file and its rotated files are removed),
+    ``append=True`` continues it (a resumed run). Rotates at ``max_bytes`` and keeps
+    rotated files up to ``max_total_bytes`` (see the module docstring). Use as a context manager.
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, max_bytes: int = MAX_BYTES,
+                 max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
         self.path = Path(path)
         self.append = append
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
         self._file: IO[str] | None = None
+        self._size = 0
 
     def __repr__(self) -> str:
-        return f"LossLogWriter({str(self.path)!r}, append={self.append})"
+        return (f"LossLogWriter({str(self.path)!r}, append={self.append}, max_bytes={self.max_bytes}, "
+                f"max_total_bytes={self.max_total_bytes})")
 
     def __enter__(self) -> LossLogWriter:
         self.open()
@@ -64,7 +108,11 @@ class LossLogWriter:
     def open(self) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.append:
+                for _, file in rotated_files(self.path):
+                    file.unlink()
             self._file = open(self.path, "a" if self.append else "w", encoding="utf-8")
+            self._size = self._file.tell()
 
     def write(self, record: dict) -> None:
         """Append ``record`` as one line; it must hold the four CALM keys."""
@@ -73,8 +121,31 @@ class LossLogWriter:
             raise ValueError(f"loss record lacks {', '.join(missing)}: {record!r}")
         if self._file is None:
             raise ValueError("LossLogWriter is not open (use it in a with block)")
-        self._file.write(json.dumps(record, default=_to_builtin) + "\n")
+        line = json.dumps(record, default=_to_builtin) + "\n"
+        size = len(line.encode("utf-8"))
+        if self._size and self._size + size > self.max_bytes:
+            self._rotate()
+        self._file.write(line)
         self._file.flush()  # the OS has the line even if this process dies next
+        self._size += size
+
+    def _rotate(self) -> None:
+        """The live file becomes the newest rotated one; the oldest go while past the total cap."""
+        self._file.close()
+        rotated = rotated_files(self.path)
+        number = rotated[-1][0] + 1 if rotated else 1
+        os.replace(self.path, rotated_name(self.path, number))
+        rotated.append((number, rotated_name(self.path, number)))
+        total = sum(file.stat().st_size for _, file in rotated)
+        while len(rotated) > 1 and total > self.max_total_bytes:
+            _, oldest = rotated.pop(0)
+            size = oldest.stat().st_size
+            oldest.unlink()
+            total -= size
+            log.warning("loss log: dropped the oldest rotated file %s (%.1f MB) to keep rotated logs under "
+                        "%.1f MB", oldest.name, size / 1e6, self.max_total_bytes / 1e6)
+        self._file = open(self.path, "w", encoding="utf-8")
+        self._size = 0
 
     def close(self) -> None:
         if self._file is not None:
@@ -105,22 +176,69 @@ def _check_record(record: Any) -> str | None:
     return None
 
 
-def read_loss_log(path: str | os.PathLike) -> list[dict]:
-    """All records of a loss log, in order; blank lines are skipped.
+def iter_loss_log(path: str | os.PathLike) -> Iterator[dict]:
+    """The records of a loss log and its rotated files, in order, one at a time; blank lines skipped.
 
-    Raises ``ValueError("path:line: reason")`` on the first bad line.
-    """
-    records = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: not JSON ({error.msg})") from None
-            reason = _check_record(record)
-            if reason is not None:
-                raise ValueError(f"{path}:{line_number}: {reason}")
-            records.append(record)
-    return records
+    Raises ``ValueError("file:line: reason")`` on the first bad line."""
+    for file_path in loss_log_files(path):
+        with open(file_path, encoding="utf-8") as file:
+            for line_number, line in enumerate(file, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{file_path}:{line_number}: not JSON ({error.msg})") from None
+                reason = _check_record(record)
+                if reason is not None:
+                    raise ValueError(f"{file_path}:{line_number}: {reason}")
+                yield record
+
+
+def read_loss_log(path: str | os.PathLike) -> list[dict]:
+    """All records of a loss log (its rotated files included), in order (see iter_loss_log)."""
+    return list(iter_loss_log(path))
+
+
+def _keeps(line: bytes, position: int, keep_batches: int) -> bool:
+    """Whether a line stays when the log is cut back to `keep_batches` batches: by its "batch"
+    index when it has one (true after the oldest files were dropped), else by its position."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False  # a line torn by a crash ends the log
+    batch = record.get("batch") if isinstance(record, dict) else None
+    index = batch if isinstance(batch, int) and not isinstance(batch, bool) else position
+    return index < keep_batches
+
+
+def trim_loss_log(path: str | os.PathLike, keep_batches: int) -> int:
+    """Cut the log (across its rotated files) back to its first `keep_batches` batches; returns
+    the lines kept. The file holding the cut becomes the live one; later files are removed.
+    A torn last line (a crash mid-write) is dropped too."""
+    path = Path(path)
+    files = loss_log_files(path)
+    kept = 0
+    for index, file_path in enumerate(files):
+        if not file_path.exists():
+            continue
+        cut = None
+        with open(file_path, "rb") as file:
+            offset = 0
+            for line in file:
+                if line.strip():
+                    if not line.endswith(b"\n") or not _keeps(line, kept, keep_batches):
+                        cut = offset
+                        break
+                    kept += 1
+                offset += len(line)
+        if cut is None:
+            continue
+        with open(file_path, "r+b") as file:
+            file.truncate(cut)
+        for later in files[index + 1:]:
+            later.unlink(missing_ok=True)
+        if file_path != path:
+            os.replace(file_path, path)
+        return kept
+    return kept

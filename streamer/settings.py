@@ -8,6 +8,11 @@
   proxy knows whether the hub is reachable.
 - ``GRAFANA_TOKEN``, or ``GRAFANA_USER`` and ``GRAFANA_PASSWORD``: credentials of
   ``streamer monitor push`` (never a flag, so they do not show in ``ps``).
+- ``OMP_NUM_THREADS``: when set to a positive integer, the default of ``--threads``
+  (streamer.threads), so a job pinned to N threads keeps N.
+- ``OMP_WAIT_POLICY``: written, not read for a decision: the learning commands set it to
+  ``PASSIVE`` before torch loads its OpenMP runtime, unless the user set it
+  (``prefer_passive_openmp``), so idle OpenMP threads sleep instead of spinning.
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -18,7 +23,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_root", "weights_root", "hub_offline", "behind_proxy", "grafana_credentials_environment"]
+__all__ = ["cache_root", "weights_root", "hub_offline", "behind_proxy", "grafana_credentials_environment",
+           "omp_num_threads", "prefer_passive_openmp"]
 
 _TRUE = ("1", "true", "yes", "on")
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
@@ -50,3 +56,19 @@ def behind_proxy() -> bool:
 def grafana_credentials_environment() -> dict[str, str]:
     """The Grafana credential variables that are set (GRAFANA_TOKEN, GRAFANA_USER, GRAFANA_PASSWORD)."""
     return {name: os.environ[name] for name in GRAFANA_VARIABLES if os.environ.get(name)}
+
+
+def omp_num_threads() -> int | None:
+    """$OMP_NUM_THREADS as a positive integer, else None (unset or not a positive integer)."""
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def prefer_passive_openmp() -> bool:
+    """Set OMP_WAIT_POLICY=PASSIVE unless the user set it; True when this call set it.
+
+    Only effective before torch (and its OpenMP runtime) is imported."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True

@@ -120,6 +120,8 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> ConfigFile:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {where}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a TOML file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML ({exc})") from None
     actions = _flag_actions(parser)

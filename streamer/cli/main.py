@@ -7,14 +7,17 @@ import logging
 import sys
 
 from streamer.cli import broker, compare, data, demo, learn, monitor, produce, report
+from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError
 from streamer.cli.flags import Parser
+from streamer.settings import omp_num_threads, prefer_passive_openmp
 
 __all__ = ["build_parser", "parse", "main"]
 
 COMMANDS = {"broker": broker.run, "data": data.run_data, "weights": data.run_weights, "produce": produce.run,
             "learn": learn.run, "demo": demo.run, "compare": compare.run, "monitor": monitor.cmd_monitor,
             "report": report.run}
+THREADED = ("learn", "demo", "compare")  # the commands that run torch: the thread policy applies
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,12 +70,18 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefer_passive_openmp()  # before torch loads its OpenMP runtime (nothing above imports torch)
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:  # its connection errors become our one-line messages
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)
     known = _user_errors()
     try:
+        check_args(args)  # before any work: nothing is created for flags that cannot run
+        if args.command in THREADED:
+            from streamer.threads import apply_thread_policy
+
+            print(apply_thread_policy(args.threads, omp_num_threads()).describe(), flush=True)
         return COMMANDS[args.command](args) or 0
     except KeyboardInterrupt:
         print("streamer: interrupted", file=sys.stderr)

@@ -1,0 +1,55 @@
+"""The torch thread policy: decided here, once, at the start of a learning command, and said in one line.
+
+Default: the CPUs this process may use (its affinity mask, not the machine's count), less one
+for the asyncio loop that fetches and decodes records when there are more than 2; an
+``OMP_NUM_THREADS`` the user set wins over that default, ``--threads`` over both. OpenMP's
+idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, set by the command line before torch
+loads), so a second torch job on the same CPUs slows the learner instead of starving it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy"]
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    threads: int  # torch intra-op threads
+    cpus: int  # the CPUs this process may use
+    reason: str  # why this many: "--threads", "OMP_NUM_THREADS=N" or the default's rule
+
+    def describe(self) -> str:
+        return f"torch threads: {self.threads} ({self.cpus} CPUs, {self.reason}; --threads N to change)"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (sched_getaffinity where the OS has it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
+    """The policy when --threads is not given (`omp_threads`: the user's OMP_NUM_THREADS, if set)."""
+    if omp_threads:
+        return ThreadPolicy(omp_threads, cpus, f"OMP_NUM_THREADS={omp_threads}")
+    if cpus > 2:
+        return ThreadPolicy(cpus - 1, cpus, "one CPU left to the event loop")
+    return ThreadPolicy(cpus, cpus, "all of them")
+
+
+def apply_thread_policy(threads: int | None, omp_threads: int | None = None) -> ThreadPolicy:
+    """Set torch's thread counts once (imports torch) and return the policy applied."""
+    import torch
+
+    cpus = available_cpus()
+    policy = ThreadPolicy(threads, cpus, "--threads") if threads else default_threads(cpus, omp_threads)
+    torch.set_num_threads(policy.threads)
+    try:  # allowed once, before any inter-op work; a second command in one process keeps the first
+        torch.set_num_interop_threads(policy.threads)
+    except RuntimeError:
+        pass
+    return policy

@@ -1,0 +1,206 @@
+"""Operations of a long-lived learner: the broker child dies with its parent, the loss log rotates
+and trims across files, /healthz and /readyz answer, and the torch thread policy is decided once."""
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from monitor.exporter import create_metrics, serve
+from monitor.losslog import LossLogWriter, iter_loss_log, loss_log_files, read_loss_log, trim_loss_log
+from monitor.report import build_report
+from streamer.broker import BrokerError, EmbeddedBroker
+from streamer.settings import omp_num_threads, prefer_passive_openmp
+from streamer.threads import ThreadPolicy, default_threads
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for init to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_of_streamer_broker_takes_tansu_with_it(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "streamer.cli", "broker"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        tansu = int(line.split("(pid ")[1].split(")")[0])
+        assert not gone(tansu)
+        process.kill()  # SIGKILL: no handler, no finally, no atexit in the parent
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 2.0
+        while not gone(tansu) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(tansu), f"tansu {tansu} outlived its parent"
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_taken_broker_port_is_one_error_naming_it():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(BrokerError, match=f"port {port} .* in use"):
+            EmbeddedBroker(port=port).start()
+
+
+def line(batch, fragment=0, loss=1.0):
+    return {"loss": loss, "domain": fragment % 2, "domain_name": "ab"[fragment % 2], "sequence": fragment,
+            "batch": batch, "padding": "x" * 40}
+
+
+def write_lines(path, batches, append=False, **caps):
+    with LossLogWriter(path, append=append, **caps) as log:
+        for batch in batches:
+            log.write(line(batch, fragment=batch // 10, loss=float(batch % 7)))
+
+
+def test_rotation_keeps_the_order_and_drops_the_oldest(tmp_path, caplog):
+    path = tmp_path / "losses.jsonl"
+    size = len(json.dumps(line(0)).encode()) + 1
+    write_lines(path, range(30), max_bytes=5 * size, max_total_bytes=100 * size)  # ~6 files, none dropped
+    files = loss_log_files(path)
+    assert [f.name for f in files] == [f"losses.{n}.jsonl" for n in range(1, len(files))] + ["losses.jsonl"]
+    assert all(f.stat().st_size <= 5 * size + 10 for f in files)
+    assert [r["batch"] for r in iter_loss_log(path)] == list(range(30))
+    with caplog.at_level(logging.WARNING, logger="monitor.losslog"):
+        write_lines(path, range(30, 60), append=True, max_bytes=5 * size, max_total_bytes=12 * size)
+    dropped = [r.getMessage() for r in caplog.records if "dropped the oldest" in r.getMessage()]
+    assert dropped and all("losses." in m for m in dropped)
+    batches = [r["batch"] for r in read_loss_log(path)]
+    assert batches == list(range(batches[0], 60)) and batches[0] > 0  # the oldest went, the rest in order
+    rotated = sum(f.stat().st_size for f in loss_log_files(path)[:-1])
+    assert rotated <= 12 * size + 20
+    write_lines(path, range(3), max_bytes=5 * size)  # a new log (append=False) removes the rotated files
+    assert loss_log_files(path) == [path] and len(read_loss_log(path)) == 3
+
+
+def test_trim_across_rotated_files(tmp_path):
+    path = tmp_path / "losses.jsonl"
+    size = len(json.dumps(line(0)).encode()) + 1
+    write_lines(path, range(23), max_bytes=5 * size)
+    before = len(loss_log_files(path))
+    assert before >= 5
+    assert trim_loss_log(path, 23) == 23 and len(read_loss_log(path)) == 23
+    assert trim_loss_log(path, 12) == 12
+    assert [r["batch"] for r in read_loss_log(path)] == list(range(12))
+    assert loss_log_files(path)[-1] == path and 2 <= len(loss_log_files(path)) < before
+    write_lines(path, range(12, 20), append=True, max_bytes=5 * size)  # a resume appends from there
+    assert [r["batch"] for r in read_loss_log(path)] == list(range(20))
+    with open(path, "a", encoding="utf-8") as file:  # a line torn by a kill -9
+        file.write('{"loss": 1.0, "dom')
+    assert trim_loss_log(path, 100) == 20 and len(read_loss_log(path)) == 20
+    assert trim_loss_log(path, 0) == 0 and read_loss_log(path) == []
+
+
+def test_trim_by_position_without_batch_indices(tmp_path):
+    path = tmp_path / "losses.jsonl"
+    path.write_text("".join(json.dumps({"loss": 1.0, "domain": 0, "domain_name": "a", "sequence": 0}) + "\n"
+                            for _ in range(5)))
+    assert trim_loss_log(path, 3) == 3 and len(read_loss_log(path)) == 3
+
+
+def test_report_of_a_rotated_log_equals_the_unrotated_one(tmp_path):
+    whole, rotated = tmp_path / "whole", tmp_path / "rotated"
+    write_lines(whole / "losses.jsonl", range(60))
+    write_lines(rotated / "losses.jsonl", range(60), max_bytes=700)
+    assert len(loss_log_files(rotated / "losses.jsonl")) > 3
+    a, b = build_report(whole, k=3), build_report(rotated, k=3)
+    assert {k: v for k, v in a.items() if k != "run"} == {k: v for k, v in b.items() if k != "run"}
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_healthz_and_readyz_on_the_metrics_port():
+    metrics, state = create_metrics(), {"ready": False}
+    server, _ = serve(metrics, 0, ready=lambda: state["ready"], labels=("r", "naive"))
+    port = server.server_address[1]
+    try:
+        assert get(port, "/healthz")[0] == 200
+        assert get(port, "/readyz")[0] == 503
+        assert 'streamer_ready{run="r",strategy="naive"} 0.0' in get(port, "/metrics")[1]
+        state["ready"] = True
+        assert get(port, "/readyz") == (200, "ok\n")
+        assert 'streamer_ready{run="r",strategy="naive"} 1.0' in get(port, "/metrics")[1]
+        state["ready"] = None  # a readiness check that fails is "not ready", never a 500
+        assert get(port, "/readyz")[0] == 503
+    finally:
+        server.shutdown()
+        server.server_close()
+    default, _ = serve(create_metrics(), 0)  # without a readiness check: ready while it serves
+    try:
+        assert get(default.server_address[1], "/readyz")[0] == 200
+    finally:
+        default.shutdown()
+        default.server_close()
+
+
+def test_thread_policy_defaults():
+    assert default_threads(1) == ThreadPolicy(1, 1, "all of them")
+    assert default_threads(2).threads == 2
+    assert default_threads(8).threads == 7
+    assert default_threads(8, omp_threads=1) == ThreadPolicy(1, 8, "OMP_NUM_THREADS=1")
+    assert default_threads(2, omp_threads=1).describe().startswith("torch threads: 1 (2 CPUs")
+
+
+def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "streamer.cli", "compare", "--strategies", "nosuch", "--threads", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[0].startswith("torch threads: 1 (") and "--threads" in done.stdout
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_openmp_waits_passively_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert prefer_passive_openmp() and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert not prefer_passive_openmp() and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert omp_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "lots")
+    assert omp_num_threads() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_watchdog_fallback_kills_the_child_of_a_killed_parent(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from streamer.broker import start_watchdog\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "start_watchdog(child.pid)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.3)
+        assert not gone(child)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 2.0
+        while not gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
