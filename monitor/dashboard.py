@@ -1,13 +1,19 @@
 """The Grafana dashboard of streamer, as code, and the `streamer monitor` subcommand.
 
 The dashboard is built from plain Python dicts rather than grafana-foundation-sdk:
-it is a dozen panels, the JSON it writes is small and diffs well in review, and
-the SDK would be one more dependency (and one more schema version to track) for
-that. `build_dashboard()` is the single source; deploy/grafana/dashboards/streamer.json
+the SDK installs from PyPI (as 1769699998!10.1.0, an epoch-stamped build of
+Grafana 10.1's schema while the stack runs Grafana 11.1), but it would be one more
+dependency and schema version to track for a dozen panels, and the JSON written
+here is small and diffs well in review. `build_dashboard()` is the single source; deploy/grafana/dashboards/streamer.json
 is its output, committed so Grafana's file provisioning can load it, and a test
 fails when the two differ (`streamer monitor dashboard` regenerates the file).
 
-Every query filters on the `run` and `strategy` template variables. Panels whose
+Every query filters on the `run` and `strategy` template variables. The top row shows
+each switch at a glance: the worst batch of each class over a short window (from the
+batch-loss histogram, so no batch is missed between scrapes) beside the class's
+steady loss; a class without batches in the window draws nothing. Switch markers are
+Prometheus annotation queries on the last-switch gauges (true switches white,
+detected ones red): no extra process, no credentials. Panels whose
 metric exists only in some runs (forgetting needs probe sets, GPU memory a GPU)
 carry ``"streamer_optional": true`` so checks against a CPU run without probes
 can skip them.
@@ -19,8 +25,8 @@ import json
 from pathlib import Path
 
 __all__ = [
-    "DASHBOARD_UID", "DEFAULT_PATH", "PROMETHEUS_UID", "build_dashboard",
-    "panel_queries", "render_dashboard", "write_dashboard",
+    "DASHBOARD_UID", "DEFAULT_PATH", "PROMETHEUS_UID", "build_dashboard", "annotation_queries",
+    "panel_queries", "render_dashboard", "switch_marker_query", "write_dashboard",
 ]
 
 DASHBOARD_UID = "streamer"
@@ -30,6 +36,9 @@ PROMETHEUS = {"type": "prometheus", "uid": PROMETHEUS_UID}
 GRAFANA_ANNOTATIONS = {"type": "grafana", "uid": "-- Grafana --"}  # the built-in "Annotations & Alerts" source
 FILTER = 'run=~"$run", strategy=~"$strategy"'
 RATE = "[$__rate_interval]"
+# units Grafana shows on axes and tooltips ("suffix:" is its custom-unit form)
+NATS, BATCHES, PPL, RECORDS, SWITCHES = "suffix: nats", "suffix: batches", "suffix: ppl", "suffix: records", "suffix: switches"
+TOKENS_PER_S, BATCHES_PER_S = "suffix: tokens/s", "suffix: batches/s"
 
 
 def _m(name: str, extra: str = "") -> str:
@@ -41,12 +50,16 @@ def _target(expr: str, legend: str, ref: str) -> dict:
     return {"datasource": PROMETHEUS, "expr": expr, "legendFormat": legend, "refId": ref}
 
 
-def _panel(kind: str, title: str, targets: list[tuple[str, str]], *, unit: str = "short",
-           description: str = "", optional: bool = False, width: int = 12, height: int = 8, **options) -> dict:
+def _panel(kind: str, title: str, targets: list[tuple[str, str]], *, unit: str,
+           description: str = "", optional: bool = False, width: int = 12, height: int = 8,
+           units: dict | None = None, **options) -> dict:
+    """`unit` for every target, `units` {refId: unit} for the targets that differ."""
+    overrides = [{"matcher": {"id": "byFrameRefID", "options": ref},
+                  "properties": [{"id": "unit", "value": value}]} for ref, value in (units or {}).items()]
     panel = {
         "type": kind, "title": title, "description": description, "datasource": PROMETHEUS,
         "targets": [_target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(targets)],
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": overrides},
         "gridPos": {"w": width, "h": height},
         "options": options or {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                                "tooltip": {"mode": "multi", "sort": "none"}},
@@ -75,32 +88,66 @@ def _latency(metric: str, quantile: float) -> str:
             f"(rate({_m(metric + '_bucket')}{RATE})))")
 
 
+def worst_batch(by: str) -> str:
+    """The worst batch between the last two scrapes (99th percentile of the batch-loss histogram's
+    irate), nats. irate, not rate: a window of $__rate_interval (4 scrapes) would still hold the
+    previous switch's spike when fragments last 3 scrapes. NaN (no batch since the previous
+    scrape) is dropped by `>= 0`, so an inactive class draws no line."""
+    return (f"histogram_quantile(0.99, sum by (le, {by}) (irate({_m('batch_loss_nats_bucket')}{RATE}))) >= 0")
+
+
+def window_loss(phase: str, by: str = "run, strategy, class") -> str:
+    """Mean loss per token over the window, nats, from the counters (exact at any scrape interval)."""
+    selector = f'phase="{phase}"'
+    return (f"sum by ({by}) (increase({_m('loss_nats_total', selector)}{RATE})) / "
+            f"(sum by ({by}) (increase({_m('scored_tokens_total', selector)}{RATE})) > 0)")
+
+
 def _panels() -> list[dict]:
     """Rows and panels, in reading order; `_layout` assigns ids and positions."""
     per_run = "{{run}} {{strategy}}"
     return [
+        _row("Switch spikes"),
+        _panel("timeseries", "Switch spikes: worst batch per class",
+               [(worst_batch("run, strategy, class"), "{{class}} worst batch " + per_run),
+                (worst_batch("run, strategy"), "all classes worst batch " + per_run),
+                (window_loss("steady"), "{{class}} steady " + per_run)],
+               unit=NATS, width=16,
+               description="Worst batch of each class between the last two scrapes (99th percentile of every batch's "
+               "loss, nats) beside the class's steady loss over the window (all batches but a revisit's first k). A revisit shows as a jump "
+               "of the class's worst batch; classes with no batch in the window draw nothing. Markers: true "
+               "switches (white) and detected switches (red)."),
+        _panel("timeseries", "Perplexity per class: steady and after switch",
+               [(f"exp({window_loss('steady')})", "{{class}} steady " + per_run),
+                (f"exp({window_loss('after_switch')})", "{{class}} after switch " + per_run)],
+               unit=PPL, width=8,
+               description="exp of the mean loss per token over the window, from the loss and token counters: "
+               "steady batches, and the first k batches after a switch (ppl@sw of the window)."),
         _row("Learning"),
-        _panel("timeseries", "Batch loss per class", [(_m("batch_loss"), "{{class}} " + per_run)], unit="none",
-               description="Recorded (pre-update) loss of the latest batch, nats. Markers: true and detected switches."),
-        _panel("timeseries", "Rolling perplexity", [(_m("rolling_perplexity"), per_run)], unit="none",
-               description="exp of the mean recorded loss over the last 100 batches."),
+        _panel("timeseries", "Perplexity of the run", [(f"exp({window_loss('steady', 'run, strategy')})", "steady " + per_run),
+                                                       (_m("rolling_perplexity"), "last 100 batches " + per_run)],
+               unit=PPL, description="exp of the mean loss per token over the window (steady batches), and over "
+               "the last 100 batches (a gauge)."),
+        _panel("timeseries", "Last switch: worst batch of its first k", [(_m("last_switch_spike_nats"), "{{kind}} " + per_run)],
+               unit=NATS, description="Worst batch loss of the first k batches after the latest true and detected "
+               "switch, held until the next one."),
         _row("CALM metrics per class"),
         _panel("bargauge", "ppl and ppl@sw per class",
                [(f"exp({_m('class_loss_mean')})", "{{class}} ppl " + per_run),
                 (f"exp({_m('loss_after_switch_mean')})", "{{class}} ppl@sw " + per_run)],
-               unit="none", description="ppl = exp(mean loss of the class so far); ppl@sw = exp(mean loss of the "
+               unit=PPL, description="ppl = exp(mean loss of the class so far); ppl@sw = exp(mean loss of the "
                "first k batches after a revisit). The gap is the switch spike; class 'all' is overall.",
                **_bar_options()),
         _panel("bargauge", "Recovery time per class", [(_m("recovery_batches_mean"), "{{class}} " + per_run)],
-               unit="none", description="Mean batches until the loss falls below the previous fragment's mean (rec).",
+               unit=BATCHES, description="Mean batches until the loss falls below the previous fragment's mean (rec).",
                **_bar_options()),
-        _panel("timeseries", "Forgetting per class", [(_m("forgetting"), "{{class}} " + per_run)], unit="none",
+        _panel("timeseries", "Forgetting per class", [(_m("forgetting"), "{{class}} " + per_run)], unit=NATS,
                optional=True, width=24, description="Loss increase on each class's probe set; only runs with probes."),
         _row("Throughput and latency"),
         _panel("timeseries", "Throughput",
                [(_m("tokens_per_second"), "tokens/s " + per_run),
                 (f"rate({_m('batches_learned_total')}{RATE})", "batches/s " + per_run)],
-               description="Tokens learned per second and batches learned per second."),
+               unit=TOKENS_PER_S, units={"B": BATCHES_PER_S}, description="Tokens learned per second and batches learned per second."),
         _panel("timeseries", "Step latency (p50, p95)",
                [(_latency(metric, q), f"{metric.split('_')[0]} p{round(q * 100)} {per_run}")
                 for metric in ("predict_seconds", "learn_seconds") for q in (0.5, 0.95)],
@@ -109,20 +156,20 @@ def _panels() -> list[dict]:
         _panel("timeseries", "Consumer lag and queue depth",
                [(_m("consumer_lag_records"), "lag p{{partition}} " + per_run),
                 (_m("queue_depth"), "queue " + per_run)],
-               description="Records beyond the consumer position per partition; batches waiting for the model."),
+               unit=RECORDS, units={"B": BATCHES}, description="Records beyond the consumer position per partition; batches waiting for the model."),
         _panel("timeseries", "Dead letters by reason",
                [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')})", "{{reason}} " + per_run)],
-               description="Records sent to the dead-letter topic, by reason."),
+               unit=RECORDS, description="Records sent to the dead-letter topic, by reason."),
         _row("Drift detector"),
         _panel("timeseries", "Switches: true vs detected",
                [(_m("switches_total"), "true " + per_run), (_m("switches_detected_total"), "detected " + per_run)],
-               description="Ground-truth class switches (evaluation only) beside the drift detector's detections."),
+               unit=SWITCHES, description="Ground-truth class switches (evaluation only) beside the drift detector's detections."),
         _panel("timeseries", "Batches since detected switch", [(_m("batches_since_detected_switch"), per_run)],
-               description="The drift detector's state: batches since it last fired."),
+               unit=BATCHES, description="The drift detector's state: batches since it last fired."),
         _panel("timeseries", "Detector precision, recall and delay",
                [(_m("detection_precision"), "precision " + per_run), (_m("detection_recall"), "recall " + per_run),
                 (_m("detection_delay_batches"), "delay (batches) " + per_run)],
-               optional=True, width=24,
+               optional=True, width=24, unit="percentunit", units={"C": BATCHES},
                description="The detector scored against the true switches (tolerance 10 batches; evaluation only). "
                "Precision and delay exist once the detector has fired."),
         _row("Operations"),
@@ -156,10 +203,27 @@ def _variable(name: str, query: str) -> dict:
     }
 
 
-def _switch_annotation(name: str, kind: str, colour: str) -> dict:
-    """Annotations `streamer monitor push` posts, found by tag (all tags must match)."""
-    return {"name": name, "datasource": GRAFANA_ANNOTATIONS, "enable": True, "hide": False, "iconColor": colour,
+def _pushed_annotation(name: str, kind: str, colour: str) -> dict:
+    """Annotations `streamer monitor push` posts, found by tag (all tags must match); off by default,
+    since the Prometheus queries below draw the same switches without a pushing process."""
+    return {"name": name, "datasource": GRAFANA_ANNOTATIONS, "enable": False, "hide": False, "iconColor": colour,
             "target": {"type": "tags", "tags": ["streamer", "switch", kind], "matchAny": False, "limit": 1000}}
+
+
+def switch_marker_query(kind: str) -> str:
+    """The latest switch's time in ms (Grafana's "series value as timestamp" reads ms): each value is one marker."""
+    selector = _m("last_switch_timestamp_seconds", f'kind="{kind}"')
+    return f"{selector} * 1000"
+
+
+def _switch_annotation(name: str, kind: str, colour: str) -> dict:
+    """Switch markers from Prometheus: one per distinct value of the last-switch gauge."""
+    expr = switch_marker_query(kind)
+    return {"name": name, "datasource": PROMETHEUS, "enable": True, "hide": False, "iconColor": colour,
+            # step: Grafana merges markers closer than it into a region; 5 s is the provisioned scrape interval
+            "expr": expr, "useValueForTime": True, "step": "5s", "titleFormat": f"{kind} switch",
+            "textFormat": "{{run}} {{strategy}}", "tagKeys": "kind,run,strategy",
+            "target": {"expr": expr, "refId": f"{kind}-switches", "useValueForTime": True}}
 
 
 def build_dashboard() -> dict:
@@ -176,8 +240,10 @@ def build_dashboard() -> dict:
         "tags": ["streamer"], "schemaVersion": 39, "version": 1, "editable": True, "graphTooltip": 1,
         "refresh": "10s", "time": {"from": "now-30m", "to": "now"}, "timezone": "", "fiscalYearStartMonth": 0,
         "liveNow": False, "links": [],
-        "annotations": {"list": [builtin, _switch_annotation("True switches", "true", "rgba(255, 255, 255, 0.6)"),
-                                 _switch_annotation("Detected switches", "detected", "red")]},
+        "annotations": {"list": [builtin, _switch_annotation("True switches", "true", "rgba(255, 255, 255, 0.8)"),
+                                 _switch_annotation("Detected switches", "detected", "red"),
+                                 _pushed_annotation("Pushed true switches (monitor push)", "true", "rgba(255, 255, 255, 0.6)"),
+                                 _pushed_annotation("Pushed detected switches (monitor push)", "detected", "orange")]},
         "templating": {"list": [
             _variable("run", "label_values(streamer_batches_learned_total, run)"),
             _variable("strategy", 'label_values(streamer_batches_learned_total{run=~"$run"}, strategy)'),
@@ -195,6 +261,12 @@ def panel_queries(dashboard: dict | None = None) -> list[tuple[str, str, bool]]:
         panels.extend(panel.get("panels", []))  # panels inside a collapsed row
     return [(panel["title"], target["expr"], bool(panel.get("streamer_optional", False)))
             for panel in panels for target in panel.get("targets", [])]
+
+
+def annotation_queries(dashboard: dict | None = None) -> dict[str, str]:
+    """{annotation name: PromQL} of the dashboard's Prometheus annotation queries."""
+    dashboard = dashboard if dashboard is not None else build_dashboard()
+    return {a["name"]: a["expr"] for a in dashboard["annotations"]["list"] if a["datasource"] == PROMETHEUS}
 
 
 def render_dashboard(dashboard: dict | None = None) -> str:

@@ -6,20 +6,37 @@ metric needs one. Never a label per record.
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "NAMESPACE"]
+__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "NAMESPACE", "LOSS_BUCKETS"]
 
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
 RUN_CLASS = ("run", "strategy", "class")
 RUN_PARTITION = ("run", "strategy", "partition")
 RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see producers/wire.py)
+RUN_CLASS_PHASE = ("run", "strategy", "class", "phase")  # phase: "after_switch" (first k batches) or "steady"
+RUN_KIND = ("run", "strategy", "kind")  # kind: "true" (from the truth headers) or "detected" (the drift detector)
+# class values come from monitor.tracker.RunTracker.class_label: the manifest's classes, else "other"
+# batch loss in nats: 0.1 to 10 in steps of about 8%, so a 10% rise always crosses a bucket boundary
+LOSS_BUCKETS = tuple(round(0.1 * 1.08 ** i, 3) for i in range(61))
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 # name, type, labels, help: the README's table is generated from this list.
 CATALOGUE = [
+    # what happens between scrapes: counters and a histogram, exact over any window
+    ("loss_nats_total", "counter", RUN_CLASS_PHASE, "Summed recorded loss, nats (batch mean loss x tokens); exp(increase of it / increase of scored_tokens_total) is the perplexity of any window"),
+    ("scored_tokens_total", "counter", RUN_CLASS_PHASE, "Tokens whose recorded loss loss_nats_total sums"),
+    ("batch_loss_nats", "histogram", RUN_CLASS, "Recorded (pre-update) loss of each batch, nats"),
+    ("last_switch_timestamp_seconds", "gauge", RUN_KIND, "Unix time of the latest switch, held until the next one"),
+    ("last_switch_spike_nats", "gauge", RUN_KIND, "Worst batch loss of the first k batches after the latest switch, nats, held until the next one"),
     ("batch_loss", "gauge", RUN_CLASS, "Recorded (pre-update) loss of the latest batch, nats"),
     ("rolling_perplexity", "gauge", RUN, "exp of the mean recorded loss over the last 100 batches"),
     ("loss_after_switch_last", "gauge", RUN_CLASS, "Mean loss of the first k batches after the latest revisit switch, nats"),
@@ -49,6 +66,7 @@ CATALOGUE = [
     ("macro_f1_rolling", "gauge", RUN, "Prequential macro-F1 over labels of a classifier, last 1000 utterances"),
     ("class_accuracy", "gauge", RUN_CLASS, "Prequential accuracy of a classifier on the utterances of a class"),
     ("class_macro_f1", "gauge", RUN_CLASS, "Prequential macro-F1 of a classifier on the utterances of a class"),
+    ("ready", "gauge", RUN, "1 while the learner consumes with the broker reachable, else 0 (what /readyz answers)"),
     ("predict_seconds", "histogram", RUN, "Time to score a batch"),
     ("learn_seconds", "histogram", RUN, "Time to learn from a batch"),
 ]
@@ -73,13 +91,51 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
     registry = registry if registry is not None else CollectorRegistry()
     families = {}
     for name, kind, labels, help_text in CATALOGUE:
-        extra = {"buckets": (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)} if kind == "histogram" else {}
+        extra = {}
+        if kind == "histogram":
+            extra = {"buckets": LOSS_BUCKETS if name.endswith("_nats") else SECONDS_BUCKETS}
         # prometheus_client appends _total to counters itself
         metric_name = name[: -len("_total")] if kind == "counter" else name
         families[name] = _TYPES[kind](metric_name, help_text, labels, namespace=NAMESPACE, registry=registry, **extra)
     return Metrics(registry=registry, families=families)
 
 
-def serve(metrics: Metrics, port: int, host: str = "127.0.0.1"):
-    """Start the /metrics endpoint in a daemon thread; returns (server, thread)."""
-    return start_http_server(port, addr=host, registry=metrics.registry)
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
+        """Scrapes and probes are not worth a line each."""
+
+
+class IPv6Server(ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[[], bool] = lambda: True,
+          labels: tuple[str, ...] = ()):
+    """Serve, in a daemon thread: /metrics; /healthz, 200 while the process answers; /readyz, 200
+    when `ready()` is true (the learner: consuming, broker reachable), else 503. With `labels`
+    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. Returns (server, thread)."""
+    metrics_app = make_wsgi_app(metrics.registry)
+
+    def is_ready() -> bool:
+        try:
+            answer = bool(ready())
+        except Exception:  # a readiness check that fails means not ready
+            answer = False
+        if labels:
+            metrics.ready.labels(*labels).set(1 if answer else 0)
+        return answer
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO") or "/"
+        if path in ("/healthz", "/readyz"):
+            ok = path == "/healthz" or is_ready()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"not ready\n"]
+        is_ready()
+        return metrics_app(environ, start_response)
+
+    server_class = IPv6Server if ":" in host else ThreadingWSGIServer
+    server = make_server(host, port, app, server_class, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, thread

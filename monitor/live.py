@@ -79,7 +79,7 @@ class LiveMonitor:
         """A probe evaluation: the exporter shows each class's forgetting (see RunTracker.probed)."""
         forgetting = self.run_tracker.probed(row)
         if self.sink is not None:
-            self.sink.forgetting(forgetting)
+            self.sink.forgetting(forgetting, self.run_tracker)
 
     def checkpointed(self, at: float) -> None:
         """A checkpoint was written at wall time `at`; the exporter reports its age."""

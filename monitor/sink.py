@@ -3,8 +3,12 @@
 Gauges hold states (the latest loss of a class, the rolling perplexity, the last switch's
 spike); counters and histograms accumulate what happens between scrapes. `state_dict()`
 keeps the gauges' and counters' current values as plain values, so a resumed run shows the
-same states and its counters continue; histograms (timings) start again, as after any
-restart of a Prometheus target.
+same states and its counters continue; histograms (timings, batch losses) start again, as
+after any restart of a Prometheus target.
+
+Class labels come from `Observation.class_label` (a fixed set: the manifest's classes or
+"other"). A non-finite loss reaches only the `batch_loss` gauge (StreamerLossNotFinite
+watches it): the loss counters and histogram stay finite, so their windows stay usable.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from monitor.tracker import Observation, RunTracker
 
 __all__ = ["PrometheusSink"]
 
+PHASES = ("after_switch", "steady")
 # readings that the next report replaces, and the wall-clock checkpoint age: not saved
 _READINGS = {"checkpoint_age_seconds", "consumer_lag_records", "queue_depth", "tokens_per_second"}
 
@@ -27,12 +32,15 @@ class PrometheusSink:
     def __init__(self, metrics: Metrics, run: str, strategy: str):
         self.metrics = metrics
         self.labels = (run, strategy)
+        self._spikes: dict[str, float] = {}  # kind -> worst loss so far of the latest switch's first k batches
 
     def step(self, result, seen: Observation, tracker: RunTracker) -> None:
         """After the tracker observed `result`: update what that batch changed."""
-        m, labels, name = self.metrics, self.labels, seen.class_name
+        m, labels, name = self.metrics, self.labels, seen.class_label
         m.batch_loss.labels(*labels, name).set(result.loss)
-        m.class_loss_mean.labels(*labels, name).set(tracker.class_loss_mean(name))
+        self._loss_counters(result, seen)
+        self._last_switch(result, seen, tracker)
+        m.class_loss_mean.labels(*labels, name).set(tracker.class_loss_mean(seen.class_name))
         m.batches_since_detected_switch.labels(*labels).set(tracker.batches_since_detected)
         if seen.detected:
             m.switches_detected_total.labels(*labels).inc()
@@ -51,13 +59,40 @@ class PrometheusSink:
         m.batches_learned_total.labels(*labels).inc()
         m.predict_seconds.labels(*labels).observe(result.predict_s)
         if tracker.accuracy.utterances and getattr(result, "predicted", None) is not None:
-            self._accuracy(tracker, name)
+            self._accuracy(tracker, seen.class_name, name)
         m.learn_seconds.labels(*labels).observe(result.learn_s)
         if seen.switched:
             m.switches_total.labels(*labels).inc()
             self._switch_metrics(tracker)
 
-    def _accuracy(self, tracker: RunTracker, name: str) -> None:
+    def _loss_counters(self, result, seen: Observation) -> None:
+        """Loss and tokens per class and phase, and the batch-loss histogram: every batch counts."""
+        m, labels, name = self.metrics, self.labels, seen.class_label
+        for phase in PHASES:  # both phases exist from the class's first batch, so increase() sees every step
+            m.loss_nats_total.labels(*labels, name, phase)
+            m.scored_tokens_total.labels(*labels, name, phase)
+        if not math.isfinite(result.loss):
+            return
+        phase = "after_switch" if seen.after_switch else "steady"
+        m.loss_nats_total.labels(*labels, name, phase).inc(result.loss * result.tokens)
+        m.scored_tokens_total.labels(*labels, name, phase).inc(result.tokens)
+        m.batch_loss_nats.labels(*labels, name).observe(result.loss)
+
+    def _last_switch(self, result, seen: Observation, tracker: RunTracker) -> None:
+        """The latest true and detected switch: its time, and its worst batch among the first k."""
+        k = tracker.calm.k
+        spans = (("true", seen.switched, tracker.batches_since_switch < k),
+                 ("detected", seen.detected, tracker.batches_since_detected < k))
+        for kind, starts, within in spans:
+            if starts:
+                at = getattr(result, "finished_at", None) or time.time()
+                self.metrics.last_switch_timestamp_seconds.labels(*self.labels, kind).set(at)
+                self._spikes[kind] = -math.inf
+            if within and kind in self._spikes and math.isfinite(result.loss):
+                self._spikes[kind] = max(self._spikes[kind], result.loss)
+                self.metrics.last_switch_spike_nats.labels(*self.labels, kind).set(self._spikes[kind])
+
+    def _accuracy(self, tracker: RunTracker, class_name: str, name: str) -> None:
         """Classifiers: prequential accuracy and macro-F1, overall, rolling and of this batch's class."""
         m, labels = self.metrics, self.labels
         snap = tracker.accuracy.snapshot()
@@ -65,8 +100,8 @@ class PrometheusSink:
         m.macro_f1.labels(*labels).set(snap["macro_f1"])
         m.accuracy_rolling.labels(*labels).set(snap["rolling"]["accuracy"])
         m.macro_f1_rolling.labels(*labels).set(snap["rolling"]["macro_f1"])
-        m.class_accuracy.labels(*labels, name).set(snap["per_class"][name]["accuracy"])
-        m.class_macro_f1.labels(*labels, name).set(snap["per_class"][name]["macro_f1"])
+        m.class_accuracy.labels(*labels, name).set(snap["per_class"][class_name]["accuracy"])
+        m.class_macro_f1.labels(*labels, name).set(snap["per_class"][class_name]["macro_f1"])
 
     def _switch_metrics(self, tracker: RunTracker) -> None:
         """Revisit metrics change only when a fragment closes, i.e. at a switch."""
@@ -75,7 +110,7 @@ class PrometheusSink:
         live = snap["live"]
         last_class = live.get("last_revisit_class")
         if live["last_loss_after_switch"] is not None:
-            cls = last_class or "all"
+            cls = tracker.class_label(last_class) if last_class else "all"
             m.loss_after_switch_last.labels(*labels, cls).set(live["last_loss_after_switch"])
             m.recovery_batches_last.labels(*labels, cls).set(live["last_rec"])
         if live["mean_loss_after_switch"] is not None:
@@ -83,8 +118,8 @@ class PrometheusSink:
             m.recovery_batches_mean.labels(*labels, "all").set(live["mean_rec"])
         for cls, values in snap["per_class"].items():
             if values["ppl@sw"] is not None:
-                m.loss_after_switch_mean.labels(*labels, cls).set(math.log(values["ppl@sw"]))
-                m.recovery_batches_mean.labels(*labels, cls).set(values["rec"])
+                m.loss_after_switch_mean.labels(*labels, tracker.class_label(cls)).set(math.log(values["ppl@sw"]))
+                m.recovery_batches_mean.labels(*labels, tracker.class_label(cls)).set(values["rec"])
 
     def lag(self, lag_by_partition: dict) -> None:
         for partition, lag in lag_by_partition.items():
@@ -96,9 +131,9 @@ class PrometheusSink:
     def dead_letter(self, reason: str) -> None:
         self.metrics.dead_letter_total.labels(*self.labels, reason).inc()
 
-    def forgetting(self, by_class: dict[str, float]) -> None:
+    def forgetting(self, by_class: dict[str, float], tracker: RunTracker) -> None:
         for name, value in by_class.items():
-            self.metrics.forgetting.labels(*self.labels, name).set(value)
+            self.metrics.forgetting.labels(*self.labels, tracker.class_label(name)).set(value)
 
     def checkpointed(self, at: float) -> None:
         """A checkpoint was written at wall time `at`; its age is computed at each scrape."""
@@ -130,5 +165,7 @@ class PrometheusSink:
             child = self.metrics.families[name].labels(*self.labels, *extra)
             if kind == "gauge":
                 child.set(value)
+                if name == "last_switch_spike_nats":
+                    self._spikes[extra[0]] = value
             elif value > current.get((name, tuple(extra)), 0.0):
                 child.inc(value - current.get((name, tuple(extra)), 0.0))

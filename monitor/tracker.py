@@ -23,9 +23,11 @@ from monitor.detection import DetectionTracker
 from monitor.drift import detector_state, load_detector, make_detector
 from monitor.river_state import load_rolling, rolling_state
 
-__all__ = ["RunTracker", "Observation", "ViewSnapshot", "UNLABELLED", "exp_or_inf"]
+__all__ = ["RunTracker", "Observation", "ViewSnapshot", "UNLABELLED", "OTHER_CLASS", "CLASS_LABEL_LIMIT", "exp_or_inf"]
 
 UNLABELLED = "unlabelled"
+OTHER_CLASS = "other"  # the metric label of a class outside the fixed set (issue 13 item 4)
+CLASS_LABEL_LIMIT = 64  # without a manifest, the first 64 classes seen keep their own label
 RATE_WINDOW_S = 5.0  # tokens per second over the last few seconds
 
 
@@ -64,6 +66,8 @@ class Observation:
     fragment: int
     switched: bool  # a true switch (the fragment changed) at this batch
     detected: bool  # the label-free detector fired at this batch
+    after_switch: bool = False  # one of the first k batches after a revisit (CALM's ppl@sw span)
+    class_label: str = UNLABELLED  # the class as a metric label: a fixed set (see RunTracker.class_label)
 
 
 def exp_or_inf(x: float | None) -> float | None:
@@ -85,6 +89,10 @@ class RunTracker:
         self.detection = DetectionTracker(tolerance=detection_tolerance)
         self.accuracy = AccuracyTracker()  # classifiers only: fed by rows' predicted and revealed labels
         self._class_ids = {name: i for i, name in enumerate(classes)}
+        self._manifest_classes = frozenset(classes)
+        self._k = k
+        self._since_switch = k  # batches since the latest true switch; the first fragment is steady
+        self._revisiting = False  # the latest true switch went back to a class seen before
         self._rolling = utils.Rolling(stats.Mean, window_size=100)
         self._recent = deque(maxlen=spark_width)
         self._recent_switch = deque(maxlen=spark_width)
@@ -108,6 +116,13 @@ class RunTracker:
     def class_id(self, name: str) -> int:
         return self._class_ids.setdefault(name, len(self._class_ids))
 
+    def class_label(self, name: str) -> str:
+        """`name` as a metric label value from a fixed set: a class of the manifest, else "other";
+        without a manifest the first CLASS_LABEL_LIMIT classes seen, then "other"."""
+        if self._manifest_classes:
+            return name if name in self._manifest_classes or name == UNLABELLED else OTHER_CLASS
+        return name if self.class_id(name) < CLASS_LABEL_LIMIT else OTHER_CLASS
+
     def observe(self, result) -> Observation:
         """Account one step result."""
         truth = result.truth
@@ -117,6 +132,9 @@ class RunTracker:
         switched = self._last_key is not None and self._last_key != fragment
         self._last_key = fragment
         self._switches += switched
+        self._since_switch = 0 if switched else self._since_switch + 1
+        if switched:
+            self._revisiting = name in self._class_sums  # checked before this batch counts for the class
         self._batches += 1
         self._tokens += result.tokens
         self._last_loss = result.loss
@@ -137,7 +155,9 @@ class RunTracker:
             self.accuracy.update(predicted, labels, name)
         if truth is not None:  # scoring the detector needs the ground truth (evaluation only)
             self.detection.update(self._batches - 1, fragment, detected)
-        return Observation(class_name=name, domain=domain, fragment=fragment, switched=switched, detected=detected)
+        return Observation(class_name=name, domain=domain, fragment=fragment, switched=switched, detected=detected,
+                           after_switch=self._revisiting and self._since_switch < self._k,
+                           class_label=self.class_label(name))
 
     def _detect(self, loss: float) -> bool:
         """Feed the label-free detector; True when it signals a switch at this batch."""
@@ -185,6 +205,11 @@ class RunTracker:
         return dict(self._dead)
 
     @property
+    def batches_since_switch(self) -> int:
+        """Batches since the latest true switch (0 at the switch's batch)."""
+        return self._since_switch
+
+    @property
     def batches_since_detected(self) -> int:
         return self._since_detected
 
@@ -220,7 +245,8 @@ class RunTracker:
             elapsed_s=time.monotonic() - self._started, accuracy=self.accuracy.snapshot(),
         )
 
-    _SCALARS = ("_batches", "_tokens", "_last_loss", "_last_key", "_switches", "_detected", "_since_detected")
+    _SCALARS = ("_batches", "_tokens", "_last_loss", "_last_key", "_switches", "_detected", "_since_detected",
+                "_since_switch", "_revisiting")
 
     def state_dict(self) -> dict:
         """Everything accumulated so far, as plain values (torch.load(weights_only=True) reads them)."""
@@ -242,7 +268,9 @@ class RunTracker:
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` (the tracker was built with the same settings)."""
         for name in self._SCALARS:
-            setattr(self, name, state[name.lstrip("_")])
+            key = name.lstrip("_")
+            older = {"since_switch": self._k, "revisiting": False}  # states written before these existed
+            setattr(self, name, state.get(key, older[key]) if key in older else state[key])
         self._class_ids = {name: i for name, i in state["class_ids"]}
         load_rolling(self._rolling, state["rolling"])
         self._recent = deque(state["recent"], maxlen=self._recent.maxlen)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.conftest import missing
 
-__all__ = ["require_prometheus", "start_prometheus", "stop", "query"]
+__all__ = ["require_prometheus", "start_prometheus", "stop", "query", "query_range"]
 
 READY_TIMEOUT_S = 30
 
@@ -110,4 +110,18 @@ def query(base_url: str, expr: str, timeout_s: float = 5) -> list[dict]:
         body = {"status": "error", "error": error.read().decode(errors="replace")}
     if body.get("status") != "success":
         raise RuntimeError(f"query {expr!r} failed: {body}")
+    return body["data"]["result"]
+
+
+def query_range(base_url: str, expr: str, start: float, end: float, step: float, timeout_s: float = 10) -> list[dict]:
+    """Range query; returns the API's `data.result` list (each with `metric` and `values`)."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    url = f"{base_url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as error:
+        body = {"status": "error", "error": error.read().decode(errors="replace")}
+    if body.get("status") != "success":
+        raise RuntimeError(f"query_range {expr!r} failed: {body}")
     return body["data"]["result"]

@@ -57,11 +57,33 @@ def test_dashboard_identity_variables_and_switch_annotations():
         assert variable["datasource"]["uid"] == "prometheus"
         assert variable["definition"].startswith("label_values(streamer_batches_learned_total")
         assert variable["definition"].endswith(f", {name})")
-    switch_queries = [a for a in dashboard["annotations"]["list"] if not a.get("builtIn")]
-    assert {a["datasource"]["uid"] for a in switch_queries} == {"-- Grafana --"}
-    assert sorted(tuple(a["target"]["tags"]) for a in switch_queries) == [
+    # markers from the data: Prometheus queries on the last-switch gauges, on by default, two colours
+    markers = [a for a in dashboard["annotations"]["list"] if a["datasource"]["uid"] == "prometheus"]
+    assert [a["name"] for a in markers] == ["True switches", "Detected switches"]
+    assert all(a["enable"] and a["useValueForTime"] and a["target"]["expr"] == a["expr"] for a in markers)
+    assert len({a["iconColor"] for a in markers}) == 2
+    assert [re.search(r'kind="(\w+)"', a["expr"]).group(1) for a in markers] == ["true", "detected"]
+    assert all(a["expr"].startswith("streamer_last_switch_timestamp_seconds{") and a["expr"].endswith("* 1000")
+               for a in markers)
+    # what `streamer monitor push` posts stays reachable, off by default
+    pushed = [a for a in dashboard["annotations"]["list"] if a["datasource"]["uid"] == "-- Grafana --" and not a.get("builtIn")]
+    assert sorted(tuple(a["target"]["tags"]) for a in pushed) == [
         ("streamer", "switch", "detected"), ("streamer", "switch", "true")]
-    assert all(a["target"]["type"] == "tags" and a["enable"] for a in switch_queries)
+    assert not any(a["enable"] for a in pushed)
+
+
+def test_every_panel_names_its_unit_and_the_top_panel_shows_the_worst_batch():
+    panels = [p for p in build_dashboard()["panels"] if p["type"] != "row"]
+    for panel in panels:
+        units = [panel["fieldConfig"]["defaults"]["unit"]] + [
+            prop["value"] for o in panel["fieldConfig"]["overrides"] for prop in o["properties"] if prop["id"] == "unit"]
+        assert all(unit and unit not in ("none", "short") for unit in units), (panel["title"], units)
+    top = panels[0]
+    assert top["type"] == "timeseries" and top["fieldConfig"]["defaults"]["unit"] == "suffix: nats"
+    exprs = [t["expr"] for t in top["targets"]]
+    assert exprs[0].startswith("histogram_quantile(0.99, sum by (le, run, strategy, class) (irate(streamer_batch_loss_nats_bucket{")
+    assert exprs[0].endswith(">= 0")  # an inactive class (NaN) draws no line
+    assert any('phase="steady"' in e for e in exprs)
 
 
 def test_every_panel_has_targets_filtered_by_run_and_strategy():
@@ -115,7 +137,7 @@ def test_cli_writes_and_checks_the_dashboard(tmp_path, capsys):
     assert cmd_monitor(_parse(["monitor", "dashboard", "--out", str(out)])) == 0
     assert out.read_text(encoding="utf-8") == COMMITTED.read_text(encoding="utf-8")
     assert cmd_monitor(_parse(["monitor", "dashboard", "--check", "--out", str(out)])) == 0
-    out.write_text(out.read_text(encoding="utf-8").replace("Rolling perplexity", "Rolling ppl"), encoding="utf-8")
+    out.write_text(out.read_text(encoding="utf-8").replace("Perplexity of the run", "Perplexity of a run"), encoding="utf-8")
     capsys.readouterr()
     assert cmd_monitor(_parse(["monitor", "dashboard", "--check", "--out", str(out)])) == 1
     err = capsys.readouterr().err

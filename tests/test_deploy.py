@@ -52,3 +52,12 @@ def test_mounted_configuration_exists_and_points_at_the_learner():
     assert any((ROOT / "deploy/grafana/provisioning/dashboards").glob("*.yml"))
     dockerfile = (ROOT / "deploy/Dockerfile").read_text()
     assert "torch==2.13.0" in dockerfile and "streamer data build calm-multilingual" in dockerfile
+
+
+def test_the_learner_reads_the_producers_manifest(compose):
+    text = compose("--profile", "cpu", "config")
+    producer = text.split("\n  producer:")[1].split("\n  prometheus:")[0]
+    learner = text.split("\n  learner:")[1].split("\n  producer:")[0] if "\n  learner:" in text else ""
+    written = re.search(r"--manifest (\S+)", producer).group(1)
+    assert f"--manifest {written}" in " ".join(learner.split()), learner
+    assert f"-s {written}" in " ".join(learner.split())  # it waits until the producer has written it

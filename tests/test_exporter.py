@@ -1,25 +1,41 @@
 """The metric catalogue on a fresh registry, fed by the live monitor from step results."""
 
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from monitor.exporter import CATALOGUE, create_metrics
+from monitor.exporter import CATALOGUE, LOSS_BUCKETS, create_metrics
 from monitor.live import LiveMonitor
 
-LABELS = {"run", "strategy", "class", "partition", "reason"}
+LABELS = {"run", "strategy", "class", "partition", "reason", "phase", "kind"}
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _result(index, loss, class_name, fragment, tokens=200):
     return SimpleNamespace(index=index, loss=loss, train_loss=loss, tokens=tokens,
                            truth=SimpleNamespace(class_name=class_name, fragment=fragment),
-                           predict_s=0.001, learn_s=0.002, finished_at=0.0)
+                           predict_s=0.001, learn_s=0.002, finished_at=1000.0 + index)
+
+
+def _values(metrics):
+    """{(sample name, frozenset of labels other than run and strategy): value} of run r."""
+    text = generate_latest(metrics.registry).decode()
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r'(\w+)\{([^}]*)\} (\S+)$', line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            if labels.pop("run", None) == "r" and labels.pop("strategy", None) == "naive":
+                found[(match.group(1), frozenset(labels.items()))] = float(match.group(3))
+    return found
 
 
 def test_catalogue_uses_only_the_fixed_labels_and_fresh_registries_are_isolated():
     for _, _, labels, help_text in CATALOGUE:
-        assert labels[:2] == ("run", "strategy") and set(labels) <= LABELS and len(labels) <= 3 and help_text
+        assert labels[:2] == ("run", "strategy") and set(labels) <= LABELS and len(labels) <= 4 and help_text
     a, b = create_metrics(), create_metrics()
     a.batches_learned_total.labels("r", "naive").inc()
     assert 'streamer_batches_learned_total{run="r"' in generate_latest(a.registry).decode()
@@ -91,3 +107,94 @@ def test_detected_switches_lag_dead_letters_class_means_and_checkpoint_age_are_e
     age = next(x for x in text.splitlines() if x.startswith("streamer_checkpoint_age_seconds{"))
     assert 29 <= float(age.split()[-1]) < 60
     assert monitor.snapshot().lag == 12
+
+
+def test_loss_counters_histogram_and_last_switch_gauges_count_every_batch():
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), k=2, metrics=metrics)
+    # phases with k=2 (after_switch: the first k batches of a revisit, as CALM's ppl@sw):
+    # a steady, steady | b (first visit) steady, steady | a (revisit) after, after, steady | b (revisit) after
+    stream = [(3, "a", 0), (1, "a", 0), (5, "b", 1), (4, "b", 1), (4, "a", 2), (2, "a", 2), (1, "a", 2), (6, "b", 3)]
+    for i, (loss, cls, frag) in enumerate(stream):
+        monitor.observe(_result(i, float(loss), cls, frag))
+    got = _values(metrics)
+
+    def value(name, **labels):
+        return got[(name, frozenset(labels.items()))]
+
+    # summed loss = mean loss x 200 tokens per batch
+    assert value("streamer_loss_nats_total", **{"class": "a", "phase": "steady"}) == (3 + 1 + 1) * 200
+    assert value("streamer_loss_nats_total", **{"class": "a", "phase": "after_switch"}) == (4 + 2) * 200
+    assert value("streamer_loss_nats_total", **{"class": "b", "phase": "steady"}) == (5 + 4) * 200
+    assert value("streamer_loss_nats_total", **{"class": "b", "phase": "after_switch"}) == 6 * 200
+    assert value("streamer_scored_tokens_total", **{"class": "a", "phase": "steady"}) == 600
+    assert value("streamer_scored_tokens_total", **{"class": "b", "phase": "after_switch"}) == 200
+    # both phases exist from a class's first batch (so increase() sees a revisit's first batches)
+    assert value("streamer_loss_nats_total", **{"class": "a", "phase": "after_switch"}) == 1200
+    monitor.observe(_result(8, 2.0, "c", 4))
+    assert _values(metrics)[("streamer_loss_nats_total", frozenset({("class", "other"), ("phase", "after_switch")}))] == 0
+    # the perplexity of the whole run from the counters: exp(5200 / 1600) = exp(26 / 8), the rolling one here
+    loss = sum(v for (n, _), v in got.items() if n == "streamer_loss_nats_total")
+    tokens = sum(v for (n, _), v in got.items() if n == "streamer_scored_tokens_total")
+    assert math.isclose(math.exp(loss / tokens), value("streamer_rolling_perplexity"))
+    # the histogram: a saw 3, 1, 4, 2, 1; b saw 5, 4, 6
+    assert value("streamer_batch_loss_nats_count", **{"class": "a"}) == 5
+    assert value("streamer_batch_loss_nats_sum", **{"class": "b"}) == 15
+    one = next(b for b in LOSS_BUCKETS if b >= 1.0)  # 1.006: the bucket of a's two losses of 1
+    assert value("streamer_batch_loss_nats_bucket", **{"class": "a", "le": str(one)}) == 2
+    assert value("streamer_batch_loss_nats_bucket", **{"class": "b", "le": "+Inf"}) == 3
+    # the latest true switch: batch 7 (finished at 1007), its first batch so far 6 nats
+    assert value("streamer_last_switch_timestamp_seconds", kind="true") == 1007.0
+    assert value("streamer_last_switch_spike_nats", kind="true") == 6.0
+
+
+def test_last_switch_spike_holds_the_worst_of_the_first_k_batches_until_the_next_switch():
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), k=3, metrics=metrics, detector="none")
+    for i, (loss, cls, frag) in enumerate([(2, "a", 0), (3, "b", 1), (5, "b", 1), (4, "b", 1), (9, "b", 1), (1, "b", 1)]):
+        monitor.observe(_result(i, float(loss), cls, frag))
+    got = _values(metrics)
+    # b's first k=3 batches: 3, 5, 4 -> 5; the 9 of the fourth batch is mid-fragment
+    assert got[("streamer_last_switch_spike_nats", frozenset({("kind", "true")}))] == 5.0
+    assert got[("streamer_last_switch_timestamp_seconds", frozenset({("kind", "true")}))] == 1001.0
+    assert ("streamer_last_switch_timestamp_seconds", frozenset({("kind", "detected")})) not in got
+
+
+def test_class_labels_are_the_manifests_classes_or_other():
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a",), metrics=metrics, detector="none")
+    monitor.observe(_result(0, 2.0, "a", 0))
+    monitor.observe(_result(1, 3.0, "zz", 1))
+    got = _values(metrics)
+    assert got[("streamer_batch_loss", frozenset({("class", "other")}))] == 3.0
+    assert got[("streamer_batch_loss_nats_count", frozenset({("class", "other")}))] == 1
+    assert not any(("class", "zz") in labels for _, labels in got)
+    # without a manifest: the first 64 classes keep their names, the 65th is "other"
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", metrics=metrics, detector="none")
+    for i in range(65):
+        monitor.observe(_result(i, 1.0, f"c{i}", i))
+    classes = {dict(labels).get("class") for name, labels in _values(metrics) if name == "streamer_batch_loss"}
+    assert classes == {f"c{i}" for i in range(64)} | {"other"}
+
+
+def test_non_finite_losses_reach_only_the_batch_loss_gauge():
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a",), metrics=metrics, detector="none")
+    monitor.observe(_result(0, 2.0, "a", 0))
+    monitor.observe(_result(1, math.nan, "a", 0))
+    got = _values(metrics)
+    assert math.isnan(got[("streamer_batch_loss", frozenset({("class", "a")}))])
+    assert got[("streamer_loss_nats_total", frozenset({("class", "a"), ("phase", "steady")}))] == 400.0
+    assert got[("streamer_batch_loss_nats_count", frozenset({("class", "a")}))] == 1
+
+
+def test_readme_metric_table_lists_every_exported_metric_with_its_type_and_labels():
+    section = README.read_text(encoding="utf-8").split("### Prometheus metrics")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `(streamer_\w+)` \| (\w+) \| ([\w, ]+) \| (.+) \|$", section, flags=re.MULTILINE)
+    table = {name: (kind, tuple(label.strip() for label in labels.split(","))) for name, kind, labels, _ in rows}
+    registry = {f"streamer_{name}": (kind, labels) for name, kind, labels, _ in CATALOGUE}
+    assert table == registry
+    assert all(meaning.strip() for *_, meaning in rows)
+    exported = {metric.name for metric in create_metrics().registry.collect()}
+    assert exported == {name.removesuffix("_total") for name in registry}

@@ -72,8 +72,9 @@ def feed(live: LiveMonitor, results, probe_every: int = 17) -> list[dict]:
     return lines
 
 
+# wall-clock readings, and histograms (which start again after a restart, as any target's do)
 TIMED = ("streamer_tokens_per_second", "streamer_checkpoint_age_seconds", "streamer_predict_seconds",
-         "streamer_learn_seconds")
+         "streamer_learn_seconds", "streamer_batch_loss_nats")
 
 
 def exported(live: LiveMonitor) -> list[str]:

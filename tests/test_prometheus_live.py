@@ -14,7 +14,7 @@ from producers.kafka import produce
 from streamer.config import LearnConfig
 from streamer.learner import run as run_learner
 from tests.helpers import TINY, small_stream
-from tests.prometheus_util import query, start_prometheus, stop
+from tests.prometheus_util import query, query_range, start_prometheus, stop
 
 CORPUS = {"en": "hello world, how are you today " * 400, "fr": "bonjour le monde, ça va bien " * 400,
           "cs": "ahoj světe, jak se dnes máš " * 400}
@@ -65,6 +65,7 @@ scrape_configs:
             run_dir=tmp_path / "run", run_name="live", streams=3, window=10, model=TINY, device="cpu",
             total_batches=manifest["total_batches"], classes=tuple(manifest["classes"]), idle_timeout_s=30)
         monitor = SlowMonitor(run="live", strategy="naive", classes=learn_config.classes, metrics=metrics)
+        started = time.time()
         thread = threading.Thread(target=lambda: asyncio.run(run_learner(learn_config, monitor=monitor)))
         thread.start()
         thread.join(timeout=120)
@@ -74,11 +75,11 @@ scrape_configs:
         moved = query(base, 'changes(streamer_batches_learned_total{run="live"}[5m])')
         assert moved and float(moved[0]["value"][1]) >= 2, moved
 
-        missing = []
+        missing = []  # over the run's time range, as the dashboard draws them
         for title, expr, optional in panel_queries():
             if optional:
                 continue
-            if not query(base, _substitute(expr)):
+            if not query_range(base, _substitute(expr), started, time.time(), 1):
                 missing.append(f"{title}: {expr}")
         assert not missing, "panels without data:\n" + "\n".join(missing)
 
