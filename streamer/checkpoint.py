@@ -8,8 +8,10 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
     strategy        strategy.state_dict(): model, optimizer(s), memories, gates, detectors, hidden state
     rng             torch (CPU, and CUDA when used), numpy and random states, as tensors and plain values
     loop            streamer.loop's state after batch `step`: batcher carry-over, batches waiting to be
-                    learned, records read, the last truth
-    offsets         {"topic:partition": next offset to read}; Kafka's committed offsets never run ahead
+                    learned, records read and dead-lettered, the last truth
+    offsets         {"topic:partition": next offset to read}; committed to Kafka only after the checkpoint
+                    holding them is written, so Kafka's committed offsets never run ahead of it; a restart
+                    reads every partition from here (streamer.consumer.SeekOnAssign), not from Kafka's
     step            batches learned
     tracker         the metric tracker's state (monitor.live.LiveMonitor.state_dict), when it has one
     labels          classifiers: the label names in head-row order

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from streamer.models.catalog import LSTMConfig, default_lr
 
-__all__ = ["LearnConfig", "RunSummary", "span_start"]
+__all__ = ["LearnConfig", "RunSummary", "span_start", "default_group"]
+
+
+def default_group(topic: str, strategy: str) -> str:
+    """The consumer group of `streamer learn` without --group: learners of different strategies on one
+    topic never share offsets."""
+    return f"streamer-{topic}-{strategy}"
 
 
 @dataclass(frozen=True)
@@ -16,7 +22,7 @@ class LearnConfig:
     bootstrap_servers: str
     topic: str
     run_dir: Path
-    group_id: str = "streamer-learner"
+    group_id: str = "streamer-learner"  # `learn` derives its default from the topic and strategy (default_group)
     run_name: str = "run"
     strategy: str = "naive"
     strategy_options: tuple[tuple[str, object], ...] = ()  # the strategy's own hyperparameters
@@ -39,7 +45,7 @@ class LearnConfig:
     n_fragments: int | None = None
     k: int = 10
     from_fragment: int = 0
-    checkpoint_every_s: float = 300.0  # also written at the end of every run
+    checkpoint_every_s: float = 60.0  # also written at every clean stop (end of stream, limit, signal)
     probe_every: int = 500  # score the probe split every this many batches (0: only at switches)
     probe_at_switches: bool = True  # and at every true switch (headers, evaluation only)
     probe: bool = True  # score the manifest's held-out probe split at all (--no-probe: False)
@@ -47,6 +53,7 @@ class LearnConfig:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: none)
     metrics_host: str = "127.0.0.1"
     live_view: bool = True  # the rich live view on a terminal; False: plain log lines
+    max_record_bytes: int = 1_000_000  # larger records are dead-lettered as too_large (producers.wire)
 
     @property
     def resolved_lr(self) -> float:

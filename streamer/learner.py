@@ -16,7 +16,10 @@ import asyncio
 import copy
 import inspect
 import json
+import os
 import random
+import signal
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,6 +39,7 @@ from streamer.consumer import KafkaSource
 from streamer.loop import PrequentialLoop
 from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set
+from streamer.resume import trim_logs
 from streamer.strategies import STRATEGIES
 
 __all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
@@ -77,7 +81,8 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
 
 async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=None, producer=None,
               console: Console | None = None, log=print, monitor: LiveMonitor | None = None,
-              view=None) -> RunSummary:
+              view=None, resume: dict | None = None, from_beginning: bool = False,
+              stop_signals: tuple = ()) -> RunSummary:
     """Consume, score and learn until a stop condition; returns the run's summary.
 
     `prepared`: build_strategy's (strategy, built) for this config, when the caller has it (a
@@ -85,7 +90,13 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     topic is created first). `monitor`: a LiveMonitor of the caller's (tests read its tracker);
     otherwise one is built, with Prometheus metrics served on config.metrics_port when set.
     `view`: anything with LiveView's update(snapshot, force=False) and context manager (compare
-    shows one progress line); otherwise a LiveView on `console` (plain lines when not config.live_view)."""
+    shows one progress line); otherwise a LiveView on `console` (plain lines when not config.live_view).
+    `resume`: a checkpoint's dict (streamer.resume.resume_state) to continue from: strategy, RNG, the
+    loop's carry-over and step, the tracker; partitions are read from its offsets, and the run's logs
+    are cut back to its step and appended to. `from_beginning`: partitions without an offset of the
+    run's own start at the earliest record, not at the group's committed offset (--fresh).
+    `stop_signals`: signals that stop the run cleanly (the step in flight, a checkpoint, a commit);
+    a second SIGINT exits at once with status 130."""
     started = time.monotonic()
     device = resolve_device(config.device)
     strategy, built = prepared or build_strategy(config, device, manifest)
@@ -99,30 +110,36 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                               detector=config.detector)
     else:
         monitor.total_batches = shown_total
-    server = None
-    if config.metrics_port is not None and monitor.metrics is not None:
-        server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host)
-        log(f"metrics: http://{config.metrics_host}:{server.server_address[1]}/metrics")
     if view is None:
         view = LiveView(console=console if config.live_view else Console(force_terminal=False))
     if producer is not None:  # the topic must exist before the consumer subscribes
         await ensure_topic(config.bootstrap_servers, config.topic)
-    loop = PrequentialLoop(strategy, batcher, KafkaSource(config.bootstrap_servers, config.topic, config.group_id),
+    source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
+                         max_record_bytes=config.max_record_bytes, log=log)
+    source.seek_on_assign(batcher.offsets.next_positions, from_beginning)
+    loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
                            max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size)
+    server = None
+    if config.metrics_port is not None and monitor.metrics is not None:
+        server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
+                          ready=lambda: loop.consuming, labels=(config.run_name, config.strategy))
+        log(f"metrics: http://{config.metrics_host}:{server.server_address[1]}/metrics")
     probes = _probe_scheduler(config, built, manifest, batcher, loop)
     labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
     checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                 config=config, loop=loop, monitor=monitor, labels=labels)
+    if resume is not None:
+        restore(resume, loop, monitor)
     tasks = []
     try:
-        with view:
+        with view, _StopOnSignals(stop_signals, loop, log):
             tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, config.run_dir, view,
-                                                final_probe=built.kind == "classifier"))]
+                                                  final_probe=built.kind == "classifier", resumed=resume is not None))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
-            await asyncio.gather(*tasks)
+            await _until_learned(tasks, loop)
             view.update(monitor.snapshot(), force=True)
     finally:
         for task in tasks:
@@ -135,13 +152,70 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       probes.seconds if probes else 0.0)
 
 
+def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor) -> None:
+    """Continue a checkpoint's run: the strategy (model, optimizer, memories, detectors), the loop's
+    step and carry-over (its offsets are where the partitions are read from), the tracker, and last
+    the random generators (nothing draws from them between here and the first step)."""
+    loop.strategy.load_state_dict(state["strategy"])
+    loop.load_state_dict(state["loop"])
+    if state.get("tracker") is not None:
+        monitor.load_state_dict(state["tracker"])
+    checkpoint.set_rng_state(state["rng"])
+
+
+async def _until_learned(tasks: list, loop: PrequentialLoop) -> None:
+    """Wait for the learner (tasks[0]) and the producer beside it; a failure of either ends both. A run
+    stopped by a signal does not wait for its producer."""
+    pending = set(tasks)
+    while tasks[0] in pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # re-raise a failure
+    if loop.stop_reason == "signal":
+        for task in pending:
+            task.cancel()
+    await asyncio.gather(*pending, return_exceptions=loop.stop_reason == "signal")
+
+
+class _StopOnSignals:
+    """While the run lasts, `signals` stop the loop cleanly; a second SIGINT exits at once (130)."""
+
+    def __init__(self, signals: tuple, loop: PrequentialLoop, log):
+        self.signals, self.loop, self.log = tuple(signals), loop, log
+
+    def __enter__(self):
+        event_loop = asyncio.get_running_loop()
+        for signum in self.signals:
+            event_loop.add_signal_handler(signum, self._received, signum)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        event_loop = asyncio.get_running_loop()
+        for signum in self.signals:
+            event_loop.remove_signal_handler(signum)
+
+    def _received(self, signum) -> None:
+        name = signal.Signals(signum).name
+        if self.loop.stop_reason == "signal":
+            if signum == signal.SIGINT:
+                print(f"streamer: {name} again: exiting now, without a final checkpoint", file=sys.stderr, flush=True)
+                os._exit(130)
+            return
+        self.log(f"{name}: stopping after the step in flight (checkpoint, commit, leave the group); "
+                 + ("Ctrl-C again aborts" if signum == signal.SIGINT else "SIGINT aborts"))
+        self.loop.stop("signal")
+
+
 async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path, view,
-                 final_probe: bool) -> None:
-    """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes."""
+                   final_probe: bool, resumed: bool = False) -> None:
+    """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes. The run's
+    logs are cut back to the loop's step (a resumed run's checkpoint; 0 otherwise) once the source has
+    started, then appended to."""
     async with loop:
+        trim_logs(run_dir, loop.step)
         publisher = asyncio.create_task(_publish(loop, monitor, view))
         try:
-            with LossLogWriter(run_dir / "losses.jsonl") as losses:
+            with LossLogWriter(run_dir / "losses.jsonl", append=resumed) as losses:
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
                     monitor.probed(row)
                 async for result in loop:

@@ -58,6 +58,16 @@ class PrequentialLoop:
         self._fetcher: asyncio.Task | None = None
 
     @property
+    def records_batched(self) -> int:
+        """Records that reached the batcher: read, less those dead-lettered (the manifest counts only these)."""
+        return self.records - sum(count for reason, count in self.dead_letters.items() if reason != "dead_letter_failed")
+
+    @property
+    def consuming(self) -> bool:
+        """Started, fetching, and not stopped: what /readyz reports."""
+        return self._fetcher is not None and not self._fetcher.done() and self.stop_reason is None
+
+    @property
     def queue_depth(self) -> int:
         return len(self._queue)
 
@@ -109,16 +119,23 @@ class PrequentialLoop:
         """Run `function(*args)` in the model's worker thread, after any step in flight."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
 
-    async def commit(self, offsets: dict) -> None:
+    def stop(self, reason: str = "signal") -> None:
+        """Stop after the step in flight (a signal handler on the event loop calls it): the loop then
+        yields no further result; the fetch side is cancelled when the `async with` block ends."""
+        self.stop_reason = self.stop_reason or reason
+        self._changed.set()
+
+    async def commit(self, offsets: dict) -> bool:
         """Commit `offsets` ({(topic, partition): next offset}) to Kafka; call it only with offsets a
-        written checkpoint covers (state_dict()["offsets"])."""
-        await self.source.commit(offsets)
+        written checkpoint covers (state_dict()["offsets"]); False when Kafka refused them."""
+        return await self.source.commit(offsets)
 
     def state_dict(self) -> dict:
         """The loop's side of a snapshot, read at a snapshot point on the event loop: the batcher's
         carry-over, the batches cut but not yet learned, the next offset to read per partition."""
         return {
             "step": self.step, "tokens": self.tokens, "records": self.records,
+            "dead_letters": dict(self.dead_letters),
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
             "waiting": [_ready_to_plain(ready) for ready in self._queue],
@@ -128,6 +145,7 @@ class PrequentialLoop:
     def load_state_dict(self, state: dict) -> None:
         """Continue after a snapshot (call before `async with`; the source seeks to state["offsets"])."""
         self.step, self.tokens, self.records = state["step"], state["tokens"], state["records"]
+        self.dead_letters = Counter(state.get("dead_letters", {}))
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
         self._queue = deque(_ready_from_plain(saved, self.batcher) for saved in state["waiting"])
@@ -142,7 +160,7 @@ class PrequentialLoop:
             self.stop_reason = self.stop_reason or "time_limit"
         if self.idle_timeout_s and not self._queue and now - self._last_record >= self.idle_timeout_s:
             self.stop_reason = self.stop_reason or "idle"
-        if (self.total_records and self.records >= self.total_records and not self._queue
+        if (self.total_records and self.records_batched >= self.total_records and not self._queue
                 and not self.batcher.ready()):  # every record read and batched: what remains is less than a batch
             self.stop_reason = self.stop_reason or "end_of_stream"
 
@@ -168,6 +186,9 @@ class PrequentialLoop:
                         await self._changed.wait()
                     self._queue.append(batcher.pop())
                     self._changed.set()
+            failed = getattr(self.source, "dead_letter_failures", 0)
+            if failed:  # dead-letter sends that failed: counted, never raised
+                self.dead_letters["dead_letter_failed"] = failed
             if time.monotonic() - last_lag > 1.0:
                 last_lag = time.monotonic()
                 self.lag = await self.source.lag()

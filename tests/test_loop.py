@@ -122,3 +122,24 @@ def test_a_snapshot_between_two_results_continues_exactly(stream, tmp_path):
     assert [r.index for r in rest] == list(range(12, len(whole)))
     assert [r.loss for r in rest] == [r.loss for r in whole[12:]]
     assert torch.equal(torch.tensor([r.tokens for r in rest]), torch.tensor([r.tokens for r in whole[12:]]))
+
+
+def test_stop_ends_the_loop_after_the_step_in_flight_and_dead_letters_survive_a_snapshot(stream):
+    records, _ = stream
+    source = MemorySource([records[0], Record("7", "a third stream"), *records[1:]], bad={3})
+    loop = PrequentialLoop(naive(), Batcher(2, 10), source)
+
+    async def go():
+        results = []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                if result.index == 4:
+                    loop.stop()  # what the SIGTERM handler calls, on the event loop
+        return results
+    results = asyncio.run(go())
+    assert len(results) == 5 and loop.stop_reason == "signal"
+    saved = loop.state_dict()
+    again = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records))
+    again.load_state_dict(saved)
+    assert again.dead_letters == loop.dead_letters and again.step == 5

@@ -45,6 +45,8 @@ def model_config(args, **changes) -> LearnConfig:
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
         checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every), detector=args.detector,
         probe=not args.no_probe)
+    if getattr(args, "max_record_bytes", None) is not None:  # learn and demo (--max-record-bytes)
+        fields["max_record_bytes"] = args.max_record_bytes
     fields.update(changes)
     config = LearnConfig(**fields)
     return dataclasses.replace(config, lr=config.resolved_lr)  # config.json records the rate used

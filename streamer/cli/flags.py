@@ -19,7 +19,7 @@ from streamer.config import LearnConfig
 from streamer.models.catalog import MODEL_CATALOG, LSTMConfig
 
 __all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "SCHEDULE_CHOICES", "ORDER_CHOICES",
-           "PROBE_TOKENS", "positive_int", "positive_float", "key_value", "seeds", "span", "default_of",
+           "PROBE_TOKENS", "positive_int", "positive_float", "port", "key_value", "seeds", "span", "default_of",
            "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags"]
 
 MODEL_CHOICES = tuple(sorted(MODEL_CATALOG))
@@ -67,6 +67,17 @@ def _positive(kind: type, what: str):
 
 positive_int = _positive(int, "a positive integer")
 positive_float = _positive(float, "a positive number")
+
+
+def port(text: str) -> int:
+    """A TCP port, 0..65535 (0: a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {value}")
+    return value
 
 
 def key_value(text: str) -> tuple[str, object]:
@@ -185,21 +196,25 @@ def add_model_flags(p, strategy: bool = True) -> None:
     g.add_argument("--params", type=positive_int, metavar="N",
                    help="size the hidden layers so the strategy's model has about N parameters "
                         "(models sized by --hidden only; overrides --hidden)")
+    g.add_argument("--threads", type=positive_int, metavar="N",
+                   help="torch threads (default: the CPUs this process may use, less one for the event loop "
+                        "when there are more than 2; OMP_NUM_THREADS when set)")
     g.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "
                         "[model] options; the command line wins")
 
 
-def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = None) -> None:
+def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = None,
+                  run_dir_default: str = "runs/<time>-<strategy>") -> None:
     """How a learning run (learn, demo) stops, is watched and is checkpointed (`minutes`, `metrics_port`:
     the command's own defaults, when it has them)."""
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", type=Path,
-                   help="where losses.jsonl, results.json and plots go (default runs/<time>-<strategy>)")
+                   help=f"where losses.jsonl, results.json, plots and checkpoint.pt go (default {run_dir_default})")
     g.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: no limit)")
     g.add_argument("--minutes", type=positive_float, default=minutes,
                    help="stop after this many minutes (%s)" % ("default %(default)s" if minutes else "default: no limit"))
-    g.add_argument("--metrics-port", type=int, default=metrics_port,
+    g.add_argument("--metrics-port", type=port, default=metrics_port,
                    help="serve Prometheus metrics on this port (0 = a free port; %s)"
                         % ("default: none served" if metrics_port is None else "default %(default)s"))
     g.add_argument("--metrics-host", default=default_of(LearnConfig, "metrics_host"),
@@ -215,3 +230,6 @@ def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = No
     g.add_argument("--no-probe", action="store_true", help="do not score the probe split (needs a manifest)")
     g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),
                    help="seconds between checkpoints (one is always written at the end; default %(default)s)")
+    g.add_argument("--max-record-bytes", type=positive_int, default=default_of(LearnConfig, "max_record_bytes"),
+                   help="dead-letter records larger than this, key, value and headers together, as too_large "
+                        "(default %(default)s)")

@@ -54,8 +54,10 @@ def default_run_dir(strategy: str) -> Path:
     return Path("runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{strategy}"
 
 
-async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None, producer=None) -> RunSummary:
-    """The learner (and optionally `producer()`, a coroutine factory) under the live view."""
+async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None, producer=None,
+                           resume: dict | None = None, from_beginning: bool = False) -> RunSummary:
+    """The learner (and optionally `producer()`, a coroutine factory) under the live view; SIGTERM and
+    SIGINT stop it cleanly (streamer.learner.run's stop_signals). `resume`: a checkpoint to continue."""
     from streamer import learner
 
     try:  # fails early, before the broker and the view, on a bad --device, --set or --model-opt
@@ -63,7 +65,8 @@ async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None,
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return await learner.run(config, manifest=manifest, prepared=prepared, producer=producer, console=Console(),
-                             log=lambda message: print(message, flush=True))
+                             log=lambda message: print(message, flush=True), resume=resume,
+                             from_beginning=from_beginning, stop_signals=(signal.SIGINT, signal.SIGTERM))
 
 
 def run_with_report_on_interrupt(run_dir: Path, main):

@@ -1,0 +1,118 @@
+"""A run directory across restarts: the checkpoint to resume from, the logs cut back to it, the old run set
+aside on purpose (--fresh), and one learner at a time in a directory (a lock the kernel drops when the
+process dies, even by SIGKILL).
+
+    state = resume_state(run_dir, config)   # None: no checkpoint; ValueError naming the keys that differ
+    trim_logs(run_dir, state["step"])       # losses.jsonl (rotated files too) and probes.jsonl
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from monitor.losslog import trim_loss_log
+from streamer import checkpoint
+
+__all__ = ["IDENTITY_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
+           "set_aside"]
+
+# A checkpoint continues only the run that wrote it: the same stream, model and strategy.
+IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
+                 "streams", "window")
+
+
+class RunDirBusy(RuntimeError):
+    """Another running learner holds the run directory."""
+
+
+class RunDirLock:
+    """An exclusive flock on `<run_dir>/.lock` for the life of a learner (with-block)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self._handle = None
+
+    def __enter__(self) -> RunDirLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "?"
+            handle.close()
+            raise RunDirBusy(f"{self.path.parent} is in use by a running learner (pid {owner}); "
+                             "stop it first or give another --run-dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing drops the lock
+            self._handle = None
+
+
+def differing_keys(saved: dict, config) -> list[str]:
+    """The identity keys whose values differ between a checkpoint's config and `config`."""
+    current = checkpoint.plain(config)
+    return [key for key in IDENTITY_KEYS if key in saved and saved[key] != current.get(key)]
+
+
+def resume_state(run_dir: Path, config) -> dict | None:
+    """The checkpoint of `run_dir` when there is one and it continues `config`; None when there is none.
+    ValueError (one line) when it belongs to another model, strategy or stream."""
+    path = Path(run_dir) / "checkpoint.pt"
+    if not path.exists():
+        return None
+    try:
+        state = checkpoint.load(path, map_location="cpu")
+    except (checkpoint.CheckpointError, OSError, RuntimeError) as exc:
+        raise ValueError(f"cannot resume from {path}: {exc}; use --fresh to start over") from None
+    differ = differing_keys(state.get("config", {}), config)
+    if differ:
+        shown = ", ".join(f"{key} {state['config'][key]!r} -> {checkpoint.plain(config).get(key)!r}" for key in differ)
+        raise ValueError(f"{path} is a run of another configuration ({shown}); "
+                         f"use --fresh to start over or another --run-dir")
+    return state
+
+
+def trim_logs(run_dir: Path, step: int) -> tuple[int, int]:
+    """Cut losses.jsonl back to its first `step` batches and probes.jsonl to the rows scored before
+    batch `step` (a probe at `step` is scored again after the restart); returns the lines kept."""
+    run_dir = Path(run_dir)
+    losses = trim_loss_log(run_dir / "losses.jsonl", step) if (run_dir / "losses.jsonl").exists() else 0
+    probes_path, probes = run_dir / "probes.jsonl", 0
+    if probes_path.exists():
+        kept = []
+        for line in probes_path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                break  # a row torn by a crash ends the log
+            if not line.endswith("\n") or row.get("batch", 0) >= step:
+                break
+            kept.append(line)
+        probes_path.write_text("".join(kept), encoding="utf-8")
+        probes = len(kept)
+    return losses, probes
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """--fresh: move an existing run directory's files to a sibling `<name>.replaced-<time>`; returns it."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not any(p.name != ".lock" for p in run_dir.iterdir()):
+        return None
+    aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside.mkdir(parents=True)
+    for entry in run_dir.iterdir():
+        if entry.name != ".lock":
+            entry.rename(aside / entry.name)
+    return aside

@@ -1,0 +1,118 @@
+"""A restart continues the same run: `streamer learn` killed with SIGKILL after a checkpoint and run
+again with the same command gives, batch for batch, the losses of an uninterrupted run (each batch
+once, to 1e-4 nats), and the loss-log lines written before each kill up to its checkpoint are kept,
+not learned again. Real processes through the embedded broker; the default group and run directory
+(derived from the topic and strategy) are what the restarts find."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer import checkpoint
+from tests.conftest import write_corpus
+
+STREAMER = [sys.executable, "-m", "streamer.cli"]
+TOPIC = "resume"
+STRATEGY_FLAGS = {
+    "naive": [],
+    "poe": ["--set", "n_experts=3", "--set", "gate_steps=5", "--set", "warmup_batches=10"],
+    "replay": ["--set", "r_interval=5", "--set", "n_replay=4", "--set", "memory_size=30"],
+    "ewc": [],
+    "mbpa": ["--set", "r_interval=5", "--set", "n_replay=4", "--set", "memory_size=30", "--set", "neighbours=4",
+             "--set", "local_steps=2"],
+}
+KILLS = {"naive": 3}  # the other strategies: one kill each, to keep the test short
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def stream(broker, tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    corpus = write_corpus(root / "corpus")
+    manifest = root / "manifest.json"
+    result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
+                             broker.bootstrap_servers, "--topic", TOPIC, "--fragments", "6", "--lambda", "2500",
+                             "--streams", "3", "--window", "10", "--seed", "0", "--manifest", str(manifest)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return root, manifest
+
+
+def learn_command(broker, manifest, strategy, *extra):
+    return [*STREAMER, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", TOPIC,
+            "--manifest", str(manifest), "--streams", "3", "--window", "10", "--hidden", "24", "--embedding", "8",
+            "--strategy", strategy, *STRATEGY_FLAGS[strategy], "--no-view", "--no-probe", "--checkpoint-every", "0.5",
+            *extra]
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def checkpoint_step(path: Path) -> int:
+    return checkpoint.load(path)["step"] if path.exists() else 0
+
+
+def kill_after_checkpoint(command, cwd: Path, run_dir: Path, at_least: int, timeout_s: float = 180):
+    """Start `command`, wait for a checkpoint past batch `at_least`, freeze the process, note the loss
+    log and the checkpoint's step, then SIGKILL it. Returns (lines before the kill, checkpoint step)."""
+    process = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while checkpoint_step(run_dir / "checkpoint.pt") <= at_least:
+            assert process.poll() is None, f"the learner exited early: {process.stdout.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no checkpoint past batch %d" % at_least
+            time.sleep(0.02)
+        time.sleep(0.1)  # a few batches past the checkpoint, to be learned again after the restart
+        process.send_signal(signal.SIGSTOP)  # frozen: the log and the checkpoint are read as they stand
+        lines, step = read_lines(run_dir / "losses.jsonl"), checkpoint_step(run_dir / "checkpoint.pt")
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+    return lines, step
+
+
+# naive (three kills) runs by default; the other strategies (one kill each, about 50 s apiece) are `slow`.
+@pytest.mark.parametrize("strategy", [name if name == "naive" else pytest.param(name, marks=pytest.mark.slow)
+                                      for name in sorted(STRATEGY_FLAGS)])
+def test_sigkill_and_restart_give_the_losses_of_an_uninterrupted_run(strategy, broker, stream):
+    root, manifest = stream
+    total = json.loads(manifest.read_text())["total_batches"]
+    started = time.monotonic()
+    whole_dir = root / f"whole-{strategy}"
+    whole = subprocess.run(learn_command(broker, manifest, strategy, "--group", f"whole-{strategy}",
+                                         "--run-dir", str(whole_dir)),
+                           cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = [json.loads(line) for line in read_lines(whole_dir / "losses.jsonl")]
+    assert len(expected) == total
+
+    command = learn_command(broker, manifest, strategy)  # the default group and run directory
+    run_dir = root / "runs" / f"{TOPIC}-streamer-{TOPIC}-{strategy}"
+    kills = KILLS.get(strategy, 1)
+    before_kills, step = [], 0
+    for kill in range(kills):
+        lines, step = kill_after_checkpoint(command, root, run_dir, at_least=max(step, total * (kill + 1) // (kills + 2)))
+        assert len(lines) >= step  # every learned batch was logged before the checkpoint covering it
+        before_kills.append((lines, step))
+    last = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert f"resuming from the checkpoint at batch {step}" in last.stdout
+
+    got = [json.loads(line) for line in read_lines(run_dir / "losses.jsonl")]
+    assert [line["batch"] for line in got] == list(range(total))  # each batch once, in order
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected))
+    assert worst <= 1e-4, f"{strategy}: largest difference {worst:.3g} nats"
+    assert [(a["domain_name"], a["sequence"]) for a in got] == [(b["domain_name"], b["sequence"]) for b in expected]
+    final = read_lines(run_dir / "losses.jsonl")
+    for lines, step in before_kills:  # kept as written (their time stamps too), not learned again
+        assert final[:step] == lines[:step]
+    print(f"{strategy}: {kills} kill(s) at batches {[s for _, s in before_kills]} of {total}; "
+          f"largest loss difference {worst:.2g}; {time.monotonic() - started:.0f}s")

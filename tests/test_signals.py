@@ -1,0 +1,173 @@
+"""SIGTERM and SIGINT stop `streamer learn` cleanly: the step in flight is finished, a checkpoint is
+written and committed, the group is left, and the process exits 0 (within 10 s mid-run, 2 s idle);
+the same command then continues the run to the losses of an uninterrupted one. A second SIGINT
+aborts at once (130). Without a manifest or limits the learner waits for records and learns them as
+they arrive. Real processes through the embedded broker."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer import checkpoint
+from tests.conftest import write_corpus
+
+STREAMER = [sys.executable, "-m", "streamer.cli"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def produce(broker, corpus: Path, topic: str, manifest: Path, fragments: int = 6, mean_tokens: int = 2500):
+    result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
+                             broker.bootstrap_servers, "--topic", topic, "--fragments", str(fragments),
+                             "--lambda", str(mean_tokens), "--streams", "3", "--window", "10", "--seed", "0",
+                             "--manifest", str(manifest)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def learn_command(broker, topic: str, *extra):
+    return [*STREAMER, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,
+            "--streams", "3", "--window", "10", "--hidden", "24", "--embedding", "8", "--no-view", "--no-probe",
+            *extra]
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for_lines(path: Path, process, at_least: int, timeout_s: float = 120) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (count := line_count(path)) < at_least:
+        assert process.poll() is None, f"the learner exited early: {process.stdout.read()[-2000:]}"
+        assert time.monotonic() < deadline, f"{count} lines after {timeout_s}s, waiting for {at_least}"
+        time.sleep(0.05)
+    return count
+
+
+def stop_with(process, signum) -> float:
+    """Send `signum`; the seconds until the process exits."""
+    sent = time.monotonic()
+    process.send_signal(signum)
+    process.wait(timeout=60)
+    return time.monotonic() - sent
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("signals") / "corpus")
+
+
+@pytest.fixture(scope="module")
+def reference(broker, corpus, tmp_path_factory):
+    """(manifest, total batches, losses) of topic "signals" learned without interruption."""
+    root = tmp_path_factory.mktemp("reference")
+    manifest = root / "manifest.json"
+    produce(broker, corpus, "signals", manifest)
+    whole = subprocess.run(learn_command(broker, "signals", "--manifest", str(manifest), "--group", "signals-whole",
+                                         "--run-dir", str(root / "whole")),
+                           cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in (root / "whole" / "losses.jsonl").read_text().splitlines()]
+    return manifest, json.loads(manifest.read_text())["total_batches"], losses
+
+
+def assert_equal_losses(run_dir: Path, total: int, expected: list[float]) -> None:
+    got = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    assert [line["batch"] for line in got] == list(range(total))
+    assert max(abs(line["loss"] - loss) for line, loss in zip(got, expected)) <= 1e-4
+
+
+def test_sigterm_mid_run_checkpoints_and_the_restart_finishes_equal(broker, reference, tmp_path):
+    manifest, total, expected = reference
+    command = learn_command(broker, "signals", "--manifest", str(manifest))  # the default group and run dir
+    run_dir = tmp_path / "runs" / "signals-streamer-signals-naive"
+    process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    wait_for_lines(run_dir / "losses.jsonl", process, total // 3)
+    seconds = stop_with(process, signal.SIGTERM)
+    output = process.stdout.read()
+    process.stdout.close()
+    assert process.returncode == 0, output[-3000:]
+    assert seconds < 10, f"SIGTERM mid-run took {seconds:.1f}s"
+    step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
+    assert total // 3 <= step < total and step == line_count(run_dir / "losses.jsonl")
+    assert "stopped: signal" in output
+
+    again = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from the checkpoint at batch {step}" in again.stdout
+    assert_equal_losses(run_dir, total, expected)
+    print(f"SIGTERM at batch {step} of {total}: exit 0 after {seconds:.2f}s")
+
+
+def test_without_a_manifest_it_learns_records_as_they_arrive_and_sigterm_while_idle_is_quick(broker, corpus, tmp_path):
+    command = learn_command(broker, "arriving")
+    run_dir = tmp_path / "runs" / "arriving-streamer-arriving-naive"
+    produce(broker, corpus, "arriving", tmp_path / "first.json", fragments=2, mean_tokens=600)
+    process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    first = wait_for_lines(run_dir / "losses.jsonl", process, 1)
+    time.sleep(3)  # the first wave is learned; the learner waits for more
+    first = line_count(run_dir / "losses.jsonl")
+    produce(broker, corpus, "arriving", tmp_path / "second.json", fragments=2, mean_tokens=600)
+    second = wait_for_lines(run_dir / "losses.jsonl", process, first + 10)
+    time.sleep(3)  # idle again
+    seconds = stop_with(process, signal.SIGTERM)
+    output = process.stdout.read()
+    process.stdout.close()
+    assert process.returncode == 0, output[-3000:]
+    assert second > first
+    assert seconds < 2, f"SIGTERM while idle took {seconds:.1f}s"
+    assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == line_count(run_dir / "losses.jsonl")
+    print(f"learned {first} then {line_count(run_dir / 'losses.jsonl')} batches as records arrived; "
+          f"SIGTERM while idle: exit 0 after {seconds:.2f}s")
+
+
+def test_a_second_sigint_aborts_at_once(broker, corpus, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    produce(broker, corpus, "aborted", manifest)
+    run_dir = tmp_path / "runs" / "aborted-streamer-aborted-naive"
+    process = subprocess.Popen(learn_command(broker, "aborted", "--manifest", str(manifest)), cwd=tmp_path, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_lines(run_dir / "losses.jsonl", process, 20)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    seconds = stop_with(process, signal.SIGINT)
+    output = process.stdout.read()
+    process.stdout.close()
+    assert process.returncode == 130, output[-3000:]
+    assert seconds < 2, f"the second SIGINT took {seconds:.1f}s"
+
+
+def test_a_learner_of_another_strategy_on_the_topic_leaves_the_running_one_alone(broker, reference, tmp_path):
+    """Default group flags, another strategy: its own derived group, so a short ewc learner neither
+    takes the running naive learner's partitions nor moves its offsets; the naive one goes on to the
+    losses of an uninterrupted run. The same command twice is refused (the run directory is locked)."""
+    manifest, total, expected = reference
+    first_dir = tmp_path / "runs" / "signals-streamer-signals-naive"
+    # --fresh: from the topic's beginning, though the group committed its end in the test above; no
+    # manifest: it runs until stopped, so it is still running while the others start
+    first = subprocess.Popen(learn_command(broker, "signals", "--fresh"), cwd=tmp_path, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_lines(first_dir / "losses.jsonl", first, 20)
+    other = subprocess.Popen(learn_command(broker, "signals", "--manifest", str(manifest), "--strategy", "ewc",
+                                           "--max-batches", "20"),
+                             cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    twice = subprocess.run(learn_command(broker, "signals"), cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=120)
+    errors = [line for line in twice.stderr.splitlines() if line.strip()]
+    assert twice.returncode == 2 and len(errors) == 1 and "in use by a running learner" in errors[0], twice.stderr
+    other_output, _ = other.communicate(timeout=120)
+    assert other.returncode == 0, other_output[-3000:]
+    assert "group streamer-signals-ewc" in other_output
+    assert line_count(tmp_path / "runs" / "signals-streamer-signals-ewc" / "losses.jsonl") == 20
+    wait_for_lines(first_dir / "losses.jsonl", first, total)
+    stop_with(first, signal.SIGTERM)
+    output = first.stdout.read()
+    first.stdout.close()
+    assert first.returncode == 0, output[-3000:]
+    assert_equal_losses(first_dir, total, expected)
