@@ -35,9 +35,6 @@ class Naive(HyperparameterRepr):
         """The carried state, or a fresh one (streamer.multitask.ShuffledNaive replaces it)."""
         return self._trainer.start_state(batch)
 
-    def _loss(self, batch: Batch, state):
-        return self._trainer.loss(batch, state)
-
     def predict(self, batch: Batch) -> Prediction:
         return self._trainer.predict(batch, self._start_state(batch))
 
