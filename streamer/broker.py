@@ -108,6 +108,9 @@ class EmbeddedBroker:
     host: str = "127.0.0.1"
     port: int = 0
     startup_timeout_s: float = 10.0
+    # Tansu's --authentication: SASL SCRAM required of every client. Tansu 0.6.0 cannot create a user
+    # then (see SECURITY.md), so every client is refused: for testing the refusal path only.
+    authentication: bool = False
     _process: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _watchdog: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
@@ -139,7 +142,7 @@ class EmbeddedBroker:
         linux = sys.platform.startswith("linux")
         self._process = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/", "--silent"],
+             "--storage-engine", "memory://tansu/", "--silent", *(["--authentication"] if self.authentication else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent(os.getpid()) if linux else None,
         )

@@ -3,9 +3,11 @@
 - ``STREAMER_CACHE``: the cache directory for built corpora and weights (weights go to its
   ``models/`` folder). Default ``$XDG_CACHE_HOME/streamer``, else ``~/.cache/streamer``.
 - ``XDG_CACHE_HOME``: the base of the default cache directory (an absolute path, per the XDG spec).
-- ``HF_HUB_OFFLINE``: when true (1, true, yes, on), ``--model-opt name=HUB_ID`` never tries the hub.
-- ``HTTPS_PROXY`` / ``https_proxy`` / ``ALL_PROXY`` / ``all_proxy``: a proxy is set, so only the
-  proxy knows whether the hub is reachable.
+- ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``: written, not read for a decision: the learning
+  commands set both to ``1`` before transformers is imported (``forbid_model_hub``), so no model
+  file is ever fetched from a hub; weights come from `streamer weights build` or local paths.
+- ``STREAMER_KAFKA_PASSWORD`` or the variable ``--sasl-password-env`` names: the Kafka SASL
+  password (``kafka_client_options``); never a flag value, so it does not show in ``ps``.
 - ``GRAFANA_TOKEN``, or ``GRAFANA_USER`` and ``GRAFANA_PASSWORD``: credentials of
   ``streamer monitor push`` (never a flag, so they do not show in ``ps``).
 - ``OMP_NUM_THREADS``: when set to a positive integer, the default of ``--threads``
@@ -23,10 +25,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_root", "weights_root", "hub_offline", "behind_proxy", "grafana_credentials_environment",
-           "omp_num_threads", "prefer_passive_openmp"]
+__all__ = ["cache_root", "weights_root", "grafana_credentials_environment",
+           "omp_num_threads", "prefer_passive_openmp", "forbid_model_hub", "kafka_client_options",
+           "secret_variable"]
 
-_TRUE = ("1", "true", "yes", "on")
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
 
@@ -43,14 +45,6 @@ def cache_root() -> Path:
 def weights_root() -> Path:
     """<cache_root()>/models: built pretrained weights."""
     return cache_root() / "models"
-
-
-def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in _TRUE
-
-
-def behind_proxy() -> bool:
-    return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
 
 
 def grafana_credentials_environment() -> dict[str, str]:
@@ -72,3 +66,34 @@ def prefer_passive_openmp() -> bool:
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return True
+
+
+def forbid_model_hub() -> None:
+    """HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1: transformers and huggingface_hub never reach a hub.
+
+    Called by the learning commands before transformers is imported (it reads them at import)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def secret_variable(name: str) -> str | None:
+    """The value of the environment variable `name` (a secret: never logged), or None when unset."""
+    return os.environ.get(name) or None
+
+
+def kafka_client_options(security) -> dict:
+    """aiokafka keyword arguments of a producers.security.KafkaSecurity (None: plaintext, no options),
+    with the SASL password read from its environment variable or file. One-line ValueError when absent."""
+    if security is None:
+        return {}
+    password = None
+    if security.sasl:
+        if security.password_env:
+            password = secret_variable(security.password_env)
+            if password is None:
+                raise ValueError(f"the Kafka SASL password variable {security.password_env} is not set")
+        else:
+            from producers.security import read_password_file
+
+            password = read_password_file(security.password_file)
+    return security.client_kwargs(password)

@@ -215,10 +215,9 @@ def test_hf_causal_option_errors_are_one_line(options, message):
     assert "\n" not in str(info.value)
 
 
-def test_hf_causal_hub_name_offline_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_hf_causal_hub_name_is_refused_without_a_request(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty Hugging Face cache
-    with pytest.raises(ValueError, match=r"'someone/no-such-model' is not in the Hugging Face cache .* \(offline\)"):
+    with pytest.raises(ValueError, match=r"name=someone/no-such-model is neither built weights .* never fetched"):
         build_model(ModelRequest("hf-causal", options=(("name", "someone/no-such-model"),)))
 
 

