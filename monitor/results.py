@@ -37,3 +37,4 @@ class StepResult:
     gates: tuple[float, ...] | None = None  # mixtures: the expert weights of this batch
     predicted: tuple[int, ...] | None = None  # classifiers: predicted label id per row
     labels: tuple[int, ...] | None = None  # classifiers: the revealed label id per row
+    skipped: bool = False  # the update was skipped (non-finite loss or gradients); the parameters stayed

@@ -1,4 +1,5 @@
-"""One checkpoint module: `save(path, state)` and `load(path) -> dict`, nothing else writes or reads one.
+"""One checkpoint module: `save(path, state)` and `load(path) -> dict`, nothing else writes or reads one;
+`Checkpointer`, which decides when a run's state is copied, written and its offsets committed.
 
 A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
 
@@ -16,6 +17,9 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
     tracker         the metric tracker's state (monitor.live.LiveMonitor.state_dict), when it has one
     labels          classifiers: the label names in head-row order
 
+A run copies its state at a snapshot point (`copied`: every tensor cloned, on the event loop) and
+writes the copy from a background thread while the next steps run (`Checkpointer`).
+
 Written to a temporary file in the same directory, flushed, fsynced and renamed over the old one, so a
 crash leaves either the previous checkpoint or the new one. Read with torch.load(weights_only=True):
 tensors and plain values only, never a pickled object.
@@ -23,14 +27,19 @@ tensors and plain values only, never a pickled object.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import os
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "save", "load", "rng_state", "set_rng_state", "plain"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpointer", "save", "load", "copied", "rng_state", "set_rng_state",
+           "plain"]
 
 FORMAT_VERSION = 1
 
@@ -57,10 +66,33 @@ def save(path: str | os.PathLike, state: dict) -> Path:
     return path
 
 
+def copied(state, _memo: dict | None = None):
+    """`state` with every tensor cloned (on its own device) and every dict, list and tuple rebuilt, so
+    that later steps cannot change what is written; plain immutable values are shared. Two views of
+    the same memory (the model's weights in "model" and in "strategy") stay one tensor, written once."""
+    memo = {} if _memo is None else _memo
+    if isinstance(state, torch.Tensor):
+        key = (state.untyped_storage().data_ptr(), state.storage_offset(), tuple(state.shape), state.stride(),
+               state.dtype, state.device)
+        if key not in memo:
+            memo[key] = state.detach().clone()
+        return memo[key]
+    if isinstance(state, dict):
+        return {key: copied(value, memo) for key, value in state.items()}
+    if isinstance(state, list):
+        return [copied(value, memo) for value in state]
+    if isinstance(state, tuple):
+        return tuple(copied(value, memo) for value in state)
+    if isinstance(state, (str, int, float, bool, bytes)) or state is None:
+        return state
+    return copy.deepcopy(state)  # anything else (a numpy array): an independent copy
+
+
 def load(path: str | os.PathLike, map_location=None) -> dict:
     """The checkpoint's dict; tensors and plain values only (torch.load(weights_only=True))."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+    try:  # pickle writes b"" (an empty carry-over buffer) as a call of `bytes`: harmless, so allowed
+        with torch.serialization.safe_globals([bytes]):
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises pickle's UnpicklingError for a Python object
         if type(exc).__name__ == "UnpicklingError":
             raise CheckpointError(f"{path} holds Python objects, not only tensors and plain values; "
@@ -108,3 +140,96 @@ def plain(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)  # a Path, a device
+
+
+class Checkpointer:
+    """checkpoint.pt every `every_s` seconds, at a revoke, and at the end; then the offsets it covers.
+
+    The state is copied on the event loop at a snapshot point (no step in flight, the last result
+    taken in by the monitor and loss log; tensors cloned, so the next steps cannot change it) and
+    written by a background thread of its own (not the model's worker), so steps go on meanwhile.
+    The written checkpoint covers every record read (learned, or carried over in the loop's state),
+    so once it is on disk, and only then, the Kafka offsets it holds are committed: Kafka never runs
+    ahead of it. At most one write is in flight: one due meanwhile waits for the next snapshot point.
+    `writing` and `last_written` (wall time of the last write on disk, or None) are plain state."""
+
+    def __init__(self, path: str | os.PathLike, every_s: float, *, config, loop, monitor, labels=None):
+        """`config`: the run's LearnConfig; `loop`: its streamer.loop.PrequentialLoop; `monitor`: its
+        monitor.live.LiveMonitor (the tracker's state, and told of each write); `labels`: classifiers'
+        head-row label names (a callable)."""
+        self.path, self.every_s = Path(path), every_s
+        self.config, self.loop, self.monitor, self.labels = config, loop, monitor, labels
+        self.written_at = time.monotonic()
+        self.last_written: float | None = None
+        self.copy_s = self.write_s = 0.0  # the last snapshot copy (event loop) and write (background thread)
+        self._in_flight: asyncio.Task | None = None
+        self._one_at_a_time = asyncio.Lock()  # the periodic write never waits on it (it starts none while one runs)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-checkpoint")
+
+    @property
+    def writing(self) -> bool:
+        return self._in_flight is not None and not self._in_flight.done()
+
+    def due(self) -> bool:
+        return not self.writing and time.monotonic() - self.written_at >= self.every_s
+
+    def state(self) -> dict:
+        """A copy of the run after batch `loop.step`; call at a snapshot point (between two results)."""
+        started = time.perf_counter()
+        loop = self.loop
+        looped = loop.state_dict()
+        state = {
+            "config": plain(self.config), "model": loop.strategy.model.state_dict(),
+            "strategy": loop.strategy.state_dict(), "rng": rng_state(), "loop": looped,
+            "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in looped["offsets"].items()},
+            "step": loop.step, "tracker": self.monitor.state_dict(),
+        }
+        if self.labels is not None:
+            state["labels"] = list(self.labels())
+        state = copied(state)  # the next steps and the event loop go on changing the originals
+        self.copy_s = time.perf_counter() - started
+        return state
+
+    def start(self) -> None:
+        """Copy the state now (the caller is at a snapshot point) and write it in the background, then
+        commit its offsets; nothing when a write is in flight. The consumer of the loop's results calls
+        it between two results."""
+        if self.writing:
+            return
+        self._raise_failure()
+        self._in_flight = asyncio.create_task(self._write_and_commit(self.state()))
+
+    async def write(self) -> None:
+        """Wait for the write in flight, then write the state now and commit; returns once both are
+        done. At a snapshot point: the end of the run (the loop has stopped) or inside on_revoke."""
+        async with self._one_at_a_time:
+            await self.wait()
+            await self._write_and_commit(self.state())
+
+    async def wait(self) -> None:
+        """Until the write in flight (if any) is on disk and its offsets committed."""
+        if self._in_flight is not None:
+            await asyncio.shield(self._in_flight)
+            self._raise_failure()
+
+    async def on_revoke(self, *_partitions) -> None:
+        """The rebalance listener's on_partitions_revoked: at the next snapshot point (never with a step
+        in flight, nor between a step and its result being taken in), write a checkpoint and commit its
+        offsets while the partitions are still ours; the next batch waits until then."""
+        async with self.loop.snapshot_point():
+            await self.write()
+
+    async def _write_and_commit(self, state: dict) -> None:
+        started = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(self._writer, save, self.path, state)
+        self.write_s = time.perf_counter() - started
+        self.written_at, self.last_written = time.monotonic(), time.time()
+        self.monitor.checkpointed(self.last_written)
+        await self.loop.commit(state["loop"]["offsets"])  # refused (a rebalance): the checkpoint holds them
+
+    def _raise_failure(self) -> None:
+        """A failed background write (a full disk) ends the run like a failed step."""
+        task = self._in_flight
+        if task is not None and task.done():
+            self._in_flight = None
+            task.result()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterable, Iterator
 
@@ -13,7 +14,14 @@ from streamer.strategies.base import Batch, Strategy
 __all__ = ["prequential_step", "run"]
 
 
-def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None, index: int) -> StepResult:
+def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None, index: int,
+                     last_loss: float = math.nan) -> StepResult:
+    """Predict, record the loss, learn. A strategy never applies a non-finite update (a NaN or infinite
+    loss or gradient): it leaves its parameters and optimizer state as they were and says so in
+    LearnStats.skipped; a non-finite training loss or gradient norm is a skipped update too. A loss
+    that is not finite is not recorded: `last_loss` (the previous batch's recorded loss) stands in for
+    it, and for a non-finite training loss, so that the tracker, CALM's metrics and the loss log stay
+    finite; the result says skipped=True."""
     route = getattr(strategy, "route", None)
     if route is not None:  # only the `independent` oracle reads the ground truth, and says so
         route(truth)
@@ -26,6 +34,11 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
     loss, train_loss, grad_norm = torch.stack(
         [prediction.loss.detach().float(), stats.loss.float(), stats.grad_norm.float()]
     ).tolist()
+    skipped = bool(stats.skipped) or not (math.isfinite(train_loss) and math.isfinite(grad_norm))
+    if not math.isfinite(loss):
+        loss, skipped = last_loss, True
+    if not math.isfinite(train_loss):
+        train_loss = loss
     gates = None if stats.gates is None else tuple(stats.gates.detach().float().tolist())
     predicted = labels = None
     if prediction.predicted is not None:
@@ -36,11 +49,14 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
         tokens=batch.tokens, truth=truth, predict_s=predicted_at - started,
         learn_s=learned - predicted_at, finished_at=time.time(),
         gpu_memory_bytes=torch.cuda.memory_allocated() if batch.inputs.is_cuda else None,
-        gates=gates, predicted=predicted, labels=labels,
+        gates=gates, predicted=predicted, labels=labels, skipped=skipped,
     )
 
 
 def run(strategy: Strategy, batches: Iterable[tuple[Batch, BatchTruth | None]]) -> Iterator[StepResult]:
     """Prequential evaluation over an in-memory sequence of batches."""
+    last_loss = math.nan
     for index, (batch, truth) in enumerate(batches):
-        yield prequential_step(strategy, batch, truth, index)
+        result = prequential_step(strategy, batch, truth, index, last_loss)
+        last_loss = result.loss
+        yield result

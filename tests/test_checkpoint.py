@@ -1,6 +1,7 @@
 """streamer.checkpoint: a saved and loaded run continues exactly as an uninterrupted one, for every
 strategy; files are written atomically and hold only tensors and plain values."""
 
+import asyncio
 import fractions
 import random
 
@@ -14,6 +15,7 @@ from streamer.models import LSTMLanguageModel
 from streamer.step import prequential_step
 from streamer.strategies import STRATEGIES
 from tests.helpers import TINY, small_stream
+from tests.test_loop import MemorySource
 
 CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça va " * 300,
           "cs": "ahoj světe, jak se máš " * 300}
@@ -97,6 +99,13 @@ def test_save_is_atomic_and_leaves_no_partial_file(tmp_path):
     assert torch.equal(loaded["weights"], torch.arange(3))
 
 
+def test_an_empty_carry_over_buffer_loads(tmp_path):
+    """pickle writes b"" as a call of `bytes` (not as data): a checkpoint taken when a row's buffer is
+    empty (at a revoke before any record, or a batch that used up a row exactly) must still load."""
+    checkpoint.save(tmp_path / "checkpoint.pt", {"loop": {"batcher": {"buffers": [{"data": b""}, {"data": b"ab"}]}}})
+    assert checkpoint.load(tmp_path / "checkpoint.pt")["loop"]["batcher"]["buffers"] == [{"data": b""}, {"data": b"ab"}]
+
+
 def test_rng_states_round_trip(tmp_path):
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     np.random.standard_normal()  # a cached Gaussian in numpy's state
@@ -116,3 +125,102 @@ def test_a_config_is_stored_as_plain_values():
     plain = checkpoint.plain(config)
     assert plain["run_dir"] == "runs/x" and plain["strategy_options"] == [["memory_size", 10]]
     assert plain["model"]["hidden"] == 24
+
+
+class CheckedSource(MemorySource):
+    """tests.test_loop's MemorySource whose commit first reads checkpoint.pt: Kafka is never told an
+    offset the checkpoint on disk does not hold. Each commit notes (the checkpoint's step, results the
+    consumer had taken in by then, whether on_revoke itself committed)."""
+
+    def __init__(self, records, path, observed):
+        super().__init__(records)
+        self.path, self.observed, self.commits, self.revoker = path, observed, [], None
+
+    async def commit(self, offsets):
+        saved = checkpoint.load(self.path)
+        assert saved["loop"]["offsets"] == offsets
+        self.commits.append((saved["step"], self.observed(), asyncio.current_task() is self.revoker))
+        self.committed = dict(offsets)
+        return True
+
+
+def learn_with_checkpoints(records, run_dir, every_s, revoke=False):
+    """The learner's consumer of loop results with a Checkpointer (periodic writes started between two
+    results, one at the end); with `revoke`, a task beside it calls on_revoke over and over, as a
+    rebalance listener would. Returns (results, source, checkpointer, a snapshot taken at result 5,
+    the model's weights then)."""
+    from monitor.live import LiveMonitor
+    from streamer.config import LearnConfig
+    from streamer.checkpoint import Checkpointer
+    from streamer.loop import PrequentialLoop
+    from tests.helpers import naive
+
+    async def go():
+        results, done = [], asyncio.Event()
+        source = CheckedSource(records, run_dir / "checkpoint.pt", lambda: len(results))
+        loop = PrequentialLoop(naive(), Batcher(2, 10), source, total_records=len(records), queue_size=4)
+        monitor = LiveMonitor(run="r", strategy="naive")
+        checkpointer = Checkpointer(run_dir / "checkpoint.pt", every_s, config=LearnConfig("b:9092", "t", run_dir),
+                                    loop=loop, monitor=monitor)
+
+        async def revoking():
+            while not done.is_set():
+                await checkpointer.on_revoke()
+                await asyncio.sleep(0.02)
+
+        async with loop:
+            if revoke:
+                source.revoker = asyncio.create_task(revoking())
+            async for result in loop:
+                monitor.observe(result)
+                results.append(result)
+                if result.index == 5:
+                    snapshot = checkpointer.state()
+                    weights = {k: v.clone() for k, v in loop.strategy.model.state_dict().items()}
+                if checkpointer.due():
+                    checkpointer.start()
+                    assert checkpointer.writing  # steps go on while it is written
+            done.set()
+            if source.revoker is not None:
+                await asyncio.wait_for(source.revoker, 60)  # a hang guard, not a timing
+            await checkpointer.write()
+        return results, source, checkpointer, snapshot, weights
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def loop_stream():
+    """(records, the losses of a plain in-memory run over them)."""
+    from streamer.step import run
+    from tests.helpers import batches_from_records, naive
+    from tests.test_loop import CORPUS as LOOP_CORPUS
+
+    records = small_stream(LOOP_CORPUS, fragments=3, mean_tokens=200, streams=2, window=10, seed=1)[0]
+    return records, [r.loss for r in run(naive(), batches_from_records(records, 2, 10))]
+
+
+def test_background_checkpoints_commit_only_what_is_on_disk_and_leave_the_losses_alone(loop_stream, tmp_path):
+    records, expected = loop_stream
+    results, source, checkpointer, snapshot, weights = learn_with_checkpoints(records, tmp_path, every_s=0.0)
+    assert [r.loss for r in results] == expected
+    assert len(source.commits) > 2 and source.commits[-1][0] == len(results)  # the last one: the end
+    assert [step for step, _, _ in source.commits] == sorted(step for step, _, _ in source.commits)
+    assert not checkpointer.writing and checkpointer.last_written is not None
+    assert checkpointer.copy_s > 0 and checkpointer.write_s > 0
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
+    assert saved["step"] == len(results) and saved["loop"]["offsets"] == source.committed
+    # the copy taken at result 5 is that moment's, though the model learned on after it
+    assert snapshot["step"] == 6 and all(torch.equal(snapshot["model"][k], v) for k, v in weights.items())
+    assert any(not torch.equal(snapshot["model"][k], v) for k, v in saved["model"].items())
+
+
+def test_on_revoke_checkpoints_and_commits_at_a_snapshot_point(loop_stream, tmp_path):
+    """on_revoke called at any moment, beside the periodic background writes, writes the state of
+    exactly the results the consumer has taken in (never mid-step, never between a step and its
+    consumer), then commits; nothing deadlocks and the losses stay those of a plain run."""
+    records, expected = loop_stream
+    results, source, _, _, _ = learn_with_checkpoints(records, tmp_path, every_s=0.0, revoke=True)
+    assert [r.loss for r in results] == expected
+    revoked = [(step, observed) for step, observed, by_revoke in source.commits if by_revoke]
+    assert len({step for step, _ in revoked}) > 2  # revokes fell all along the stream
+    assert all(step == observed for step, observed in revoked)

@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.params import HyperparameterRepr
+from streamer.strategies.trainer import all_finite
 
 __all__ = ["ResidualAdapter", "AdaptedLM", "Adapters"]
 
@@ -94,6 +95,8 @@ class AdaptedLM(nn.Module):
 
     `forward(inputs, state, adapter=None)`: with `adapter` an index, the base with that
     adapter set; with None, the adapter set under which the inputs are most probable."""
+
+    scores_rows_alone = False  # the adapter set is chosen from the whole batch: probes score each class apart
 
     def __init__(self, base: nn.Module, bottleneck: int = 100):
         super().__init__()
@@ -271,6 +274,9 @@ class Adapters(HyperparameterRepr):
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(trained.parameters(), self.clip)
+            if not all_finite(loss, grad_norm):  # skipped: adapters, moments, boundaries and state stay
+                self._optimizer.zero_grad(set_to_none=True)
+                return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach(), skipped=True)
             self._optimizer.step()
         if self._boundaries.update(loss.detach()):
             self._new_distribution(batch, start)

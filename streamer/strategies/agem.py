@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.memory import ReservoirMemory, write_sparsely
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer
+from streamer.strategies.trainer import OnlineTrainer, all_finite
 
 __all__ = ["AGEM", "project"]
 
@@ -77,6 +78,9 @@ class AGEM(HyperparameterRepr):
         trainer.optimizer.zero_grad(set_to_none=True)
         loss, next_state = trainer.loss(batch, trainer.start_state(batch))
         loss.backward()
+        if not all_finite(loss):  # before the reference sample draws: a skipped batch changes nothing
+            trainer.optimizer.zero_grad(set_to_none=True)
+            return LearnStats(loss=loss.detach(), grad_norm=torch.full((), math.nan), skipped=True)
         if len(self._memory):
             g = self._gradient()
             inputs, targets = self._memory.sample(self.n_ref, self._sample_generator)
@@ -85,7 +89,9 @@ class AGEM(HyperparameterRepr):
             g_ref = self._gradient()
             self._projections = self._projections.to(g.device) + (torch.dot(g, g_ref) < 0)
             self._set_gradient(project(g, g_ref))
-        grad_norm = trainer.clip_and_step()
+        grad_norm = trainer.clip_and_step(loss)
+        if trainer.skipped:
+            return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach(), skipped=True)
         trainer.carry(next_state)
         write_sparsely(self._memory, batch, self.p_write, self._write_generator)
         return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())

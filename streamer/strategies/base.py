@@ -37,6 +37,7 @@ class LearnStats:
     loss: torch.Tensor  # scalar training loss of the update (not the recorded loss)
     grad_norm: torch.Tensor  # scalar, before clipping
     gates: torch.Tensor | None = None  # mixtures: (n,) expert weights used for this batch, for CALM Fig. 1d
+    skipped: bool = False  # an update was not applied: its loss or gradients were not finite
 
 
 @runtime_checkable

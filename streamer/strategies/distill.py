@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -132,12 +133,14 @@ class _Distilling(HyperparameterRepr):
 
     def learn(self, batch: Batch) -> LearnStats:
         stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
+        if stats.skipped:  # a non-finite update: nothing of the batch is kept
+            return stats
         self._replay.write(batch)
-        self._replay.after_learn(batch, self._trainer, self._replay_loss)
+        replay_skipped = self._replay.after_learn(batch, self._trainer, self._replay_loss)
         if self._boundaries.update(stats.loss):
             close_segment(self._replay.memory, self.model)
             self._distillation.snapshot(self.model)
-        return stats
+        return replace(stats, skipped=replay_skipped)
 
     def state_dict(self) -> dict[str, Any]:
         return (self._trainer.state_dict() | self._replay.state_dict()

@@ -15,6 +15,7 @@ batch's positions.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -27,7 +28,7 @@ from streamer.models.lstm import LSTMConfig
 from streamer.models.mos import MixtureOfSoftmaxes
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer, fine_tune
+from streamer.strategies.trainer import OnlineTrainer, all_finite, fine_tune
 
 __all__ = ["poe_log_probs", "moe_log_probs", "poe_gate_gradient", "moe_gate_gradient", "ExpertMixture", "GateLSTM",
            "GateAdam", "UniformGate", "PlasticGate", "LSTMGate", "Ensemble", "PoE", "MoE", "PoELSTM", "MoELSTM", "MoS"]
@@ -190,6 +191,12 @@ class UniformGate:
     def update(self, logits, targets, inputs, state, uniform, warming_up: bool):
         return uniform(), ()
 
+    def backup(self) -> None:
+        return None
+
+    def restore(self, kept) -> None:
+        pass
+
     def state_dict(self) -> None:
         return None
 
@@ -225,6 +232,15 @@ class PlasticGate:
         self.train(logits, targets)
         return self.weights(inputs, state, uniform, warming_up)
 
+    def backup(self):
+        """What `restore` puts back when the update it precedes is skipped (non-finite)."""
+        return self.module.detach().clone(), self.optimizer.state_dict()
+
+    @torch.no_grad()
+    def restore(self, kept) -> None:
+        self.module.copy_(kept[0])
+        self.optimizer.load_state_dict(kept[1])
+
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
@@ -251,6 +267,15 @@ class LSTMGate:
         _nll(combine(self.kind, logits, weights), targets).backward()
         self.optimizer.step()
         return (uniform() if warming_up else weights.detach()), gate_state
+
+    def backup(self):
+        """What `restore` puts back when the update it precedes is skipped (non-finite)."""
+        return ({name: t.clone() for name, t in self.module.state_dict().items()},
+                copy.deepcopy(self.optimizer.state_dict()))
+
+    def restore(self, kept) -> None:
+        self.module.load_state_dict(kept[0])
+        self.optimizer.load_state_dict(kept[1])
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -338,6 +363,7 @@ class _Experts(HyperparameterRepr):
         self.model.train()
         start = self._start_state(batch)
         logits, expert_state = self.model.experts(batch.inputs, start[:2])
+        kept = self._gate.backup()
         weights, gate_state = self._gate.update(logits.detach(), batch.targets, batch.inputs, start[2:],
                                                 self.uniform_weights, self.warming_up)
         loss = _nll(self.combine(logits, weights.detach()), batch.targets)
@@ -345,6 +371,10 @@ class _Experts(HyperparameterRepr):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norms = self.model.experts.clip_grad_norms_(self.clip)
+        if not all_finite(loss, norms):  # skipped: the gate fitted on it is put back; experts, state stay
+            optimizer.zero_grad(set_to_none=True)
+            self._gate.restore(kept)
+            return LearnStats(loss=loss.detach(), grad_norm=norms.norm(), skipped=True)
         optimizer.step()
         self._trainer.carry(expert_state + gate_state)
         self._learned += 1  # grad_norm: over all experts together, as clip_grad_norm_ of the whole module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -134,15 +135,17 @@ class MbPA(HyperparameterRepr):
                 with torch.no_grad():
                     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
                     scale = self.local_lr * (self.clip / (norm + 1e-6)).clamp(max=1.0)
+                    finite = torch.isfinite(norm) & torch.isfinite(loss)  # a non-finite local step is skipped
                     for p, g in zip(params, grads):
-                        p.sub_(scale * g)
+                        p.sub_(torch.where(finite, scale * g, 0.0))  # on the device: no sync per local step
         self.model.train(was_training)
 
     def learn(self, batch: Batch) -> LearnStats:
         stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
+        if stats.skipped:  # a non-finite update: nothing of the batch is kept
+            return stats
         self._write(batch)
-        self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
-        return stats
+        return replace(stats, skipped=self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss))
 
     def state_dict(self) -> dict[str, Any]:
         held = len(self._replay.memory)

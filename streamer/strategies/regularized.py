@@ -36,6 +36,12 @@ class L2Penalty:
     def observe(self, params: dict[str, torch.Tensor]) -> None:
         """Nothing: the L2 penalty does not watch gradients."""
 
+    def measure(self, params: dict[str, torch.Tensor]) -> None:
+        """Nothing to measure (see FisherPenalty.measure)."""
+
+    def accumulate(self, measured) -> None:
+        """Nothing to accumulate."""
+
     def __call__(self, params: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         if self.anchor is None:
             return torch.zeros((), device=device)
@@ -63,11 +69,19 @@ class FisherPenalty:
         self.anchor: dict[str, torch.Tensor] | None = None
         self.consolidated_fisher: dict[str, torch.Tensor] | None = None
 
-    @torch.no_grad()
     def observe(self, params: dict[str, torch.Tensor]) -> None:
-        """After the data loss's backward, before the penalty's gradient is added."""
-        squared = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach() ** 2
-                   for name, p in params.items()}
+        """After the data loss's backward, before the penalty's gradient is added: measure and accumulate."""
+        self.accumulate(self.measure(params))
+
+    @torch.no_grad()
+    def measure(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The squared gradients of the data loss (after its backward, before the penalty's), not yet
+        accumulated: a skipped (non-finite) update never reaches the Fisher."""
+        return {name: torch.zeros_like(p) if p.grad is None else p.grad.detach() ** 2 for name, p in params.items()}
+
+    @torch.no_grad()
+    def accumulate(self, squared: dict[str, torch.Tensor]) -> None:
+        """Fold measured squared gradients into the running Fisher."""
         if self.fisher is None:
             self.fisher = squared
             return
@@ -156,11 +170,14 @@ class _Consolidating(HyperparameterRepr):
             trainer.optimizer.zero_grad(set_to_none=True)
             data_loss, next_state = trainer.loss(batch, start)
             data_loss.backward()
-            self._penalty.observe(self._named_parameters())
+            measured = self._penalty.measure(self._named_parameters())
             penalty = self.penalty()
             if penalty.requires_grad:
                 penalty.backward()  # accumulates onto the data-loss gradients
-            grad_norm = trainer.clip_and_step()
+            grad_norm = trainer.clip_and_step(data_loss + penalty)  # the data gradients are in the norm
+            if trainer.skipped:  # non-finite: the Fisher, boundaries and carried state stay as they were
+                return LearnStats(loss=(data_loss + penalty).detach(), grad_norm=grad_norm.detach(), skipped=True)
+            self._penalty.accumulate(measured)
         trainer.carry(next_state)
         if self._boundaries.update(data_loss.detach()):
             self._penalty.consolidate(self._named_parameters())

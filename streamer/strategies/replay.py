@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -48,8 +49,10 @@ class SparseReplay(HyperparameterRepr):
         write_sparsely(self.memory, batch, self.p_write, self.write_generator)
 
     def after_learn(self, batch: Batch, trainer: OnlineTrainer,
-                    replay_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        """Count the batch's rows and make the replay updates now due, on replay_loss(inputs, targets)."""
+                    replay_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
+        """Count the batch's rows and make the replay updates now due, on replay_loss(inputs, targets);
+        True when one of them was skipped (not finite: OnlineTrainer.clip_and_step)."""
+        skipped = False
         before = self.rows_learned
         self.rows_learned += batch.inputs.shape[0]
         due = self.rows_learned // self.r_interval - before // self.r_interval
@@ -57,7 +60,9 @@ class SparseReplay(HyperparameterRepr):
             if len(self.memory):
                 inputs, targets = self.memory.sample(self.n_replay, self.sample_generator)
                 trainer.step_on(replay_loss(inputs, targets))
-                self.replays += 1
+                skipped |= trainer.skipped
+                self.replays += not trainer.skipped
+        return skipped
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -132,11 +137,13 @@ class Replay(HyperparameterRepr):
 
     def learn(self, batch: Batch) -> LearnStats:
         stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
+        if stats.skipped:  # a non-finite update: nothing of the batch is kept
+            return stats
         self._replay.write(batch)
-        self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
+        replay_skipped = self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
         if self._boundaries is not None and self._boundaries.update(stats.loss):
             close_segment(self._replay.memory, self.model)
-        return stats
+        return replace(stats, skipped=replay_skipped)
 
     def state_dict(self) -> dict[str, Any]:
         state = self._trainer.state_dict() | self._replay.state_dict()

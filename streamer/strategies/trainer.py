@@ -16,7 +16,14 @@ from torch.nn import functional as F
 
 from streamer.strategies.base import Batch, LearnStats, Prediction
 
-__all__ = ["OnlineTrainer", "batch_rows_changed", "fine_tune"]
+__all__ = ["OnlineTrainer", "all_finite", "batch_rows_changed", "fine_tune"]
+
+
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """True when every value of every tensor is finite (no NaN, no infinity).
+
+    GPU sync point: whether an update may be applied is decided on the host."""
+    return bool(torch.stack([torch.isfinite(t.detach()).all() for t in tensors]).all())
 
 
 def batch_rows_changed(state, rows: int, dim: int = 1) -> bool:
@@ -33,6 +40,7 @@ class OnlineTrainer:
         self.clip = clip
         self.hidden = None  # carried hidden state, detached; None for stateless models and before the first batch
         self.labels_known = None  # classifiers: the head columns scored (labels seen so far)
+        self.skipped = False  # the last clip_and_step applied nothing (non-finite loss or gradients)
 
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -83,17 +91,23 @@ class OnlineTrainer:
         loss, _ = self.loss(Batch(inputs=inputs, targets=targets), self.zero_state(inputs.shape[0]))
         return loss
 
-    def clip_and_step(self) -> torch.Tensor:
-        """Clip the accumulated gradients, step the optimizer; the norm before clipping."""
+    def clip_and_step(self, loss: torch.Tensor | None = None) -> torch.Tensor:
+        """Clip the accumulated gradients, step the optimizer; the norm before clipping. When `loss` or
+        the gradients are not finite the update is skipped: the gradients are dropped, parameters and
+        optimizer state stay as they were, and `skipped` says so."""
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
+        self.skipped = not all_finite(grad_norm, *(() if loss is None else (loss,)))
+        if self.skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
         return grad_norm
 
     def step_on(self, loss: torch.Tensor) -> torch.Tensor:
-        """One clipped update on `loss` alone (replay updates); the norm before clipping."""
+        """One clipped update on `loss` alone (replay updates), skipped when not finite; the norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        return self.clip_and_step()
+        return self.clip_and_step(loss)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -110,12 +124,15 @@ class OnlineTrainer:
 
 
 def fine_tune(trainer: OnlineTrainer, batch: Batch, start, steps: int) -> LearnStats:
-    """`steps` clipped updates on the batch from `start`, then carry the state after it."""
+    """`steps` clipped updates on the batch from `start`, then carry the state after it. A non-finite
+    update is skipped and ends the batch's updates (skipped=True); the carried state then stays too."""
     trainer.model.train()
     for _ in range(steps):
         trainer.optimizer.zero_grad(set_to_none=True)
         loss, next_state = trainer.loss(batch, start)
         loss.backward()
-        grad_norm = trainer.clip_and_step()
+        grad_norm = trainer.clip_and_step(loss)
+        if trainer.skipped:
+            return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach(), skipped=True)
     trainer.carry(next_state)
     return LearnStats(loss=loss.detach(), grad_norm=grad_norm.detach())
