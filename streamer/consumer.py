@@ -3,7 +3,13 @@
 Fetches in batches, decodes wire records, dead-letters bad ones (counted by
 reason and sent to `<topic>.dlq` as producers.wire.dead_letter_copy makes them;
 a failed send is counted in `dead_letter_failures`, logged, and never raised),
-commits offsets only when asked, and reports consumer lag.
+commits offsets only when asked (bounded in time), and reports consumer lag.
+
+At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
+said in one line and waited for (asked with a listing, which never creates it); the group is joined,
+and a group with another running member is refused (SourceError: one learner per group). Afterwards
+`reachable()` tells the loop whether the broker answers, and a rebalance hands the learner's state
+over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it never raises.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CorruptRecordException, IllegalStateError, KafkaConnectionError, KafkaError
 
+from producers.kafka import closed_quietly
+from producers.security import authentication_failed, is_refusal
 from producers.wire import MAX_RECORD_BYTES, Record, WireError, dead_letter_copy, decode, encode
+from streamer.settings import kafka_client_options
 
 __all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign"]
 
@@ -44,10 +54,21 @@ class Fetched:
 class KafkaSource:
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
                  *, max_records: int = 2000, dead_letter: bool = True,
-                 max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None):
+                 max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None,
+                 security=None, on_revoke=None, broker_timeout_s: float = 60.0, session_timeout_ms: int = 6000,
+                 heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0, commit_timeout_s: float = 10.0,
+                 join_timeout_s: float = 60.0):
         """`max_record_bytes`: larger records are dead-lettered as too_large (None: no limit).
         `dead_letter_timeout_s`: the longest a dead-letter send may hold up fetching; then it counts as
-        failed. `log`: where the one line per failed dead-letter send goes (default: standard error)."""
+        failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
+        `security`: a producers.security.KafkaSecurity for the consumer and the dead-letter producer alike.
+        `on_revoke`: an async callable awaited when partitions are revoked from a started learner (a
+        rebalance), e.g. Checkpointer.on_revoke; settable as an attribute until start().
+        `broker_timeout_s`: how long start() retries a broker that does not answer (then SourceError).
+        `session_timeout_ms`, `heartbeat_interval_ms`: the group session; a learner killed with SIGKILL
+        holds its partitions this long, so a restart joins about a session later.
+        `probe_timeout_s`: the longest reachable() waits for an answer; `commit_timeout_s`: a commit's;
+        `join_timeout_s`: joining the group, beyond the broker's timeout (a dead member expires first)."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.group_id = group_id
@@ -57,8 +78,17 @@ class KafkaSource:
         self.dead_letter_timeout_s = dead_letter_timeout_s
         self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
         self._log = log or _stderr
+        self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
+        self._security = security
+        self.on_revoke = on_revoke
+        self.broker_timeout_s, self.probe_timeout_s, self.commit_timeout_s = broker_timeout_s, probe_timeout_s, commit_timeout_s
+        self.session_timeout_ms, self.heartbeat_interval_ms = session_timeout_ms, heartbeat_interval_ms
+        self.join_timeout_s = join_timeout_s
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._listener: SeekOnAssign | None = None
+        self._answering = True  # the broker answered the last reachable()
+        self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
 
     def seek_on_assign(self, positions, from_beginning: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
@@ -68,34 +98,139 @@ class KafkaSource:
         self._seek_positions, self._from_beginning = positions, from_beginning
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
-            enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=15_000,
-            # A slow strategy (30 experts, MbPA++'s local steps, a pretrained model on a CPU) keeps the
-            # bounded queue full, so fetches pause for minutes; the background heartbeat still proves
-            # liveness, so the poll interval must not evict the learner from its group.
-            max_poll_interval_ms=24 * 3600 * 1000,
-        )
-        listener = SeekOnAssign(self._consumer, getattr(self, "_seek_positions", dict),
-                                getattr(self, "_from_beginning", False), self._log)
-        self._consumer.subscribe([self.topic], listener=listener)
+        """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
+        SourceError naming the address), wait for the topic to exist (said in one line), join the group,
+        and refuse (SourceError) when another running member is in it."""
+        admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
         try:
-            await self._consumer.start()
+            await self._until_topic_exists(admin)
+            self._consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
+                enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=15_000,
+                session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
+                # A slow strategy (30 experts, MbPA++'s local steps, a pretrained model on a CPU) keeps the
+                # bounded queue full, so fetches pause for minutes; the background heartbeat still proves
+                # liveness, so the poll interval must not evict the learner from its group.
+                max_poll_interval_ms=24 * 3600 * 1000, **self._client_options,
+            )
+            self._listener = SeekOnAssign(self._consumer, getattr(self, "_seek_positions", dict),
+                                          getattr(self, "_from_beginning", False), self._log)
+            self._consumer.subscribe([self.topic], listener=self._listener)
+            await self._joined()
+            await self._refuse_if_shared(admin)
             if self.dead_letter:
-                self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers)
-                await self._producer.start()
-        except KafkaConnectionError:
+                self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **self._client_options)
+                await self._started(self._producer.start())
+            self._listener.on_revoke = self.on_revoke  # armed: revokes from now on hand the learner's state over
+        except KafkaConnectionError:  # lost between the checks and the dead-letter producer's start
             await self.stop()
             raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers}") from None
+        except BaseException:
+            await self.stop()
+            raise
+        finally:
+            await closed_quietly(admin.close())
+
+    async def _admin(self) -> AIOKafkaAdminClient:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=10_000,
+                                    **self._client_options)
+        try:
+            await self._started(admin.start())
+        except BaseException:
+            await closed_quietly(admin.close())
+            raise
+        return admin
+
+    async def _started(self, starting) -> None:
+        """Await a client's start(); a broker that refuses our credentials is one line (SourceError)."""
+        try:
+            await starting
+        except Exception as exc:
+            if isinstance(exc, KafkaConnectionError) or not is_refusal(exc, self._client_options):
+                raise
+            raise SourceError(authentication_failed(self.bootstrap_servers, self._security, exc)) from None
+
+    async def _retried(self, connect, deadline: float):
+        """`connect()` until it answers, with backoff (0.5 s doubling to 5 s); a broker that has not
+        answered by `deadline` is SourceError (one line naming the address), said once while retrying."""
+        delay, said = 0.5, False
+        while True:
+            try:
+                return await asyncio.wait_for(connect(), timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            except (KafkaConnectionError, asyncio.TimeoutError):
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
+                                      f"{self.broker_timeout_s:g} s; --broker-timeout)") from None
+            if not said:
+                said = True
+                self._log(f"Kafka at {self.bootstrap_servers} does not answer yet; retrying for up to "
+                          f"{self.broker_timeout_s:g} s (--broker-timeout)")
+            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(2 * delay, 5.0)
+
+    async def _until_topic_exists(self, admin, every_s: float = 1.0) -> None:
+        """Asked with a listing, which never creates the topic (a consumer's metadata request for it
+        would, with the broker's default partitions); a missing topic is said once and waited for."""
+        said = False
+        while True:
+            try:
+                topics = await asyncio.wait_for(admin.list_topics(), self.broker_timeout_s)
+            except (KafkaError, asyncio.TimeoutError):
+                raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
+                                  f"{self.broker_timeout_s:g} s; --broker-timeout)") from None
+            if self.topic in topics:
+                self.topic_missing_since = None
+                if said:
+                    self._log(f"topic {self.topic} exists now; joining group {self.group_id}")
+                return
+            if not said:
+                said, self.topic_missing_since = True, time.time()
+                self._log(f"topic {self.topic} does not exist at {self.bootstrap_servers} yet; waiting for it "
+                          f"(`streamer produce --topic {self.topic}` or your producer creates it)")
+            await asyncio.sleep(every_s)
+
+    async def _joined(self) -> None:
+        """Start the consumer: bootstrap and the group's JoinGroup (a member killed before us expires
+        first, about one session timeout)."""
+        limit = self.broker_timeout_s + self.join_timeout_s
+        try:
+            await asyncio.wait_for(self._started(self._consumer.start()), limit)
+        except (KafkaConnectionError, asyncio.TimeoutError):
+            raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
+                              f"{limit:g} s") from None
+
+    async def _refuse_if_shared(self, admin) -> None:
+        """SourceError when the group has another member now that we joined (members that died were
+        dropped by the join): two learners in one group would split its partitions."""
+        try:
+            described = await asyncio.wait_for(admin.describe_consumer_groups([self.group_id]), self.probe_timeout_s * 5)
+            members = len(described[0].groups[0][5])
+        except Exception:  # noqa: BLE001 - a broker that cannot describe groups: no check
+            return
+        if members > 1:
+            raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {members - 1} other running "
+                              f"member(s): another learner reads topic {self.topic} in it; stop that one, or "
+                              f"give this one another --group")
 
     async def stop(self) -> None:
-        for client in (self._consumer, self._producer):
+        """Close the clients, leaving the group; a broker that is away does not hold it up (5 s each, 1 s
+        when the last reachable() had no answer)."""
+        consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
+        for client in (consumer, producer):
             if client is not None:
-                try:
-                    await client.stop()
-                except KafkaError:
-                    pass
-        self._consumer = self._producer = None
+                await closed_quietly(client.stop(), 5.0 if self._answering else 1.0)
+
+    async def reachable(self) -> bool:
+        """Whether the broker answers a metadata request within `probe_timeout_s`."""
+        if self._consumer is None:
+            return False
+        try:
+            await asyncio.wait_for(self._consumer.topics(), self.probe_timeout_s)
+        except (KafkaError, asyncio.TimeoutError, OSError):
+            self._answering = False
+        else:
+            self._answering = True
+        return self._answering
 
     async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
         before = await self._positions()
@@ -193,13 +328,15 @@ class KafkaSource:
         """Commit {(topic, partition): next offset} for the partitions assigned now; False (and one
         line) when Kafka refuses, e.g. during a rebalance: the checkpoint holds the offsets anyway,
         and the next one commits them."""
+        if self._consumer is None:  # stopped before it ever joined (a signal while waiting for the topic)
+            return False
         assigned = self._consumer.assignment()
         offsets = {TopicPartition(t, p): o for (t, p), o in positions.items() if TopicPartition(t, p) in assigned}
         if not offsets:
             return False
         try:
-            await self._consumer.commit(offsets)
-        except (KafkaError, AssertionError) as exc:  # CommitFailedError, IllegalStateError, a lost coordinator
+            await asyncio.wait_for(self._consumer.commit(offsets), self.commit_timeout_s)
+        except (KafkaError, AssertionError, asyncio.TimeoutError) as exc:  # CommitFailedError, IllegalStateError, a lost coordinator
             self._log(f"commit of offsets {sorted((tp.partition, o) for tp, o in offsets.items())} failed "
                       f"({type(exc).__name__}); the checkpoint holds them, the next one commits them")
             return False
@@ -208,6 +345,8 @@ class KafkaSource:
     async def lag(self) -> dict[int, int]:
         """Records in the log beyond the consumer's position, per assigned partition."""
         lags = {}
+        if self._consumer is None:
+            return lags
         for tp in self._consumer.assignment():
             highwater = self._consumer.highwater(tp)
             if highwater is None:
@@ -221,11 +360,20 @@ class SeekOnAssign(ConsumerRebalanceListener):
     """The learner's offsets, not the group's, decide where each assigned partition is read from
     (aiokafka's local-state consumer example). Never raises: a rebalance must not crash a learner."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, positions, from_beginning: bool, log):
+    def __init__(self, consumer: AIOKafkaConsumer, positions, from_beginning: bool, log, on_revoke=None):
         self.consumer, self.positions, self.from_beginning, self.log = consumer, positions, from_beginning, log
+        self.on_revoke = on_revoke  # set once the learner has started: a refused joiner hands nothing over
 
     async def on_partitions_revoked(self, revoked) -> None:
-        pass  # nothing to hand over: what was read stays in the learner's state, and its checkpoint commits it
+        """What was read stays in the learner's state; `on_revoke` (a checkpoint and its commit) runs
+        while the partitions are still ours."""
+        if not revoked or self.on_revoke is None:
+            return
+        try:
+            await self.on_revoke()
+        except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
+            self.log(f"handing over at a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                     "the next checkpoint covers it")
 
     async def on_partitions_assigned(self, assigned) -> None:
         try:

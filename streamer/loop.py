@@ -6,7 +6,14 @@
 The fetch side is a task on the event loop (the consumer's heartbeat runs there too); the step runs in
 one worker thread, so a slow step never starves the heartbeat, and a full queue pauses fetching
 (backpressure). The loop owns no monitor, exporter, view or file: whoever iterates it reads the
-results and, between two results, the plain state below (records, dead_letters, lag, queue_depth).
+results and, between two results, the plain state below (records, dead_letters, lag, queue_depth,
+waiting_since, broker_lost_since).
+
+A watch task asks the source whether its broker answers (`source.reachable()`, when it has one) every
+`probe_every_s`: a broker that has not answered for `lost_after_s` is lost (one line; the model is
+kept, the queued batches are learned, nothing is committed), one that answers again is back (one line;
+the consumer rejoins its group and reads on from the learner's own offsets); one lost for
+`broker_timeout_s` stops the loop with stop_reason "broker_lost" (the learner then checkpoints).
 
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
@@ -37,25 +44,38 @@ class PrequentialLoop:
 
     def __init__(self, strategy, batcher, source, *, max_batches: int | None = None,
                  total_batches: int | None = None, total_records: int | None = None,
-                 max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8):
+                 max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8,
+                 broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
+                 log=None):
         self.strategy, self.batcher, self.source = strategy, batcher, source
+        self.broker_timeout_s, self.probe_every_s, self.lost_after_s = broker_timeout_s, probe_every_s, lost_after_s
+        self._log = log or (lambda line: None)
         self.max_batches, self.total_batches, self.total_records = max_batches, total_batches, total_records
         self.max_seconds, self.idle_timeout_s = max_seconds, idle_timeout_s
         # plain state, read between results
         self.step = 0  # batches learned; the next result's index
         self.tokens = 0
+        self.skipped = 0  # batches whose update was skipped (non-finite loss or gradients)
+        self.last_loss = float("nan")  # the last recorded loss; stands in for a non-finite one
         self.records = 0  # records read: learned, carried over or dead-lettered
         self.dead_letters: Counter = Counter()  # reason -> records
         self.lag: dict[int, int] = {}  # partition -> records in the log beyond our position
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
+        self.waiting_since: float | None = None  # wall time since when it is caught up and waits for records
+        self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
         self._queue_size = queue_size
         self._changed = asyncio.Event()
         self._started = self._last_record = time.monotonic()
         self._worker: ThreadPoolExecutor | None = None
         self._fetcher: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
+        # Held from taking a batch until the consumer of its result asks for the next one: whoever
+        # holds it sees a snapshot point. The generator's own consumer (between two results) is at
+        # one already and must not wait on it; others (a rebalance callback) use `snapshot_point()`.
+        self._between_results = asyncio.Lock()
 
     @property
     def records_batched(self) -> int:
@@ -64,39 +84,69 @@ class PrequentialLoop:
 
     @property
     def consuming(self) -> bool:
-        """Started, fetching, and not stopped: what /readyz reports."""
-        return self._fetcher is not None and not self._fetcher.done() and self.stop_reason is None
+        """Started, fetching, the broker answering, and not stopped: what /readyz reports."""
+        return (self._fetcher is not None and not self._fetcher.done() and self.stop_reason is None
+                and self.broker_lost_since is None)
 
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
 
     async def __aenter__(self) -> PrequentialLoop:
-        await self.source.start()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
+        if not await self._start_source():
+            return self  # stopped while starting (a signal while it waited for the broker or the topic)
         self._started = self._last_record = time.monotonic()
         self._fetcher = asyncio.create_task(self._fetch())
+        self._watcher = asyncio.create_task(self._watch())
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self._fetcher.cancel()
-        await asyncio.gather(self._fetcher, return_exceptions=True)
+        tasks = [task for task in (self._fetcher, self._watcher) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._worker.shutdown(wait=True)
         await self.source.stop()
+
+    async def _start_source(self) -> bool:
+        """source.start(), given up when the loop is stopped meanwhile; False then."""
+        starting = asyncio.ensure_future(self.source.start())
+        while not starting.done():
+            await asyncio.wait({starting}, timeout=0.2)
+            if self.stop_reason is not None and not starting.done():
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return False
+        starting.result()  # re-raise: the broker unreachable, the group shared
+        return True
 
     async def __aiter__(self) -> AsyncIterator[StepResult]:
         while True:
             ready = await self.peek()  # fetch -> batch: the fetch task has cut it; None: a stop condition
             if ready is None:
                 return
-            self._queue.popleft()
-            self._changed.set()  # room in the queue: the fetch side goes on
-            result = await self.in_worker(prequential_step, self.strategy, ready.batch, ready.truth, self.step)
-            self.step += 1  # predict -> record -> learn happened in the worker, in this order
-            self.tokens += result.tokens
-            self.truth = ready.truth or self.truth
-            self.labels_known = ready.batch.labels_known
-            yield result  # SNAPSHOT POINT: strategy, carry-over and offsets all describe "after batch result.index"
+            async with self._between_results:  # released when the consumer asks for the next result
+                if not self._queue or self._queue[0] is not ready or self.stop_reason is not None:
+                    continue  # changed while a snapshot was taken: look again
+                self._queue.popleft()
+                self._changed.set()  # room in the queue: the fetch side goes on
+                result = await self.in_worker(prequential_step, self.strategy, ready.batch, ready.truth, self.step,
+                                              self.last_loss)
+                self.step += 1  # predict -> record -> learn happened in the worker, in this order
+                self.tokens += result.tokens
+                self.skipped += result.skipped
+                self.last_loss = result.loss
+                self.truth = ready.truth or self.truth
+                self.labels_known = ready.batch.labels_known
+                yield result  # SNAPSHOT POINT: strategy, carry-over and offsets all describe "after batch result.index"
+
+    def snapshot_point(self) -> asyncio.Lock:
+        """`async with loop.snapshot_point():` waits until no step is in flight and the last result has
+        been taken in by the loop's consumer (monitor, loss log, probes), and keeps the next batch from
+        starting meanwhile. For callers outside the consumer (a rebalance callback); the consumer,
+        between two results, is at a snapshot point already and must not use it (it would wait forever)."""
+        return self._between_results
 
     async def peek(self) -> ReadyBatch | None:
         """The next batch to learn, with its truth, once the fetch side has cut it (it stays next);
@@ -106,13 +156,14 @@ class PrequentialLoop:
             if self.stop_reason is not None:
                 return None
             if self._queue:
+                self.waiting_since = None
                 return self._queue[0]
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=0.5)
             except asyncio.TimeoutError:
                 pass
-            if self._fetcher.done():
+            if self._fetcher is not None and self._fetcher.done():
                 self._fetcher.result()  # re-raise a failure of the fetch side
 
     async def in_worker(self, function, *args):
@@ -127,14 +178,18 @@ class PrequentialLoop:
 
     async def commit(self, offsets: dict) -> bool:
         """Commit `offsets` ({(topic, partition): next offset}) to Kafka; call it only with offsets a
-        written checkpoint covers (state_dict()["offsets"]); False when Kafka refused them."""
+        written checkpoint covers (state_dict()["offsets"]); False when Kafka refused them, and at once
+        while the broker is lost (the checkpoint holds them; the next one commits them)."""
+        if self.broker_lost_since is not None:
+            return False
         return await self.source.commit(offsets)
 
     def state_dict(self) -> dict:
         """The loop's side of a snapshot, read at a snapshot point on the event loop: the batcher's
         carry-over, the batches cut but not yet learned, the next offset to read per partition."""
         return {
-            "step": self.step, "tokens": self.tokens, "records": self.records,
+            "step": self.step, "tokens": self.tokens, "records": self.records, "skipped": self.skipped,
+            "last_loss": self.last_loss,
             "dead_letters": dict(self.dead_letters),
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
@@ -145,6 +200,7 @@ class PrequentialLoop:
     def load_state_dict(self, state: dict) -> None:
         """Continue after a snapshot (call before `async with`; the source seeks to state["offsets"])."""
         self.step, self.tokens, self.records = state["step"], state["tokens"], state["records"]
+        self.skipped, self.last_loss = state.get("skipped", 0), state.get("last_loss", float("nan"))
         self.dead_letters = Counter(state.get("dead_letters", {}))
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
@@ -168,6 +224,7 @@ class PrequentialLoop:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
         batcher, last_lag = self.batcher, 0.0
         while True:
+            read = self.records
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
                 self.records += 1
@@ -185,6 +242,7 @@ class PrequentialLoop:
                         self._changed.clear()
                         await self._changed.wait()
                     self._queue.append(batcher.pop())
+                    self.waiting_since = None
                     self._changed.set()
             failed = getattr(self.source, "dead_letter_failures", 0)
             if failed:  # dead-letter sends that failed: counted, never raised
@@ -192,7 +250,39 @@ class PrequentialLoop:
             if time.monotonic() - last_lag > 1.0:
                 last_lag = time.monotonic()
                 self.lag = await self.source.lag()
+            if self._queue or self.records > read:
+                self.waiting_since = None
+            elif self.waiting_since is None:  # caught up: nothing to learn, nothing arrived
+                self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    async def _watch(self) -> None:
+        """Lost, back, or away too long: see the module's docstring."""
+        reachable = getattr(self.source, "reachable", None)
+        if reachable is None:
+            return
+        where = getattr(self.source, "bootstrap_servers", "the broker")
+        answered = time.monotonic()
+        while True:
+            await asyncio.sleep(self.probe_every_s)
+            ok = await reachable()
+            now = time.monotonic()
+            if ok:
+                if self.broker_lost_since is not None:
+                    self._log(f"Kafka at {where} is back after {time.time() - self.broker_lost_since:.0f} s; "
+                              "rejoining the group, reading on from the learner's own offsets")
+                    self.broker_lost_since = None
+                answered = now
+                continue
+            away = now - answered
+            if self.broker_lost_since is None and away >= self.lost_after_s:
+                self.broker_lost_since = time.time() - away
+                timeout = f"{self.broker_timeout_s:g} s" if self.broker_timeout_s else "ever"
+                self._log(f"Kafka at {where} is lost (no answer for {away:.0f} s); keeping the model, "
+                          f"waiting for it up to {timeout} (--broker-timeout)")
+            if self.broker_timeout_s and away >= self.broker_timeout_s:
+                self.stop("broker_lost")
+                return
 
 
 def _rejected(batcher, record) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from producers.kafka import ensure_topic
 from producers.wire import (MAX_STREAM_ID, REASONS, Record, Truth, WireError, dead_letter_copy, decode, encode,
                             stream_id)
 from streamer.batching import Batcher
@@ -248,6 +249,7 @@ def test_a_failed_dead_letter_send_is_counted_and_logged_in_one_line(broker):
     async def go():
         source = KafkaSource(broker.bootstrap_servers, "unsent", "unsent-g", log=lines.append,
                              dead_letter_timeout_s=0.5)
+        await ensure_topic(broker.bootstrap_servers, "unsent")  # start() waits for a topic that does not exist
         await source.start()
         await source._producer.stop()  # noqa: SLF001 - a real failure: the closed producer's send blocks
         message = type("Message", (), {"topic": "unsent", "partition": 0, "offset": 5, "key": b"\xff",

@@ -16,6 +16,7 @@ import pytest
 
 from streamer import checkpoint
 from tests.conftest import write_corpus
+from tests.learners import line_count, wait_for_lines
 
 STREAMER = [sys.executable, "-m", "streamer.cli"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -33,19 +34,6 @@ def learn_command(broker, topic: str, *extra):
     return [*STREAMER, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,
             "--streams", "3", "--window", "10", "--hidden", "24", "--embedding", "8", "--no-view", "--no-probe",
             *extra]
-
-
-def line_count(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def wait_for_lines(path: Path, process, at_least: int, timeout_s: float = 120) -> int:
-    deadline = time.monotonic() + timeout_s
-    while (count := line_count(path)) < at_least:
-        assert process.poll() is None, f"the learner exited early: {process.stdout.read()[-2000:]}"
-        assert time.monotonic() < deadline, f"{count} lines after {timeout_s}s, waiting for {at_least}"
-        time.sleep(0.05)
-    return count
 
 
 def stop_with(process, signum) -> float:
@@ -143,31 +131,4 @@ def test_a_second_sigint_aborts_at_once(broker, corpus, tmp_path):
     assert seconds < 2, f"the second SIGINT took {seconds:.1f}s"
 
 
-def test_a_learner_of_another_strategy_on_the_topic_leaves_the_running_one_alone(broker, reference, tmp_path):
-    """Default group flags, another strategy: its own derived group, so a short ewc learner neither
-    takes the running naive learner's partitions nor moves its offsets; the naive one goes on to the
-    losses of an uninterrupted run. The same command twice is refused (the run directory is locked)."""
-    manifest, total, expected = reference
-    first_dir = tmp_path / "runs" / "signals-streamer-signals-naive"
-    # --fresh: from the topic's beginning, though the group committed its end in the test above; no
-    # manifest: it runs until stopped, so it is still running while the others start
-    first = subprocess.Popen(learn_command(broker, "signals", "--fresh"), cwd=tmp_path, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_lines(first_dir / "losses.jsonl", first, 20)
-    other = subprocess.Popen(learn_command(broker, "signals", "--manifest", str(manifest), "--strategy", "ewc",
-                                           "--max-batches", "20"),
-                             cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    twice = subprocess.run(learn_command(broker, "signals"), cwd=tmp_path, env=ENV,
-                           capture_output=True, text=True, timeout=120)
-    errors = [line for line in twice.stderr.splitlines() if line.strip()]
-    assert twice.returncode == 2 and len(errors) == 1 and "in use by a running learner" in errors[0], twice.stderr
-    other_output, _ = other.communicate(timeout=120)
-    assert other.returncode == 0, other_output[-3000:]
-    assert "group streamer-signals-ewc" in other_output
-    assert line_count(tmp_path / "runs" / "signals-streamer-signals-ewc" / "losses.jsonl") == 20
-    wait_for_lines(first_dir / "losses.jsonl", first, total)
-    stop_with(first, signal.SIGTERM)
-    output = first.stdout.read()
-    first.stdout.close()
-    assert first.returncode == 0, output[-3000:]
-    assert_equal_losses(first_dir, total, expected)
+# Learners of another strategy or of the same group beside a running one: tests/test_group.py.

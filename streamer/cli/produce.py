@@ -6,41 +6,56 @@ import asyncio
 from pathlib import Path
 
 from streamer.cli.configs import schedule, stream_options
-from streamer.cli.flags import add_stream_flags, positive_float, positive_int
-from streamer.cli.runs import corpus_dir
+from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
+                                add_stream_flags, positive_float, positive_int)
+from streamer.cli.runs import corpus_dir, default_manifest_path, prepare_and_say
+from streamer.cli.security_flags import add_security_flags, client_options, kafka_security
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("produce", help="replay a corpus as a CALM stream into a Kafka topic")
-    p.add_argument("--corpus", default="calm-multilingual",
-                   help="a built corpus name or a directory with one .txt per class (default %(default)s)")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS,
+                   help="a built corpus name (`streamer data list`) or a path of your own data: a directory with "
+                        "one .txt per class, JSONL, CSV/TSV or a datasets directory (default %(default)s)")
     p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
-    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka address (default %(default)s)")
-    p.add_argument("--topic", default="streamer", help="the topic to write (default %(default)s)")
+    p.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT",
+                   help="Kafka address, comma-separated for several (default %(default)s)")
+    p.add_argument("--topic", default=DEFAULT_TOPIC,
+                   help="the topic to write, created when missing (default %(default)s)")
     p.add_argument("--partitions", type=positive_int, default=1,
                    help="partitions of the topic when it is created (default %(default)s)")
-    p.add_argument("--rate", type=positive_float, help="records per second (default: as fast as possible)")
-    p.add_argument("--token-rate", type=positive_float, help="bytes of text per second (default: no limit)")
+    p.add_argument("--rate", type=positive_float,
+                   help="pace in records per second (default: as fast as the broker takes them)")
+    p.add_argument("--token-rate", type=positive_float,
+                   help="pace in bytes of text per second (default: no limit)")
     p.add_argument("--realtime-factor", type=positive_float, default=1.0,
                    help="speed of the replay relative to --rate / --token-rate (2 = twice as fast; default 1)")
     p.add_argument("--loop", action="store_true", help="replay forever (positions and fragments continue), for a daemon")
     p.add_argument("--no-truth-topic", action="store_true",
                    help="do not announce fragments on the <topic>.truth sidecar topic")
-    p.add_argument("--manifest", type=Path, help="ground-truth manifest path (default <topic>.manifest.json)")
+    p.add_argument("--manifest", type=Path,
+                   help=f"where to write the ground-truth manifest and its .probe/ split (default "
+                        f"{default_manifest_path('<topic>')}, where `streamer learn --topic <topic>` finds it; "
+                        f"under --cache when given)")
+    add_broker_timeout_flag(p)
     add_stream_flags(p)
+    add_security_flags(p)
 
 
 def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from producers.stream import looped, prepare_stream, produce_stream
+    from producers.kafka import produce
+    from producers.stream import looped
 
+    kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
     corpus = corpus_dir(args.corpus, args.cache)
-    manifest_path = args.manifest or Path(f"{args.topic}.manifest.json")
-    records, manifest = prepare_stream(corpus, schedule(args), manifest_path, **stream_options(args))
+    manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
+    records, manifest = prepare_and_say(corpus, schedule(args), manifest_path,
+                                        log=lambda note: print(note, flush=True), **stream_options(args))
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
     console = Console()
@@ -48,11 +63,13 @@ def run(args) -> int:
     with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mb]:.2f} MB"),
                   console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task("produce", total=None if args.loop else len(records), mb=0.0)
-        sent = asyncio.run(produce_stream(
+        sent = asyncio.run(produce(  # producers.stream.produce_stream's, with --broker-timeout
             stream, args.bootstrap_servers, args.topic,
             rate=args.rate and args.rate * args.realtime_factor,
             token_rate=args.token_rate and args.token_rate * args.realtime_factor,
-            partitions=args.partitions, truth_topic=not args.no_truth_topic,
+            partitions=args.partitions, truth_topic=None if args.no_truth_topic else f"{args.topic}.truth",
+            client_options=kafka_options, broker_timeout_s=args.broker_timeout,
+            log=lambda line: print(line, flush=True),
             progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
     return 0

@@ -1,0 +1,129 @@
+"""The broker goes away: `streamer learn` and `streamer produce` as real processes, against an embedded
+Tansu broker of each test's own (frozen with SIGSTOP, killed with SIGKILL), never the session's.
+
+- Frozen for some seconds and thawed: the learner says once that the broker is lost and once that it
+  is back, /readyz answers 503 meanwhile, and the run finishes with the losses of an uninterrupted
+  run of the same stream and seed (1e-4 nats). It was started before its topic existed: it said so
+  and waited.
+- Killed for good: the learner exits 2 within --broker-timeout (plus the time to stop), with one line
+  on stderr and a checkpoint of every batch it learned; a paced producer exits 2 with one line.
+- Unreachable at start: learner and producer exit 2 with one line naming the address."""
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from streamer import checkpoint
+from streamer.broker import EmbeddedBroker, free_port
+from tests.conftest import write_corpus
+from tests.learners import (ENV, assert_equal_losses, error_lines, finish, kill_leftovers, learn_command, line_count,
+                            losses, produce, produce_command, start, wait_for_lines, wait_for_output)
+
+FRAGMENTS, LAMBDA = 4, 1500  # about 200 batches of 3 x 10 bytes
+
+
+@pytest.fixture
+def own_broker():
+    broker = EmbeddedBroker().start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            os.kill(broker.pid, signal.SIGCONT)
+        broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    yield
+    kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("faults") / "corpus")
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return answer.status == 200
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503
+        return False
+    except OSError:
+        return True  # the server is busy or not up yet: not an answer
+
+
+@pytest.mark.slow  # a 10 s freeze between a paced producer and two learners: about a minute
+def test_a_frozen_broker_thawed_leaves_the_run_finishing_equal(own_broker, corpus, tmp_path):
+    bootstrap = own_broker.bootstrap_servers
+    manifest = tmp_path / "manifest.json"
+    produce(bootstrap, corpus, "faults-whole", manifest, FRAGMENTS, LAMBDA)  # the same stream, for the reference
+    whole = start(learn_command(bootstrap, "faults-whole", "--manifest", str(manifest), "--run-dir", "whole"), tmp_path)
+    port = free_port()
+    learner = start(learn_command(bootstrap, "faults", "--manifest", str(manifest), "--run-dir", "frozen",
+                                  "--broker-timeout", "60", "--metrics-port", str(port)), tmp_path)
+    said = wait_for_output(learner, "topic faults does not exist")  # it waits for its topic
+    producer = start(produce_command(bootstrap, corpus, "faults", tmp_path / "paced.json", FRAGMENTS, LAMBDA,
+                                     "--rate", "100", "--broker-timeout", "60"), tmp_path)
+    wait_for_lines(tmp_path / "frozen" / "losses.jsonl", learner, 20)
+    os.kill(own_broker.pid, signal.SIGSTOP)
+    frozen_at, seen_not_ready = time.monotonic(), False
+    while time.monotonic() - frozen_at < 10:
+        seen_not_ready = seen_not_ready or not ready(port)
+        time.sleep(0.5)
+    os.kill(own_broker.pid, signal.SIGCONT)
+    output = finish(learner)
+    assert learner.returncode == 0, output[-3000:]
+    assert producer.wait(timeout=120) == 0, finish(producer)[-3000:]
+    assert finish(whole) and whole.returncode == 0
+    said = said + output.splitlines()
+    lost, back = sum(" is lost " in line for line in said), sum(" is back " in line for line in said)
+    assert lost >= 1 and back == lost, output[-3000:]  # one line each way per outage (a busy broker may add one)
+    assert seen_not_ready, "/readyz never answered 503 while the broker was frozen"
+    assert_equal_losses(tmp_path / "frozen", [line["loss"] for line in losses(tmp_path / "whole")])
+
+
+def test_a_broker_killed_for_good_ends_learner_and_producer_with_one_line(own_broker, corpus, tmp_path):
+    bootstrap = own_broker.bootstrap_servers
+    produce(bootstrap, corpus, "killed", tmp_path / "manifest.json", FRAGMENTS, LAMBDA)
+    run_dir = tmp_path / "killed-run"
+    learner = start(learn_command(bootstrap, "killed", "--run-dir", str(run_dir), "--broker-timeout", "4",
+                                  "--checkpoint-every", "1"),  # no manifest: a daemon, it waits for more
+                    tmp_path, stderr_apart=True)
+    producer = start(produce_command(bootstrap, corpus, "killed-paced", tmp_path / "paced.json", FRAGMENTS, LAMBDA,
+                                     "--rate", "20", "--broker-timeout", "3"), tmp_path, stderr_apart=True)
+    wait_for_lines(run_dir / "losses.jsonl", learner, 10)
+    os.kill(own_broker.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, err = learner.communicate(timeout=120)
+    seconds = time.monotonic() - killed_at
+    assert learner.returncode == 2, out[-3000:] + err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and bootstrap in errors[0] and "--broker-timeout" in errors[0], err
+    assert seconds < 4 + 30, f"exit {seconds:.1f}s after the kill"
+    assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == line_count(run_dir / "losses.jsonl") > 0
+    assert " is lost " in out
+    p_out, p_err = producer.communicate(timeout=120)
+    assert producer.returncode == 2, p_out[-2000:] + p_err[-2000:]
+    assert len(error_lines(p_err)) == 1 and bootstrap in p_err, p_err
+    print(f"broker killed: the learner exited 2 after {seconds:.1f}s (--broker-timeout 4)")
+
+
+def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(corpus, tmp_path):
+    nowhere = f"127.0.0.1:{free_port()}"
+    learner = start(learn_command(nowhere, "t", "--run-dir", str(tmp_path / "run"), "--broker-timeout", "2"), tmp_path,
+                    stderr_apart=True)
+    producer = subprocess.run(produce_command(nowhere, corpus, "t", tmp_path / "m.json", 2, 300, "--broker-timeout", "2"),
+                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    out, err = learner.communicate(timeout=120)
+    for process, stderr in ((learner, err), (producer, producer.stderr)):
+        errors = error_lines(stderr)
+        assert process.returncode == 2 and len(errors) == 1, stderr
+        assert f"cannot reach Kafka at {nowhere}" in errors[0] and "--broker-timeout" in errors[0]
