@@ -1,17 +1,21 @@
 """The Grafana dashboard of streamer, as code, and the `streamer monitor` subcommand.
 
-The dashboard is built from plain Python dicts rather than grafana-foundation-sdk:
-the SDK installs from PyPI (as 1769699998!10.1.0, an epoch-stamped build of
-Grafana 10.1's schema while the stack runs Grafana 11.1), but it would be one more
-dependency and schema version to track for a dozen panels, and the JSON written
-here is small and diffs well in review. `build_dashboard()` is the single source; deploy/grafana/dashboards/streamer.json
+The dashboard is built from plain Python dicts rather than grafana-foundation-sdk. The
+SDK installs from PyPI (pure Python, no dependencies), one build per Grafana schema with
+the build time as a version epoch: a bare `pip install grafana-foundation-sdk` picks the
+newest epoch, a build of Grafana 10.1's schema, and matching the stack's Grafana 11.1
+takes a pin such as `grafana-foundation-sdk==1769699681!11.1.0`, renewed with every
+Grafana upgrade. For a dozen panels that is one more dependency and schema to track, and
+its typed builders have no room for the panel key the checks read (`streamer_optional`);
+the JSON written here is small and diffs well in review. `build_dashboard()` is the single source; deploy/grafana/dashboards/streamer.json
 is its output, committed so Grafana's file provisioning can load it, and a test
 fails when the two differ (`streamer monitor dashboard` regenerates the file).
 
 Every query filters on the `run` and `strategy` template variables. The top row shows
-each switch at a glance: the worst batch of each class over a short window (from the
-batch-loss histogram, so no batch is missed between scrapes) beside the class's
-steady loss; a class without batches in the window draws nothing. Switch markers are
+each switch at a glance: the worst batch and the mean loss of each class and of all
+classes between the last two scrapes (from the batch-loss histogram and the loss and
+token counters, so no batch is missed between scrapes) beside the class's steady loss; a
+class without batches since the previous scrape draws nothing. Switch markers are
 Prometheus annotation queries on the last-switch gauges (true switches white,
 detected ones red): no extra process, no credentials. Panels whose
 metric exists only in some runs (forgetting needs probe sets, GPU memory a GPU)
@@ -96,11 +100,13 @@ def worst_batch(by: str) -> str:
     return (f"histogram_quantile(0.99, sum by (le, {by}) (irate({_m('batch_loss_nats_bucket')}{RATE}))) >= 0")
 
 
-def window_loss(phase: str, by: str = "run, strategy, class") -> str:
-    """Mean loss per token over the window, nats, from the counters (exact at any scrape interval)."""
-    selector = f'phase="{phase}"'
-    return (f"sum by ({by}) (increase({_m('loss_nats_total', selector)}{RATE})) / "
-            f"(sum by ({by}) (increase({_m('scored_tokens_total', selector)}{RATE})) > 0)")
+def window_loss(phase: str | None, by: str = "run, strategy, class", over: str = "increase") -> str:
+    """Mean loss per token, nats, from the counters (exact at any scrape interval): of the batches
+    of `phase` (None: every batch) over the window (`over="increase"`), or between the last two
+    scrapes (`over="irate"`). A class without batches there divides by no token: no line."""
+    selector = f'phase="{phase}"' if phase else ""
+    return (f"sum by ({by}) ({over}({_m('loss_nats_total', selector)}{RATE})) / "
+            f"(sum by ({by}) ({over}({_m('scored_tokens_total', selector)}{RATE})) > 0)")
 
 
 def _panels() -> list[dict]:
@@ -108,15 +114,19 @@ def _panels() -> list[dict]:
     per_run = "{{run}} {{strategy}}"
     return [
         _row("Switch spikes"),
-        _panel("timeseries", "Switch spikes: worst batch per class",
+        _panel("timeseries", "Switch spikes: loss per class since the previous scrape",
                [(worst_batch("run, strategy, class"), "{{class}} worst batch " + per_run),
                 (worst_batch("run, strategy"), "all classes worst batch " + per_run),
+                (window_loss(None, over="irate"), "{{class}} mean " + per_run),
+                (window_loss(None, "run, strategy", over="irate"), "all classes mean " + per_run),
                 (window_loss("steady"), "{{class}} steady " + per_run)],
                unit=NATS, width=16,
-               description="Worst batch of each class between the last two scrapes (99th percentile of every batch's "
-               "loss, nats) beside the class's steady loss over the window (all batches but a revisit's first k). A revisit shows as a jump "
-               "of the class's worst batch; classes with no batch in the window draw nothing. Markers: true "
-               "switches (white) and detected switches (red)."),
+               description="Between the last two scrapes, from the histogram and the counters (so no batch is "
+               "missed): the worst batch (99th percentile, nats) and the mean loss per token, of each class and "
+               "of all, beside each class's steady loss over the window (all batches but a revisit's first k). "
+               "A revisit shows as a jump of the class's lines (above where they ended when it was last active) "
+               "or of the all-classes lines; a class with no batch since the previous scrape draws nothing. "
+               "Markers: true switches (white) and detected switches (red)."),
         _panel("timeseries", "Perplexity per class: steady and after switch",
                [(f"exp({window_loss('steady')})", "{{class}} steady " + per_run),
                 (f"exp({window_loss('after_switch')})", "{{class}} after switch " + per_run)],

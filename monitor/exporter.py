@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -15,7 +17,9 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "NAMESPACE", "LOSS_BUCKETS"]
+from monitor.web_security import MetricsSecurity, read_credentials, require_basic_auth, server_context
+
+__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "UNITS", "NAMESPACE", "LOSS_BUCKETS"]
 
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
@@ -37,6 +41,7 @@ CATALOGUE = [
     ("batch_loss_nats", "histogram", RUN_CLASS, "Recorded (pre-update) loss of each batch, nats"),
     ("last_switch_timestamp_seconds", "gauge", RUN_KIND, "Unix time of the latest switch, held until the next one"),
     ("last_switch_spike_nats", "gauge", RUN_KIND, "Worst batch loss of the first k batches after the latest switch, nats, held until the next one"),
+    ("previous_fragment_loss_nats", "gauge", RUN_CLASS, "Mean loss of the class's previous fragment, nats, set when the class is revisited: what its spike is measured against (CALM's rec reference)"),
     ("batch_loss", "gauge", RUN_CLASS, "Recorded (pre-update) loss of the latest batch, nats"),
     ("rolling_perplexity", "gauge", RUN, "exp of the mean recorded loss over the last 100 batches"),
     ("loss_after_switch_last", "gauge", RUN_CLASS, "Mean loss of the first k batches after the latest revisit switch, nats"),
@@ -56,6 +61,7 @@ CATALOGUE = [
     ("consumer_lag_records", "gauge", RUN_PARTITION, "Records in the partition beyond the consumer position"),
     ("queue_depth", "gauge", RUN, "Batches waiting for the model worker"),
     ("dead_letter_total", "counter", RUN_REASON, "Records sent to the dead-letter topic instead of the model, by reason"),
+    ("skipped_updates_total", "counter", RUN, "Batches whose update was skipped: a NaN or infinite loss or gradient (parameters left as before)"),
     ("checkpoint_age_seconds", "gauge", RUN, "Seconds since the last checkpoint was written"),
     ("gpu_memory_bytes", "gauge", RUN, "GPU memory allocated by the model (only on a GPU)"),
     ("forgetting", "gauge", RUN_CLASS, "Forgetting per class from the probe matrix (only when probe sets exist)"),
@@ -70,6 +76,24 @@ CATALOGUE = [
     ("predict_seconds", "histogram", RUN, "Time to score a batch"),
     ("learn_seconds", "histogram", RUN, "Time to learn from a batch"),
 ]
+
+# the unit of each metric, as the README's table and the dashboard's axes name it
+# ("ratio": 0 to 1; "0/1": a boolean state; "Unix s": seconds since the epoch)
+UNITS = {
+    "loss_nats_total": "nats", "scored_tokens_total": "tokens", "batch_loss_nats": "nats",
+    "last_switch_timestamp_seconds": "Unix s", "last_switch_spike_nats": "nats",
+    "previous_fragment_loss_nats": "nats", "batch_loss": "nats",
+    "rolling_perplexity": "ppl", "loss_after_switch_last": "nats", "loss_after_switch_mean": "nats",
+    "recovery_batches_last": "batches", "recovery_batches_mean": "batches", "class_loss_mean": "nats",
+    "switches_total": "switches", "switches_detected_total": "switches", "batches_since_detected_switch": "batches",
+    "detection_precision": "ratio", "detection_recall": "ratio", "detection_delay_batches": "batches",
+    "tokens_per_second": "tokens/s", "tokens_total": "tokens", "batches_learned_total": "batches",
+    "consumer_lag_records": "records", "queue_depth": "batches", "dead_letter_total": "records",
+    "skipped_updates_total": "batches", "checkpoint_age_seconds": "s", "gpu_memory_bytes": "bytes", "forgetting": "nats or ratio",
+    "accuracy": "ratio", "accuracy_rolling": "ratio", "macro_f1": "ratio", "macro_f1_rolling": "ratio",
+    "class_accuracy": "ratio", "class_macro_f1": "ratio", "ready": "0/1",
+    "predict_seconds": "s", "learn_seconds": "s",
+}
 
 _TYPES = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
 
@@ -105,15 +129,36 @@ class QuietHandler(WSGIRequestHandler):
         """Scrapes and probes are not worth a line each."""
 
 
-class IPv6Server(ThreadingWSGIServer):
+FINAL_SCRAPE_MAX_S = 15.0  # the longest a stopping exporter waits for its final scrape
+
+
+class FinalScrapeServer(ThreadingWSGIServer):
+    """On shutdown, waits for one more scrape of /metrics (at most 1.2 x the interval between the
+    last two scrapes, and FINAL_SCRAPE_MAX_S; not at all before two scrapes): a run that ends
+    leaves Prometheus its final counters instead of the batches since the previous scrape."""
+
+    scrapes: deque = deque()  # monotonic times of the latest /metrics requests (serve() sets its own)
+
+    def shutdown(self, final_scrape: bool = True) -> None:
+        """`final_scrape`: False when the run was stopped by a signal (it must exit within seconds)."""
+        if final_scrape and len(self.scrapes) >= 2:
+            asked = time.monotonic()
+            wait = min(1.2 * (self.scrapes[-1] - self.scrapes[-2]), FINAL_SCRAPE_MAX_S)
+            while self.scrapes[-1] < asked and time.monotonic() < asked + wait:
+                time.sleep(0.05)
+        super().shutdown()
+
+
+class IPv6Server(FinalScrapeServer):
     address_family = socket.AF_INET6
 
 
 def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[[], bool] = lambda: True,
-          labels: tuple[str, ...] = ()):
+          labels: tuple[str, ...] = (), security: MetricsSecurity | None = None):
     """Serve, in a daemon thread: /metrics; /healthz, 200 while the process answers; /readyz, 200
     when `ready()` is true (the learner: consuming, broker reachable), else 503. With `labels`
-    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. Returns (server, thread)."""
+    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. `security`: HTTPS
+    and/or basic auth on /metrics (monitor.web_security). Returns (server, thread)."""
     metrics_app = make_wsgi_app(metrics.registry)
 
     def is_ready() -> bool:
@@ -132,10 +177,19 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"not ready\n"]
         is_ready()
+        scrapes.append(time.monotonic())
         return metrics_app(environ, start_response)
 
-    server_class = IPv6Server if ":" in host else ThreadingWSGIServer
+    security = security or MetricsSecurity()
+    context = server_context(security) if security.tls else None  # ValueError before the port is taken
+    if security.auth_file:
+        app = require_basic_auth(app, *read_credentials(security.auth_file))
+    scrapes: deque = deque(maxlen=2)
+    server_class = IPv6Server if ":" in host else FinalScrapeServer
     server = make_server(host, port, app, server_class, handler_class=QuietHandler)
+    server.scrapes = scrapes
+    if context is not None:  # as prometheus_client.start_wsgi_server(certfile=, keyfile=) does
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return server, thread

@@ -1,12 +1,16 @@
-"""Upload the dashboard to Grafana and annotate class switches from a run's loss log.
+"""Upload the dashboard to a Grafana the user already runs; optionally post switch annotations.
 
-Talks to Grafana's HTTP API through grafana-client: POST /api/dashboards/db
-(overwrite) for the dashboard, POST /api/annotations for each switch, GET
-/api/health first so an unreachable Grafana is one clear line. Annotations carry
-the tags the dashboard's annotation queries filter on (see monitor/dashboard.py):
-["streamer", "switch", "true", "class:<new class>"] for a true switch (the
-`sequence` changes between consecutive lines) and ["streamer", "switch",
-"detected"] for a line with ``"detected_switch": true``.
+The dashboard needs neither: in the compose stack Grafana provisions it from
+deploy/grafana/, and its switch markers come from Prometheus annotation queries on
+streamer_last_switch_timestamp_seconds (monitor/dashboard.py), with no extra process and
+no credentials. `streamer monitor push` is for a Grafana outside the stack: it uploads
+the dashboard (POST /api/dashboards/db, overwrite) through grafana-client, after GET
+/api/health so an unreachable Grafana is one clear line. With a run directory it also
+posts one annotation per switch of the run's loss log (POST /api/annotations), for
+runs Prometheus never scraped; the dashboard's "Pushed ... (monitor push)" annotation
+queries, off by default, draw them by tag: ["streamer", "switch", "true",
+"class:<new class>"] for a true switch (the `sequence` changes between consecutive
+lines) and ["streamer", "switch", "detected"] for a line with ``"detected_switch": true``.
 
 A switch is posted once per process: each (Grafana URL, loss log) pair keeps the
 byte offset and the last record it has read, so a second push of the same file,

@@ -33,6 +33,7 @@ class PrometheusSink:
         self.metrics = metrics
         self.labels = (run, strategy)
         self._spikes: dict[str, float] = {}  # kind -> worst loss so far of the latest switch's first k batches
+        metrics.skipped_updates_total.labels(run, strategy)  # exported at 0 from the start: increase() sees the first
 
     def step(self, result, seen: Observation, tracker: RunTracker) -> None:
         """After the tracker observed `result`: update what that batch changed."""
@@ -57,6 +58,7 @@ class PrometheusSink:
         m.tokens_per_second.labels(*labels).set(tracker.tokens_per_second())
         m.tokens_total.labels(*labels).inc(result.tokens)
         m.batches_learned_total.labels(*labels).inc()
+        m.skipped_updates_total.labels(*labels).inc(int(getattr(result, "skipped", False)))
         m.predict_seconds.labels(*labels).observe(result.predict_s)
         if tracker.accuracy.utterances and getattr(result, "predicted", None) is not None:
             self._accuracy(tracker, seen.class_name, name)
@@ -64,6 +66,8 @@ class PrometheusSink:
         if seen.switched:
             m.switches_total.labels(*labels).inc()
             self._switch_metrics(tracker)
+        if seen.reference is not None:  # a revisit: what StreamerSwitchSpike compares its first batches with
+            m.previous_fragment_loss_nats.labels(*labels, name).set(seen.reference)
 
     def _loss_counters(self, result, seen: Observation) -> None:
         """Loss and tokens per class and phase, and the batch-loss histogram: every batch counts."""

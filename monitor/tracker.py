@@ -68,6 +68,7 @@ class Observation:
     detected: bool  # the label-free detector fired at this batch
     after_switch: bool = False  # one of the first k batches after a revisit (CALM's ppl@sw span)
     class_label: str = UNLABELLED  # the class as a metric label: a fixed set (see RunTracker.class_label)
+    reference: float | None = None  # at a revisit's first batch: the mean loss of the class's previous fragment
 
 
 def exp_or_inf(x: float | None) -> float | None:
@@ -112,6 +113,9 @@ class RunTracker:
         self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
         self._probe_trained: set[str] = set()  # classes whose first fragment has ended
         self._probe_best: dict[str, float] = {}
+        self._fragment = [0.0, 0]  # the current fragment's summed finite loss and batches
+        self._fragment_class: str | None = None
+        self._fragment_means: dict[str, float] = {}  # class -> mean loss of its latest finished fragment
 
     def class_id(self, name: str) -> int:
         return self._class_ids.setdefault(name, len(self._class_ids))
@@ -130,6 +134,8 @@ class RunTracker:
         fragment = truth.fragment if truth else 0
         domain = self.class_id(name)
         switched = self._last_key is not None and self._last_key != fragment
+        reference = self._close_fragment(name) if switched else None
+        self._fragment_class = name
         self._last_key = fragment
         self._switches += switched
         self._since_switch = 0 if switched else self._since_switch + 1
@@ -149,6 +155,9 @@ class RunTracker:
         sums = self._class_sums.setdefault(name, [0.0, 0])
         sums[0] += result.loss
         sums[1] += 1
+        if math.isfinite(result.loss):
+            self._fragment[0] += result.loss
+            self._fragment[1] += 1
         detected = self._detect(result.loss)
         predicted, labels = getattr(result, "predicted", None), getattr(result, "labels", None)
         if predicted is not None and labels is not None:
@@ -157,7 +166,16 @@ class RunTracker:
             self.detection.update(self._batches - 1, fragment, detected)
         return Observation(class_name=name, domain=domain, fragment=fragment, switched=switched, detected=detected,
                            after_switch=self._revisiting and self._since_switch < self._k,
-                           class_label=self.class_label(name))
+                           class_label=self.class_label(name), reference=reference)
+
+    def _close_fragment(self, entering: str) -> float | None:
+        """At a switch into `entering`: keep the mean loss of the fragment that ended (its class
+        is the previous batch's) and return the one `entering` had last time (None: first visit)."""
+        total, count = self._fragment
+        if count and self._fragment_class is not None:
+            self._fragment_means[self._fragment_class] = total / count
+        self._fragment = [0.0, 0]
+        return self._fragment_means.get(entering)
 
     def _detect(self, loss: float) -> bool:
         """Feed the label-free detector; True when it signals a switch at this batch."""
@@ -261,6 +279,8 @@ class RunTracker:
             "class_sums": [[name, list(sums)] for name, sums in self._class_sums.items()],
             "probe_trained": sorted(self._probe_trained),
             "probe_best": [[name, best] for name, best in self._probe_best.items()],
+            "fragment": list(self._fragment), "fragment_class": self._fragment_class,
+            "fragment_means": [[name, mean] for name, mean in self._fragment_means.items()],
             "calm": self.calm.state_dict(), "detection": self.detection.state_dict(),
             "accuracy": self.accuracy.state_dict(),
         }
@@ -282,6 +302,9 @@ class RunTracker:
         self._class_sums = {name: list(sums) for name, sums in state["class_sums"]}
         self._probe_trained = set(state["probe_trained"])
         self._probe_best = {name: best for name, best in state["probe_best"]}
+        self._fragment = list(state.get("fragment", [0.0, 0]))  # states written before these existed lack them
+        self._fragment_class = state.get("fragment_class")
+        self._fragment_means = {name: mean for name, mean in state.get("fragment_means", [])}
         self.calm.load_state_dict(state["calm"])
         self.detection.load_state_dict(state["detection"])
         self.accuracy.load_state_dict(state["accuracy"])

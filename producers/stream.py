@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -58,7 +59,10 @@ def _write_manifest(manifest: dict, manifest_path: Path) -> None:
         (probe_dir / f"{name}.txt").write_text(text, encoding="utf-8")
         probe["file"] = f"{name}.txt"
         probe["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    manifest_path.write_text(json.dumps(manifest, indent=1))
+    # atomically: a learner started beside the producer reads the whole manifest or none
+    partial = manifest_path.with_name(f".{manifest_path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    os.replace(partial, manifest_path)
 
 
 def _corpus_level(path: Path) -> str:
@@ -101,7 +105,8 @@ def looped(records: list[Record], manifest: dict) -> Iterator[Record]:
 async def produce_stream(records: Iterable[Record], bootstrap_servers: str, topic: str, *,
                          rate: float | None = None, token_rate: float | None = None, partitions: int = 1,
                          truth_topic: bool = True,
-                         progress: Callable[[int, int], None] | None = None) -> int:
+                         progress: Callable[[int, int], None] | None = None,
+                         client_options=None) -> int:
     return await produce(records, bootstrap_servers, topic, rate=rate, token_rate=token_rate,
                          partitions=partitions, truth_topic=f"{topic}.truth" if truth_topic else None,
-                         progress=progress)
+                         progress=progress, client_options=client_options)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from monitor.exporter import CATALOGUE, LOSS_BUCKETS, create_metrics
+from monitor.exporter import CATALOGUE, LOSS_BUCKETS, UNITS, create_metrics
 from monitor.live import LiveMonitor
 
 LABELS = {"run", "strategy", "class", "partition", "reason", "phase", "kind"}
@@ -146,6 +146,9 @@ def test_loss_counters_histogram_and_last_switch_gauges_count_every_batch():
     # the latest true switch: batch 7 (finished at 1007), its first batch so far 6 nats
     assert value("streamer_last_switch_timestamp_seconds", kind="true") == 1007.0
     assert value("streamer_last_switch_spike_nats", kind="true") == 6.0
+    # set at each revisit: the mean loss of the class's previous fragment (a: 3, 1; b: 5, 4), held
+    assert value("streamer_previous_fragment_loss_nats", **{"class": "a"}) == 2.0
+    assert value("streamer_previous_fragment_loss_nats", **{"class": "b"}) == 4.5
 
 
 def test_last_switch_spike_holds_the_worst_of_the_first_k_batches_until_the_next_switch():
@@ -189,12 +192,41 @@ def test_non_finite_losses_reach_only_the_batch_loss_gauge():
     assert got[("streamer_batch_loss_nats_count", frozenset({("class", "a")}))] == 1
 
 
-def test_readme_metric_table_lists_every_exported_metric_with_its_type_and_labels():
+def test_readme_metric_table_lists_every_exported_metric_with_its_type_labels_and_unit():
     section = README.read_text(encoding="utf-8").split("### Prometheus metrics")[1].split("\n## ")[0]
-    rows = re.findall(r"^\| `(streamer_\w+)` \| (\w+) \| ([\w, ]+) \| (.+) \|$", section, flags=re.MULTILINE)
-    table = {name: (kind, tuple(label.strip() for label in labels.split(","))) for name, kind, labels, _ in rows}
-    registry = {f"streamer_{name}": (kind, labels) for name, kind, labels, _ in CATALOGUE}
+    rows = re.findall(r"^\| `(streamer_\w+)` \| (\w+) \| ([\w, ]+) \| ([^|]+) \| (.+) \|$", section, flags=re.MULTILINE)
+    table = {name: (kind, tuple(label.strip() for label in labels.split(",")), unit.strip())
+             for name, kind, labels, unit, _ in rows}
+    assert set(UNITS) == {name for name, *_ in CATALOGUE}, "every catalogued metric has one unit in UNITS"
+    registry = {f"streamer_{name}": (kind, labels, UNITS[name]) for name, kind, labels, _ in CATALOGUE}
     assert table == registry
     assert all(meaning.strip() for *_, meaning in rows)
     exported = {metric.name for metric in create_metrics().registry.collect()}
     assert exported == {name.removesuffix("_total") for name in registry}
+
+
+def test_a_stopping_exporter_waits_for_its_final_scrape():
+    """A run that ends: shutdown() waits (up to 1.2 x the scrape interval seen) until Prometheus
+    has read the final values, so the batches since the previous scrape are not lost."""
+    import threading
+    import time
+    import urllib.request
+    from collections import deque
+
+    from monitor.exporter import serve
+
+    metrics = create_metrics()
+    server, _ = serve(metrics, 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    now = time.monotonic()
+    server.scrapes = deque([now - 200, now - 100], maxlen=2)  # as if scraped every 100 s: waits up to 15 s
+    metrics.batches_learned_total.labels("r", "naive").inc(7)  # the final batches, not scraped yet
+    stopping = threading.Thread(target=server.shutdown)
+    stopping.start()
+    with urllib.request.urlopen(url, timeout=10) as response:  # the final scrape, after shutdown was asked
+        final = response.read().decode()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive()
+    assert 'streamer_batches_learned_total{run="r",strategy="naive"} 7.0' in final
+    unscraped, _ = serve(create_metrics(), 0)  # never scraped twice: no interval known, no wait
+    unscraped.shutdown()

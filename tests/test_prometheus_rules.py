@@ -119,7 +119,7 @@ def test_the_readme_says_what_each_alert_says():
     rules = RULES.read_text(encoding="utf-8")
     assert alert_names(rules) == set(re.findall(r"\b(Streamer[A-Za-z]+)\s+\(", paragraph))
     # the numbers in the alerts' expressions and texts are the README's
-    assert "1.2 * last_over_time(streamer:steady_loss_nats:by_class" in rules
-    assert "1.2 x the class's steady loss" in " ".join(paragraph.split())
+    assert "> 1.2 * streamer_previous_fragment_loss_nats" in rules
+    assert "1.2 x the mean loss of the class's previous fragment" in " ".join(paragraph.split())
     assert "learned no batch for 2 minutes" in rules and "[2m]" in rules and "no batch learned for 2 minutes" in paragraph
     assert "consumer lag\nabove zero" in paragraph or "consumer lag above zero" in paragraph.replace("\n", " ")
