@@ -21,8 +21,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["PPL_LOSS_LIMIT", "Summary", "calm_metrics", "calm_result", "check_params", "format_table",
-           "perplexity", "recovery_duration"]
+__all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ExactSum", "Summary", "calm_metrics", "calm_result",
+           "check_params", "format_table", "perplexity", "recovery_duration"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
 
@@ -38,10 +38,6 @@ def _exp(value: float) -> float:
         return math.exp(value)
     except OverflowError:
         return math.inf
-
-
-def _fmean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def recovery_duration(losses: Iterable[float], previous_mean: float) -> int:
@@ -124,76 +120,149 @@ def calm_result(overall: Summary, per_class: list[tuple[int, Summary]], k: int, 
     return result
 
 
-def _split_fragments(records: Iterable[Mapping], from_fragment: int) -> list[tuple[int, str, list[float]]]:
-    """Span records grouped into fragments: (class id, class name, losses)."""
-    fragments: list[tuple[int, str, list[float]]] = []
-    last_sequence = None
-    for record in records:
-        sequence = record["sequence"]
-        if sequence < from_fragment:
-            continue
-        if not fragments or sequence != last_sequence:
-            fragments.append((record["domain"], record["domain_name"], []))
-            last_sequence = sequence
-        fragments[-1][2].append(float(record["loss"]))
-    return fragments
+class ExactSum:
+    """``math.fsum`` over a stream in O(1) memory: Shewchuk's non-overlapping partials (the algorithm
+    inside ``math.fsum``), so :meth:`value` equals ``math.fsum`` of every value added, bit for bit."""
+
+    __slots__ = ("count", "_partials", "_specials")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._partials: list[float] = []
+        self._specials: list[float] = []  # inf, -inf, nan: at most one of each
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        if not math.isfinite(x):
+            if not any(x == s or (x != x and s != s) for s in self._specials):
+                self._specials.append(x)
+            return
+        partials, i = self._partials, 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            high = x + y
+            low = y - (high - x)
+            if low:
+                partials[i] = low
+                i += 1
+            x = high
+        partials[i:] = [x]
+
+    def value(self) -> float:
+        """The correctly rounded sum (``math.fsum`` raises on inf + -inf, as here)."""
+        return math.fsum(self._partials + self._specials)
+
+    def mean(self) -> float | None:
+        return self.value() / self.count if self.count else None
+
+
+class _ClassTotals:
+    __slots__ = ("name", "loss", "n_fragments", "intensity", "rec_total", "previous_mean")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loss = ExactSum()
+        self.n_fragments = 0
+        self.intensity = ExactSum()  # count: revisits
+        self.rec_total = 0
+        self.previous_mean: float | None = None
+
+    def summary(self) -> Summary:
+        revisits = self.intensity.count
+        return Summary(name=self.name, loss=self.loss.mean(), n_batches=self.loss.count,
+                       n_fragments=self.n_fragments, n_revisits=revisits, intensity=self.intensity.mean(),
+                       rec=float(self.rec_total) / revisits if revisits else None)
+
+
+class _Fragment:
+    """The fragment being read: its sum, its first k losses and its recovery count so far."""
+
+    __slots__ = ("domain", "sequence", "previous_mean", "loss", "head", "duration", "recovered")
+
+    def __init__(self, domain: int, sequence: int, previous_mean: float | None) -> None:
+        self.domain, self.sequence, self.previous_mean = domain, sequence, previous_mean
+        self.loss = ExactSum()
+        self.head: list[float] = []
+        self.duration, self.recovered = 0, False
+
+
+class CalmAccumulator:
+    """:func:`calm_metrics` one record at a time in O(classes + k) memory, with exactly its numbers
+    (sums as ``math.fsum``): the still-open fragment is the last one, so it counts for loss only."""
+
+    def __init__(self, k: int = 10, from_fragment: int = 0) -> None:
+        check_params(k, from_fragment)
+        self.k, self.from_fragment = k, from_fragment
+        self._classes: dict[int, _ClassTotals] = {}
+        self._loss = ExactSum()
+        self._intensity = ExactSum()
+        self._rec_total = 0
+        self._n_fragments = 0
+        self._open: _Fragment | None = None
+
+    def __repr__(self) -> str:
+        return f"CalmAccumulator(k={self.k}, from_fragment={self.from_fragment})"
+
+    def update(self, loss: float, domain: int, domain_name: str, sequence: int) -> None:
+        if sequence < self.from_fragment:
+            return
+        loss = float(loss)
+        fragment = self._open
+        if fragment is None or sequence != fragment.sequence:
+            self._close()
+            totals = self._classes.get(domain)
+            if totals is None:
+                totals = self._classes[domain] = _ClassTotals(domain_name)
+            totals.n_fragments += 1
+            self._n_fragments += 1
+            fragment = self._open = _Fragment(domain, sequence, totals.previous_mean)
+        fragment.loss.add(loss)
+        if len(fragment.head) < self.k:
+            fragment.head.append(loss)
+        if fragment.previous_mean is not None and not fragment.recovered:
+            if loss < fragment.previous_mean:
+                fragment.recovered = True
+            else:
+                fragment.duration += 1
+        self._classes[fragment.domain].loss.add(loss)
+        self._loss.add(loss)
+
+    def _close(self) -> None:
+        """The open fragment is not the last: a revisit scores, and its mean is the class's previous."""
+        fragment, self._open = self._open, None
+        if fragment is None:
+            return
+        totals = self._classes[fragment.domain]
+        if fragment.previous_mean is not None:
+            intensity = math.fsum(fragment.head) / len(fragment.head)
+            totals.intensity.add(intensity)
+            totals.rec_total += fragment.duration
+            self._intensity.add(intensity)
+            self._rec_total += fragment.duration
+        totals.previous_mean = fragment.loss.mean()
+
+    def result(self) -> dict:
+        """The :func:`calm_metrics` result over the records so far."""
+        per_class = [(domain, totals.summary()) for domain, totals in self._classes.items()]
+        revisits = self._intensity.count
+        overall = Summary(name="all", loss=self._loss.mean(), n_batches=self._loss.count,
+                          n_fragments=self._n_fragments, n_revisits=revisits, intensity=self._intensity.mean(),
+                          rec=float(self._rec_total) / revisits if revisits else None)
+        return calm_result(overall, per_class, self.k, self.from_fragment)
 
 
 def calm_metrics(records: Iterable[Mapping], *, k: int = 10, from_fragment: int = 0) -> dict:
     """CALM metrics over the records with ``sequence >= from_fragment``, in stream order.
 
     Each record needs ``loss`` (nats), ``domain`` (class id), ``domain_name`` and
-    ``sequence`` (fragment index); other keys are ignored.
+    ``sequence`` (fragment index); other keys are ignored. The records are read once, one at a
+    time (:class:`CalmAccumulator`), so a generator over a long log needs no list.
     """
-    check_params(k, from_fragment)
-    fragments = _split_fragments(records, from_fragment)
-    names: dict[int, str] = {}
-    losses: dict[int, list[float]] = {}
-    n_fragments: dict[int, int] = {}
-    intensities: dict[int, list[float]] = {}
-    durations: dict[int, list[int]] = {}
-    previous_mean: dict[int, float] = {}
-    for index, (domain, name, fragment_losses) in enumerate(fragments):
-        names.setdefault(domain, name)
-        losses.setdefault(domain, []).extend(fragment_losses)
-        n_fragments[domain] = n_fragments.get(domain, 0) + 1
-        intensities.setdefault(domain, [])
-        durations.setdefault(domain, [])
-        if index == len(fragments) - 1:
-            break  # the last fragment counts for loss only
-        if domain in previous_mean:
-            intensities[domain].append(_fmean(fragment_losses[:k]))
-            durations[domain].append(recovery_duration(fragment_losses, previous_mean[domain]))
-        previous_mean[domain] = _fmean(fragment_losses)
-
-    per_class = [
-        (
-            domain,
-            Summary(
-                name=names[domain],
-                loss=_fmean(losses[domain]),
-                n_batches=len(losses[domain]),
-                n_fragments=n_fragments[domain],
-                n_revisits=len(durations[domain]),
-                intensity=_fmean(intensities[domain]),
-                rec=_fmean(durations[domain]),
-            ),
-        )
-        for domain in names
-    ]
-    all_losses = [x for fragment in fragments for x in fragment[2]]
-    all_intensities = [x for domain in names for x in intensities[domain]]
-    all_durations = [x for domain in names for x in durations[domain]]
-    overall = Summary(
-        name="all",
-        loss=_fmean(all_losses),
-        n_batches=len(all_losses),
-        n_fragments=len(fragments),
-        n_revisits=len(all_durations),
-        intensity=_fmean(all_intensities),
-        rec=_fmean(all_durations),
-    )
-    return calm_result(overall, per_class, k, from_fragment)
+    accumulator = CalmAccumulator(k, from_fragment)
+    for record in records:
+        accumulator.update(record["loss"], record["domain"], record["domain_name"], record["sequence"])
+    return accumulator.result()
 
 
 def _cell(value: float | None, digits: int = 2) -> str:

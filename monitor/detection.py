@@ -11,10 +11,11 @@ a detection before its switch or more than ``tolerance`` batches after it is a
 false alarm (and the switch, if nothing else matches it, is missed). A true
 switch is the first batch of a new ``sequence``; the first batch is never one.
 
-Label-free CALM estimates (:func:`calm_metrics_from_detected`): the detections
-cut the stream into segments and every segment but the first and the last of
-the span is scored as if it followed a switch; see that function for how its
-estimates differ from :func:`monitor.calm.calm_metrics`.
+Label-free CALM estimates (:func:`calm_metrics_from_detected`, from
+monitor.detected_calm): the detections cut the stream into segments and every
+segment but the first and the last of the span is scored as if it followed a
+switch; see that function for how its estimates differ from
+:func:`monitor.calm.calm_metrics`.
 
 Values that cannot be computed are ``None`` and a note says why.
 """
@@ -25,10 +26,12 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
-from monitor.calm import PPL_LOSS_LIMIT, perplexity, recovery_duration
+from monitor.detected_calm import DetectedCalmAccumulator, calm_metrics_from_detected
 from monitor.drift import make_detector
 
 __all__ = [
+    "DetectedCalmAccumulator",
+    "DetectionReport",
     "DetectionTracker",
     "calm_metrics_from_detected",
     "detect_offline",
@@ -37,12 +40,6 @@ __all__ = [
     "evaluate_detection",
     "switch_times",
 ]
-
-ESTIMATE_NOTE = (
-    "label-free estimates: segments are cut at detected switches; ppl@sw and rec score every "
-    "segment but the first and the last of the span; rec counts batches until the loss drops "
-    "below the mean of the previous segment (CALM uses the previous fragment of the same class)"
-)
 
 
 def _check_tolerance(tolerance: int) -> None:
@@ -186,81 +183,6 @@ def detect_offline(losses: Iterable[float], detector: str = "page-hinkley") -> l
     return found
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
-
-
-def _exp(value: float | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return math.exp(value)
-    except OverflowError:
-        return math.inf
-
-
-def calm_metrics_from_detected(
-    records: Sequence[Mapping], detected: Iterable[int], *, k: int = 10, from_fragment: int = 0
-) -> dict:
-    """CALM-style metrics with the switches taken from ``detected`` instead of the labels.
-
-    Segments are the runs between detections: a detection at ``d`` starts a new
-    segment at ``d`` (one at 0 or a repeated one starts nothing). ``from_fragment``
-    counts detected segments, so the span is segments ``>= from_fragment``.
-    Without labels a revisit cannot be known, so:
-
-    - ppl@sw (estimate) is exp of the mean, over the span's segments except its
-      first and the stream's last, of the mean loss of their first ``k`` batches;
-    - rec (estimate) is the mean, over the same segments, of the batches until
-      the loss first drops below the mean loss of the *previous segment* (the
-      segment's length if it never does), where CALM uses the previous fragment
-      of the same class;
-    - loss and ppl are over the span as in :func:`monitor.calm.calm_metrics`.
-
-    Only ``loss`` is read from the records.
-    """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
-    if isinstance(from_fragment, bool) or not isinstance(from_fragment, int) or from_fragment < 0:
-        raise ValueError(f"from_fragment must be a non-negative int, got {from_fragment!r}")
-    losses = [float(record["loss"]) for record in records]
-    cuts = sorted(set(detected))
-    if cuts and (cuts[0] < 0 or cuts[-1] >= len(losses)):
-        raise ValueError(f"detections must lie in [0, {len(losses)}), got {cuts[0]}..{cuts[-1]}")
-    starts = [0] + [d for d in cuts if d > 0]
-    segments = [losses[a:b] for a, b in zip(starts, starts[1:] + [len(losses)])] if losses else []
-    span = segments[from_fragment:]  # runs to the end of the stream
-    scored = span[1:-1]
-    intensities = [_mean(segment[:k]) for segment in scored]
-    durations = [recovery_duration(span[i], _mean(span[i - 1])) for i in range(1, len(span) - 1)]
-    span_losses = [x for segment in span for x in segment]
-    loss = _mean(span_losses)
-    notes = [ESTIMATE_NOTE]
-    where = f"detected segments >= {from_fragment}"
-    if loss is None:
-        notes.append(f"loss, ppl: no batches in the evaluated span ({where})")
-    elif loss >= PPL_LOSS_LIMIT:
-        notes.append(f"ppl: mean loss {loss:.3g} nats >= {PPL_LOSS_LIMIT:g}, reported as inf")
-    if not scored:
-        notes.append(
-            f"ppl@sw, rec: fewer than three detected segments in the evaluated span ({where}; "
-            f"{len(span)} segment(s), the first and the last are never scored)"
-        )
-    return {
-        "loss": loss,
-        "ppl": None if loss is None else perplexity(loss),
-        "ppl@sw": _exp(_mean(intensities)),
-        "rec": _mean(durations),
-        "n_batches": len(span_losses),
-        "n_segments": len(span),
-        "n_scored_segments": len(scored),
-        "from_fragment": from_fragment,
-        "k": k,
-        "estimated_from": "detected switches",
-        "notes": notes,
-    }
-
-
 class DetectionTracker:
     """:func:`evaluate_detection` updated one batch at a time, in memory bounded by ``tolerance``.
 
@@ -362,8 +284,41 @@ class DetectionTracker:
         return result
 
 
+class DetectionReport:
+    """:func:`detection_report` one record at a time, in memory bounded by ``tolerance``, ``k`` and
+    ``max_listed`` (the listed matches, false alarms and misses: the last ``max_listed`` of each, a note
+    says when more were cut; None lists all). ``use_field``: score the records' ``detected_switch``
+    fields (a live run's log), else the detections of a fresh ``detector`` on the losses."""
+
+    def __init__(self, *, use_field: bool, tolerance: int = 10, k: int = 10, detector: str = "page-hinkley",
+                 from_fragment: int = 0, max_listed: int | None = 1000) -> None:
+        self.use_field, self.detector = use_field, detector
+        self._tracker = DetectionTracker(tolerance, max_listed)
+        self._calm = DetectedCalmAccumulator(k, from_fragment)
+        self._model = None if use_field else make_detector(detector)
+        self._index = 0
+
+    def update(self, record: Mapping) -> None:
+        loss = float(record["loss"])
+        if self.use_field:
+            detected = bool(record.get("detected_switch"))
+        else:
+            detected = False
+            if self._model is not None and math.isfinite(loss):  # as detect_offline
+                self._model.update(loss)
+                detected = bool(self._model.drift_detected)
+        self._tracker.update(self._index, record["sequence"], detected)
+        self._calm.update(loss, detected)
+        self._index += 1
+
+    def result(self) -> dict:
+        source = ("detected_switch field of the loss log" if self.use_field else
+                  f"detect_offline with {self.detector!r} (the loss log has no detected_switch field)")
+        return {"source": source, "evaluation": self._tracker.snapshot(), "metrics": self._calm.result()}
+
+
 def detection_report(
-    records: Sequence[Mapping],
+    records: Iterable[Mapping],
     *,
     tolerance: int = 10,
     k: int = 10,
@@ -374,16 +329,12 @@ def detection_report(
 
     The detections are the records' ``detected_switch`` fields when every record has
     one (a live run), else ``detect_offline`` of the losses with ``detector`` (a log
-    from another tool, CALM format).
+    from another tool, CALM format). Everything is listed; :class:`DetectionReport` streams.
     """
     records = list(records)
-    if records and all("detected_switch" in record for record in records):
-        detected, source = detected_times(records), "detected_switch field of the loss log"
-    else:
-        detected = detect_offline((record["loss"] for record in records), detector)
-        source = f"detect_offline with {detector!r} (the loss log has no detected_switch field)"
-    return {
-        "source": source,
-        "evaluation": evaluate_detection(switch_times(records), detected, tolerance=tolerance),
-        "metrics": calm_metrics_from_detected(records, detected, k=k, from_fragment=from_fragment),
-    }
+    use_field = bool(records) and all("detected_switch" in record for record in records)
+    report = DetectionReport(use_field=use_field, tolerance=tolerance, k=k, detector=detector,
+                             from_fragment=from_fragment, max_listed=None)
+    for record in records:
+        report.update(record)
+    return report.result()

@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from monitor.plots import rolling_mean
 
 __all__ = [
+    "GateCurve",
     "PlotResult",
     "after_switch_curves",
     "plot_after_switch",
@@ -49,7 +49,7 @@ def _finite_loss(record: Mapping) -> float:
     return loss if math.isfinite(loss) else math.nan
 
 
-def after_switch_curves(records: Sequence[Mapping], horizon: int) -> np.ndarray:
+def after_switch_curves(records: Iterable[Mapping], horizon: int) -> np.ndarray:
     """Mean loss at each of the first ``horizon`` batches after a switch, over all switches of one run.
 
     A switch is a change of ``sequence`` between consecutive records; offset 0 is the
@@ -62,9 +62,11 @@ def after_switch_curves(records: Sequence[Mapping], horizon: int) -> np.ndarray:
     totals = np.zeros(horizon)
     counts = np.zeros(horizon)
     offset = horizon  # before the first switch: not counted
+    previous = None
     for index, record in enumerate(records):
-        if index > 0 and record["sequence"] != records[index - 1]["sequence"]:
+        if index > 0 and record["sequence"] != previous:
             offset = 0
+        previous = record["sequence"]
         if offset < horizon:
             loss = _finite_loss(record)
             if not math.isnan(loss):
@@ -186,39 +188,96 @@ def plot_probe_heatmap(
     return PlotResult(Path(path))
 
 
-def plot_gate_weights(rows: Sequence[Mapping], path: str | os.PathLike) -> PlotResult:
-    """CALM Fig. 1d: the gate weight of each expert over time, stacked, from loss-log rows with a
-    ``"gates"`` list; dashed lines at the true switches (up to 200). Long runs are smoothed."""
-    rows = list(rows)
-    gated = [(index, row) for index, row in enumerate(rows) if isinstance(row.get("gates"), (list, tuple))]
-    if not gated:
-        return PlotResult(None, "no gate weights logged")
-    widths = {len(row["gates"]) for _, row in gated}
-    if len(widths) != 1 or 0 in widths:
-        return PlotResult(None, f"gate vectors have differing or zero lengths: {sorted(widths)}")
-    use_step = all("step" in row for _, row in gated)
-    x = np.array([row["step"] if use_step else index for index, row in gated], dtype=float)
-    weights = np.array([[float(g) for g in row["gates"]] for _, row in gated])
-    window = max(1, len(gated) // 500)
-    if window > 1:
-        weights = np.column_stack([rolling_mean(weights[:, e], window) for e in range(weights.shape[1])])
-    figure = _figure(12, 4)
-    axes = figure.add_subplot()
-    experts = weights.shape[1]
-    axes.stackplot(x, weights.T, colors=_palette(experts), labels=[f"expert {e}" for e in range(experts)],
-                   alpha=0.85)
-    switches = [x[i] for i in range(1, len(gated)) if gated[i][1].get("sequence") != gated[i - 1][1].get("sequence")]
-    if 0 < len(switches) <= 200:
-        axes.vlines(switches, 0, 1, transform=axes.get_xaxis_transform(), colors="0.2",
-                    linestyles="dashed", linewidth=0.7, label="true switch")
-    axes.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)
-    axes.set_xlabel("batch" if not use_step else "step")
-    axes.set_ylabel("gate weight" + (f" (rolling mean, {window} batches)" if window > 1 else ""))
-    axes.set_title("Gate weights over time")
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    figure.tight_layout()
-    figure.savefig(path)
-    return PlotResult(Path(path))
+class GateCurve:
+    """The gate weights of a run (loss-log rows with a ``"gates"`` list) in at most ``max_points``
+    buckets, fed one row at a time: a bucket holds ``width`` consecutive gated rows and their mean
+    weights; past ``max_points`` buckets the width doubles and neighbours merge. The first 201 true
+    switches are kept (the figure draws them when there are at most 200)."""
+
+    MAX_SWITCHES = 200
+
+    def __init__(self, max_points: int = 1000) -> None:
+        if max_points < 2:
+            raise ValueError(f"max_points must be at least 2, got {max_points}")
+        self.max_points, self.width, self.n = max_points, 1, 0
+        self.experts: int | None = None
+        self.problem: str | None = None  # why nothing can be drawn
+        self.use_step = True  # every gated row has a "step"
+        self._sums: list[list[float]] = []
+        self._counts: list[int] = []
+        self._x: list[tuple[int, float]] = []  # (position, step) of each bucket's first row
+        self._switches: list[tuple[int, float]] = []
+        self._index = 0
+        self._last_sequence = None
+
+    def update(self, row: Mapping) -> None:
+        index, self._index = self._index, self._index + 1
+        gates = row.get("gates")
+        if not isinstance(gates, (list, tuple)) or self.problem:
+            return
+        if self.experts is None:
+            self.experts = len(gates)
+        if len(gates) != self.experts or not gates:
+            self.problem = f"gate vectors have differing or zero lengths: {sorted({self.experts, len(gates)})}"
+            return
+        self.use_step = self.use_step and "step" in row
+        here = (index, row.get("step", index))
+        if self.n and row.get("sequence") != self._last_sequence and len(self._switches) <= self.MAX_SWITCHES:
+            self._switches.append(here)
+        self._last_sequence = row.get("sequence")
+        if self.n // self.width == len(self._counts) == self.max_points:
+            self._merge()
+        if self.n // self.width == len(self._counts):
+            self._sums.append([0.0] * self.experts)
+            self._counts.append(0)
+            self._x.append(here)
+        sums = self._sums[-1]
+        for expert, weight in enumerate(gates):
+            sums[expert] += float(weight)
+        self._counts[-1] += 1
+        self.n += 1
+
+    def _merge(self) -> None:
+        pairs = range(0, len(self._counts), 2)
+        self._sums = [[sum(v) for v in zip(*self._sums[i:i + 2])] for i in pairs]
+        self._counts = [sum(self._counts[i:i + 2]) for i in pairs]
+        self._x = self._x[::2]
+        self.width *= 2
+
+    def save(self, path: str | os.PathLike) -> PlotResult:
+        """CALM Fig. 1d: the gate weight of each expert over time, stacked, with dashed lines at the true
+        switches (up to 200); buckets of several rows show their mean."""
+        if self.problem:
+            return PlotResult(None, self.problem)
+        if not self.n:
+            return PlotResult(None, "no gate weights logged")
+        pick = 1 if self.use_step else 0
+        x = np.array([point[pick] for point in self._x], dtype=float)
+        weights = np.array(self._sums) / np.array(self._counts, dtype=float)[:, None]
+        figure = _figure(12, 4)
+        axes = figure.add_subplot()
+        axes.stackplot(x, weights.T, colors=_palette(self.experts),
+                       labels=[f"expert {e}" for e in range(self.experts)], alpha=0.85)
+        switches = [point[pick] for point in self._switches]
+        if 0 < len(switches) <= self.MAX_SWITCHES:
+            axes.vlines(switches, 0, 1, transform=axes.get_xaxis_transform(), colors="0.2",
+                        linestyles="dashed", linewidth=0.7, label="true switch")
+        axes.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)
+        axes.set_xlabel("step" if self.use_step else "batch")
+        axes.set_ylabel("gate weight" + (f" (mean per {self.width} batches)" if self.width > 1 else ""))
+        axes.set_title("Gate weights over time")
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        figure.tight_layout()
+        figure.savefig(path)
+        return PlotResult(Path(path))
+
+
+def plot_gate_weights(rows: Iterable[Mapping], path: str | os.PathLike, *, max_points: int = 1000) -> PlotResult:
+    """CALM Fig. 1d from loss-log rows with a ``"gates"`` list (see :class:`GateCurve`), read once."""
+    curve = GateCurve(max_points)
+    for row in rows:
+        curve.update(row)
+    return curve.save(path)
 
 
 def _palette(count: int) -> list:

@@ -9,7 +9,7 @@ live one would pass ``max_bytes`` (default 100 MB). The full file becomes
 ``losses.jsonl`` is always the newest. Rotated files are kept up to ``max_total_bytes``
 together (default 2 GB); past that the oldest are deleted, each said in one warning line.
 Readers (``iter_loss_log``, ``read_loss_log``) go through the rotated files in order, then the
-live one, one line at a time.
+live one, one line at a time; ``iter_loss_log`` holds one line at a time (the report streams it).
 """
 
 from __future__ import annotations

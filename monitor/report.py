@@ -1,5 +1,12 @@
 """The end-of-run report: CALM metrics over the paper's span and the whole stream, as JSON and a plot.
 
+Bounded memory: the loss log (rotated files included) is read twice, one record at a time: a survey
+(fragment count, classes, whether the detections were logged), then every metric at once from
+fixed-size state (monitor.calm.CalmAccumulator, monitor.detection.DetectionReport,
+monitor.accuracy.AccuracyTracker, monitor.plots.LossCurve, monitor.figures.GateCurve). The numbers
+equal those computed from a list of every record (sums are ``math.fsum``'s); the lists of matched,
+false and missed detections keep their last 1,000 entries, and the plots at most 2,000 points.
+
 JSON policy: ``None`` is written as ``null``; a non-finite float (a perplexity of a
 diverged run) is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, so
 ``results.json`` is strict JSON (written with ``allow_nan=False``).
@@ -7,22 +14,24 @@ diverged run) is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, so
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.accuracy import accuracy_metrics
-from monitor.calm import calm_metrics
-from monitor.detection import detected_times, detection_report
-from monitor.figures import plot_gate_weights, plot_probe_heatmap
+from monitor.accuracy import AccuracyTracker
+from monitor.calm import CalmAccumulator
+from monitor.detection import DetectionReport
+from monitor.figures import GateCurve, plot_probe_heatmap
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log
-from monitor.losslog import read_loss_log
-from monitor.plots import plot_loss_curve
+from monitor.losslog import iter_loss_log, read_loss_log
+from monitor.plots import LossCurve
 
-__all__ = ["build_report", "json_safe", "load_run", "resolve_from_fragment", "write_report"]
+__all__ = ["build_report", "json_safe", "load_run", "read_config", "resolve_from_fragment", "write_report"]
 
 LOSS_LOG_NAME = "losses.jsonl"
 CONFIG_NAME = "config.json"
@@ -30,33 +39,91 @@ RESULTS_NAME = "results.json"
 PLOT_NAME = "loss_curve.png"
 
 
+def _log_of(path: Path) -> Path:
+    return path / LOSS_LOG_NAME if path.is_dir() else path
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """A run directory's ``config.json`` ({} when absent, or for a loss-log file)."""
+    config_path = Path(path) / CONFIG_NAME
+    if not Path(path).is_dir() or not config_path.exists():
+        return {}
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: expected a JSON object")
+    return config
+
+
 def load_run(path: str | os.PathLike) -> tuple[list[dict], dict]:
     """(records, config) of a run directory (``losses.jsonl``, optional ``config.json``)
-    or of a loss-log file (config ``{}``)."""
-    path = Path(path)
-    if not path.is_dir():
-        return read_loss_log(path), {}
-    records = read_loss_log(path / LOSS_LOG_NAME)
-    config_path = path / CONFIG_NAME
-    config: dict = {}
-    if config_path.exists():
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError(f"{config_path}: expected a JSON object")
-    return records, config
+    or of a loss-log file (config ``{}``). Holds every record: the report itself streams."""
+    return read_loss_log(_log_of(Path(path))), read_config(path)
 
 
-def _expected_fragments(records: Sequence[Mapping], config: Mapping) -> int:
+class _Distinct:
+    """Distinct ints as sorted disjoint ranges: O(1) memory for a log whose fragments only go up."""
+
+    def __init__(self) -> None:
+        self._ranges: list[list[int]] = []  # [first, last]
+
+    def add(self, value: int) -> None:
+        ranges = self._ranges
+        if ranges and ranges[-1][0] <= value <= ranges[-1][1] + 1:
+            ranges[-1][1] = max(ranges[-1][1], value)
+            return
+        at = bisect.bisect_right(ranges, [value, math.inf])
+        if at and ranges[at - 1][1] + 1 >= value:
+            ranges[at - 1][1] = max(ranges[at - 1][1], value)
+            at -= 1
+        else:
+            ranges.insert(at, [value, value])
+        while at + 1 < len(ranges) and ranges[at + 1][0] <= ranges[at][1] + 1:
+            ranges[at][1] = max(ranges[at][1], ranges.pop(at + 1)[1])
+
+    def __len__(self) -> int:
+        return sum(last - first + 1 for first, last in self._ranges)
+
+
+@dataclass
+class _Survey:
+    """The first pass over a loss log: what the second needs to know before it starts."""
+
+    count: int = 0
+    max_sequence: int = -1
+    sequences: _Distinct = field(default_factory=_Distinct)
+    detected_field: bool = True  # every record has "detected_switch"
+    gates: bool = False  # some record has "gates"
+    classes: dict = field(default_factory=dict)  # class names in first-seen order
+
+    @classmethod
+    def of(cls, log: Path) -> _Survey:
+        survey = cls()
+        for record in iter_loss_log(log):
+            survey.count += 1
+            survey.max_sequence = max(survey.max_sequence, record["sequence"])
+            survey.sequences.add(record["sequence"])
+            survey.detected_field = survey.detected_field and "detected_switch" in record
+            survey.gates = survey.gates or "gates" in record
+            survey.classes.setdefault(record["domain_name"], None)
+        survey.detected_field = survey.detected_field and survey.count > 0
+        return survey
+
+
+def _expected_fragments(max_sequence: int, config: Mapping) -> int:
     """N: ``config["n_fragments"]`` if given, else one more than the largest fragment index."""
     if config.get("n_fragments") is not None:
         return int(config["n_fragments"])
-    return max((r["sequence"] for r in records), default=-1) + 1
+    return max_sequence + 1
 
 
-def resolve_from_fragment(spec: str | int, records: Sequence[Mapping], config: Mapping) -> int:
+def resolve_from_fragment(spec: str | int, records: Iterable[Mapping], config: Mapping) -> int:
     """First fragment of the evaluated span: "half" (N // 2, the paper), "all" (0) or an index."""
+    return _resolve(spec, lambda: max((r["sequence"] for r in records), default=-1), config)
+
+
+def _resolve(spec: str | int, max_sequence, config: Mapping) -> int:
     if spec == "half":
-        return _expected_fragments(records, config) // 2
+        return _expected_fragments(max_sequence(), config) // 2
     if spec == "all":
         return 0
     if isinstance(spec, str) and spec.isdigit():
@@ -67,16 +134,39 @@ def resolve_from_fragment(spec: str | int, records: Sequence[Mapping], config: M
 
 
 def build_report(path: str | os.PathLike, *, k: int = 10, from_fragment: str | int = "half") -> dict:
-    """CALM metrics of a run over the evaluated span ("metrics") and over all of it ("whole_stream")."""
-    records, config = load_run(path)
-    return _report(path, records, config, k=k, from_fragment=from_fragment)
+    """CALM metrics of a run over the evaluated span ("metrics") and over all of it ("whole_stream").
+
+    The loss log (its rotated files included) is read twice, one record at a time, and every metric
+    is kept in fixed-size state, so memory does not grow with the log's length."""
+    return _report(Path(path), read_config(path), k=k, from_fragment=from_fragment)
 
 
-def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: int, from_fragment: str | int) -> dict:
-    start = resolve_from_fragment(from_fragment, records, config)
-    expected = _expected_fragments(records, config)
-    seen = len({r["sequence"] for r in records})
-    metrics = calm_metrics(records, k=k, from_fragment=start)
+def _report(path: Path, config: dict, *, k: int, from_fragment: str | int, curve: LossCurve | None = None,
+            gates: GateCurve | None = None) -> dict:
+    log = _log_of(path)
+    survey = _Survey.of(log)
+    start = _resolve(from_fragment, lambda: survey.max_sequence, config)
+    expected = _expected_fragments(survey.max_sequence, config)
+    span = CalmAccumulator(k, start)
+    whole = CalmAccumulator(k, 0) if start else span
+    detection = DetectionReport(use_field=survey.detected_field, k=k,
+                                detector=config.get("detector") or "page-hinkley")
+    accuracy = AccuracyTracker()
+    gates = gates if survey.gates else None
+    for record in iter_loss_log(log):
+        loss, domain, name, sequence = record["loss"], record["domain"], record["domain_name"], record["sequence"]
+        span.update(loss, domain, name, sequence)
+        if whole is not span:
+            whole.update(loss, domain, name, sequence)
+        detection.update(record)
+        if record.get("predicted") is not None and record.get("labels") is not None:
+            accuracy.update(record["predicted"], record["labels"], name)
+        if curve is not None:
+            curve.update(loss, sequence, name, bool(record.get("detected_switch")))
+        if gates is not None:
+            gates.update(record)
+    seen = len(survey.sequences)
+    metrics = span.result()
     if seen < expected:
         metrics["notes"].insert(
             0,
@@ -94,32 +184,32 @@ def _report(path: str | os.PathLike, records: list[dict], config: dict, *, k: in
             "complete": seen >= expected,
         },
         "metrics": metrics,
-        "whole_stream": calm_metrics(records, k=k, from_fragment=0),
-        "detection": detection_report(records, k=k, detector=config.get("detector") or "page-hinkley"),
+        "whole_stream": whole.result(),
+        "detection": detection.result(),
     }
-    report.update(_probe_metrics(Path(path), records, config))
-    report.update(_classifier_metrics(Path(path), records))
+    order = list(survey.classes)
+    report.update(_probe_metrics(path, order, config))
+    report.update(_classifier_metrics(path, order, accuracy.snapshot()))
     return report
 
 
-def _classifier_metrics(path: Path, records: list[dict]) -> dict:
+def _classifier_metrics(path: Path, order: list[str], accuracy: dict | None) -> dict:
     """Classifier runs: prequential accuracy and macro-F1 from the loss log, DMI from the saved
     probe representations (None for language models, or when the run saved none)."""
-    accuracy = accuracy_metrics(records)
     if accuracy is None:
         return {"accuracy": None, "dmi": None}
     from monitor.dmi import dmi_from_run  # scipy, only for classifier runs
 
-    return {"accuracy": accuracy, "dmi": dmi_from_run(path if path.is_dir() else path.parent, records)}
+    first_seen = [{"domain_name": name} for name in order]  # all dmi_from_run reads of the records
+    return {"accuracy": accuracy, "dmi": dmi_from_run(path if path.is_dir() else path.parent, first_seen)}
 
 
-def _probe_metrics(path: Path, records: list[dict], config: Mapping) -> dict:
+def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
     """The forgetting family from the run's probes.jsonl, when the run scored a probe split."""
     probe_log = path / "probes.jsonl" if path.is_dir() else path.with_name("probes.jsonl")
     if not probe_log.is_file():
         return {"forgetting": None, "probe_matrix": None}
     rows = [json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    order = list(dict.fromkeys(r["domain_name"] for r in records))
     classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
     accuracy = any(row.get("unit") == "accuracy" for row in rows)  # classifier probes: higher is better
     # a classifier run's end-of-run probe closes the last class's first fragment (its stage, as in DMI)
@@ -173,15 +263,15 @@ def write_report(
     """Build the report, write ``results.json`` and ``loss_curve.png`` into ``out_dir``
     (default: the run directory, or the loss log's directory) and return the report."""
     path = Path(path)
-    records, config = load_run(path)
-    report = _report(path, records, config, k=k, from_fragment=from_fragment)
+    curve, gates = LossCurve(), GateCurve()
+    report = _report(path, read_config(path), k=k, from_fragment=from_fragment, curve=curve, gates=gates)
     out = Path(out_dir) if out_dir is not None else (path if path.is_dir() else path.parent)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     (out / RESULTS_NAME).write_text(text + "\n", encoding="utf-8")
-    plot_loss_curve(records, out / PLOT_NAME, title=_title(report), detected_switches=detected_times(records))
-    if any("gates" in row for row in records):  # mixtures log their expert weights (CALM Fig. 1d)
-        plot_gate_weights(records, out / "gate_weights.png")
+    curve.save(out / PLOT_NAME, title=_title(report))
+    if gates.n or gates.problem:  # mixtures log their expert weights (CALM Fig. 1d)
+        gates.save(out / "gate_weights.png")
     if report.get("probe_matrix"):
         matrix = report["probe_matrix"]
         plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",

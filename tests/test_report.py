@@ -2,6 +2,7 @@
 
 import json
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -159,3 +160,44 @@ def test_a_run_that_logged_gate_weights_gets_the_gate_figure(tmp_path):
     plain = make_run(tmp_path / "plain")
     write_report(plain)
     assert not (plain / "gate_weights.png").exists()
+
+
+def write_long_log(run, lines, files=3):
+    """A live run's loss log of `lines` batches (fragments of 50, three classes, a spike now and then),
+    split over rotated files as LossLogWriter leaves them: losses.1.jsonl, ..., losses.jsonl."""
+    run.mkdir(parents=True)
+    names = [run / f"losses.{number}.jsonl" for number in range(1, files)] + [run / "losses.jsonl"]
+    per_file = -(-lines // files)
+    for number, path in enumerate(names):
+        with open(path, "w", encoding="utf-8") as log:
+            for batch in range(number * per_file, min(lines, (number + 1) * per_file)):
+                sequence, domain = batch // 50, (batch // 50) % 3
+                loss = 1.5 + 0.3 * domain + math.exp(-(batch % 50) / 8) + (4.0 if batch % 997 == 0 else 0.0)
+                log.write(f'{{"loss": {loss!r}, "domain": {domain}, "domain_name": "{NAMES.get(domain, "C")}", '
+                          f'"sequence": {sequence}, "batch": {batch}, "tokens": 200, "train_loss": {loss!r}, '
+                          f'"predict_s": 0.001, "learn_s": 0.002, "time": {1.7e9 + batch / 100!r}, '
+                          f'"detected_switch": {"true" if batch % 50 == 3 else "false"}}}\n')
+
+
+def report_peak_bytes(run) -> int:
+    """The peak of Python's allocations (numpy's included) while the full report is written."""
+    tracemalloc.start()
+    try:
+        write_report(run)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_report_of_a_long_rotated_log_stays_in_memory_independent_of_its_length(tmp_path):
+    short, long = tmp_path / "short", tmp_path / "long"
+    write_long_log(short, 2_000)
+    write_long_log(long, 20_000)
+    write_report(short)  # imports (matplotlib, river) and their caches, outside the measurement
+    peaks = report_peak_bytes(short), report_peak_bytes(long)
+    # measured: 2.0 MB at both lengths; holding the records (the report before) took 4.3 and 32.7 MB
+    assert peaks[1] < peaks[0] + 1_000_000, f"peak {peaks[0] / 1e6:.1f} MB at 2k lines, {peaks[1] / 1e6:.1f} MB at 20k"
+    assert peaks[1] < 10_000_000
+    report = json.loads((long / "results.json").read_text())
+    assert report["whole_stream"]["n_batches"] == 20_000 and report["span"]["n_fragments_seen"] == 400
+    assert report["detection"]["evaluation"]["n_true"] == 399
