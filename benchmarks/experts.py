@@ -1,15 +1,22 @@
-"""Step time and memory of n batched LSTM experts (streamer.models.experts) against a Python loop
-over n nn.LSTM-based modules doing the same work, in the same run, and their ratio.
+"""Step time of `poe`'s batched experts (streamer.models.experts) against a Python loop over n
+nn.LSTM-based modules doing the same work, over a sweep of sizes, in the same run.
 
-    .venv/bin/python benchmarks/experts.py [--experts 30] [--hidden 200] [--iterations 3] [--device cpu]
+    .venv/bin/python benchmarks/experts.py [--experts 5,10,30] [--hidden 32,200,550] [--repeats 2] [--device cpu]
 
 A step is one `poe` learning step: forward of every expert, the plastic gate phase
 (--gate-steps Adam steps on the gate vector against the detached expert logits), the
-product-of-experts loss, backward, per-expert gradient clipping and one Adam update. Each
-variant runs in its own child process, so its memory is measured alone: on CPU the peak
-resident set size (ru_maxrss) minus the resident size once the model and optimizer are
-built; on a GPU torch.cuda.max_memory_allocated over the steps. Wall and process CPU time
-are both printed: on a shared machine the CPU time of a one-thread run is the steadier figure.
+product-of-experts loss, backward, per-expert gradient clipping and one Adam update. Per size
+it times three variants, each in its own child process (so its memory is measured alone: on
+CPU the peak resident set size minus the resident size once the model is built; on a GPU
+torch.cuda.max_memory_allocated): `modules` (n separate LSTMLanguageModel modules, the loop the
+batched model must not be slower than), and the batched model with each of its two kernels,
+`fused` (one torch.bmm per time step over stacked weights) and `loop` (one native torch.lstm per
+expert on views of the stacked weights). `auto` is the kernel the strategy picks for that device
+and size (streamer.models.experts.choose_kernel); the ratio is modules / auto. Achieved GFLOP/s
+counts the step's matrix products (forward, backward, gate phase) over its time; beside it the
+machine's one-thread matmul rate, for a large product and for the recurrence's own shape
+(b x H times H x 4H). Wall and process CPU time are both printed: on a shared machine the CPU
+time of a one-thread run is the steadier figure. The last line is the worst ratio of the sweep.
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
+from streamer.models.experts import choose_kernel  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
 from streamer.strategies.experts import GateAdam, PoE, poe_gate_gradient, poe_log_probs  # noqa: E402
+
+VARIANTS = ("modules", "fused", "loop")
 
 
 class LoopedPoE:
@@ -75,16 +85,30 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(args, variant: str) -> dict:
+def step_flop(args, n: int, hidden: int) -> float:
+    """Floating-point operations of one learning step's matrix products: forward (input projections,
+    recurrence, decoder), backward (twice the forward: the inputs' and the weights' gradients) and
+    the gate phase (two matrix-vector products over the n x positions x V logits per gate step)."""
+    positions = args.streams * args.window
+    forward = 0.0
+    for layer in range(args.layers):
+        inputs = args.embedding if layer == 0 else hidden
+        forward += 2 * positions * (inputs + hidden) * 4 * hidden
+    forward += 2 * positions * hidden * args.vocab
+    return n * 3 * forward + args.gate_steps * 4 * n * positions * args.vocab
+
+
+def measure(args, variant: str, n: int, hidden: int) -> dict:
     """Run one variant in this process; return its mean step time and memory."""
     device = torch.device(args.device)
     torch.manual_seed(0)
-    config = LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, vocab=args.vocab)
+    config = LSTMConfig(embedding=args.embedding, hidden=hidden, layers=args.layers, vocab=args.vocab)
     options = dict(lr=1e-3, clip=1.0, gate_steps=args.gate_steps, gate_lr=1e-3)
-    if variant == "batched":  # the strategy builds its experts from the template's config
-        learner = PoE(LSTMLanguageModel(config).to(device), n_experts=args.experts, warmup_batches=0, **options)
-    else:
-        learner = LoopedPoE(config, args.experts, device=device, **options)
+    if variant == "modules":
+        learner = LoopedPoE(config, n, device=device, **options)
+    else:  # the strategy builds its experts from the template's config
+        learner = PoE(LSTMLanguageModel(config).to(device), n_experts=n, warmup_batches=0, **options)
+        learner.model.experts.kernel = variant
     tokens = torch.randint(0, args.vocab, (args.warmup + args.iterations, args.streams, args.window + 1),
                            device=device)
     batches = [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
@@ -99,19 +123,86 @@ def measure(args, variant: str) -> dict:
     for batch in batches[args.warmup:]:
         learner.learn(batch)
     _synchronize(device)
-    step_s = (time.perf_counter() - started) / args.iterations
-    cpu_s = (time.process_time() - started_cpu) / args.iterations
-    result = {"variant": variant, "step_s": step_s, "cpu_s": cpu_s,
+    result = {"variant": variant, "step_s": (time.perf_counter() - started) / args.iterations,
+              "cpu_s": (time.process_time() - started_cpu) / args.iterations,
               "peak_rss_delta_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024}
     if device.type == "cuda":
         result["gpu_peak_mib"] = (torch.cuda.max_memory_allocated(device) - baseline_gpu) / 2**20
     return result
 
 
+def matmul_gflops(device: torch.device, m: int, k: int, n: int, seconds: float = 0.3) -> float:
+    """One (m x k) @ (k x n) product repeated for about `seconds` of CPU time (wall time on a GPU)."""
+    a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+    best = 0.0
+    for _ in range(3):
+        count, started = 0, clock()
+        while clock() - started < seconds / 3:
+            a @ b
+            count += 1
+        _synchronize(device)
+        best = max(best, 2 * m * k * n * count / (clock() - started))
+    return best / 1e9
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _child(args, variant: str, n: int, hidden: int) -> dict:
+    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
+                 if name not in ("only", "repeats", "experts", "hidden")]
+    child = subprocess.run([sys.executable, __file__, *forwarded, f"--experts={n}", f"--hidden={hidden}",
+                            "--only", variant], check=True, capture_output=True, text=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def sweep(args) -> list[dict]:
+    """Per size, the fastest of --repeats child runs of each variant (variants alternate)."""
+    rows = []
+    for n in _sizes(args.experts):
+        for hidden in _sizes(args.hidden):
+            best: dict[str, dict] = {}
+            for _ in range(args.repeats):
+                for variant in VARIANTS:
+                    result = _child(args, variant, n, hidden)
+                    if variant not in best or result["cpu_s"] < best[variant]["cpu_s"]:
+                        best[variant] = result
+            auto = choose_kernel(torch.device(args.device), n, hidden)
+            rows.append({"experts": n, "hidden": hidden, "auto": auto, "flop": step_flop(args, n, hidden),
+                         "shape_gflops": matmul_gflops(torch.device(args.device), args.streams, hidden, 4 * hidden),
+                         **{variant: best[variant] for variant in VARIANTS}})
+    return rows
+
+
+def print_table(args, rows: list[dict], peak: float) -> None:
+    print(f"embedding {args.embedding}, vocab {args.vocab}, {args.layers} layers, b={args.streams}, w={args.window}, "
+          f"{args.gate_steps} gate steps, device {args.device}, {torch.get_num_threads()} threads, "
+          f"{args.iterations} timed steps, best of {args.repeats} (by CPU time)")
+    print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
+    print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
+          "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
+    for row in rows:
+        modules, chosen = row["modules"], row[row["auto"]]
+        print(f"| {row['experts']} | {row['hidden']} | {row['flop'] / 1e9:.2f} | {modules['cpu_s'] * 1e3:.0f} | "
+              f"{row['fused']['cpu_s'] * 1e3:.0f} | {row['loop']['cpu_s'] * 1e3:.0f} | {row['auto']} | "
+              f"{modules['step_s'] / chosen['step_s']:.2f}x | {modules['cpu_s'] / chosen['cpu_s']:.2f}x | "
+              f"{row['flop'] / chosen['cpu_s'] / 1e9:.1f} | {row['shape_gflops']:.1f} | "
+              f"{modules['peak_rss_delta_mib']:.0f}/{chosen['peak_rss_delta_mib']:.0f} |")
+    print("(ms: CPU time per step; on a GPU read the wall ratio)")
+    worst = min(rows, key=lambda row: row["modules"]["cpu_s"] / row[row["auto"]]["cpu_s"])
+    worst_wall = min(row["modules"]["step_s"] / row[row["auto"]]["step_s"] for row in rows)
+    print(f"  loop / batched step time: {worst_wall:.2f}x wall, "
+          f"{worst['modules']['cpu_s'] / worst[worst['auto']]['cpu_s']:.2f}x CPU "
+          f"(worst of the sweep; CPU: {worst['experts']} experts, hidden {worst['hidden']})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--experts", type=int, default=30)
-    p.add_argument("--hidden", type=int, default=200)
+    p.add_argument("--experts", default="5,10,30", help="comma-separated expert counts")
+    p.add_argument("--hidden", default="32,200,550", help="comma-separated hidden sizes")
     p.add_argument("--embedding", type=int, default=200)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
@@ -121,42 +212,25 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=3, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=1,
-                   help="child processes per variant, alternating; the fastest counts")
+                   help="child processes per variant and size, alternating; the fastest (CPU time) counts")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a small shared machine more threads made both variants "
                         "slower; 0: torch's default)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--only", choices=["batched", "loop"], help=argparse.SUPPRESS)  # a child process
+    p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.only:
-        print(json.dumps(measure(args, args.only)))
+        print(json.dumps(measure(args, args.only, int(args.experts), int(args.hidden))))
         return
-    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                 if name not in ("only", "repeats")]
-    results = {}
-    for _ in range(args.repeats):
-        for variant in ("batched", "loop"):
-            child = subprocess.run([sys.executable, __file__, *forwarded, "--only", variant],
-                                   check=True, capture_output=True, text=True)
-            result = json.loads(child.stdout.strip().splitlines()[-1])
-            if variant not in results or result["step_s"] < results[variant]["step_s"]:
-                results[variant] = result
-    print(f"{args.experts} experts, hidden {args.hidden}, embedding {args.embedding}, vocab {args.vocab}, "
-          f"{args.layers} layers, b={args.streams}, w={args.window}, {args.gate_steps} gate steps, "
-          f"device {args.device}, {torch.get_num_threads()} threads, {args.iterations} timed steps")
-    for variant in ("batched", "loop"):
-        r = results[variant]
-        line = (f"  {variant:8s} step {r['step_s'] * 1e3:9.1f} ms wall {r['cpu_s'] * 1e3:9.1f} ms CPU   "
-                f"peak RSS delta {r['peak_rss_delta_mib']:8.1f} MiB")
-        if "gpu_peak_mib" in r:
-            line += f"   GPU peak {r['gpu_peak_mib']:8.1f} MiB"
-        print(line)
-    print(f"  loop / batched step time: {results['loop']['step_s'] / results['batched']['step_s']:.2f}x wall, "
-          f"{results['loop']['cpu_s'] / results['batched']['cpu_s']:.2f}x CPU")
+    rows = sweep(args)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print_table(args, rows, matmul_gflops(torch.device(args.device), 1024, 1024, 1024))
 
 
 if __name__ == "__main__":

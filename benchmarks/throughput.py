@@ -1,10 +1,13 @@
 """Tokens per second of the full path (Kafka, batching, metrics, loss log) beside the
 same model fed from memory in the same process, and their ratio.
 
-    ./dev bench [--batches 400] [--hidden 256]
+    ./dev bench [--batches 400] [--hidden 256] [--threads N]
 
 Both paths run the same stream, seed and model; throughput is measured from
 the first learned batch to the last, so the consumer-group join is excluded.
+Torch threads and OpenMP's wait policy are the learner's (streamer.threads'
+policy, OMP_WAIT_POLICY=PASSIVE) unless --threads says otherwise; the first
+line says which.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamer.settings import omp_num_threads, prefer_passive_openmp  # noqa: E402
+
+prefer_passive_openmp()  # as the streamer command does, before torch loads OpenMP
 
 import torch  # noqa: E402
 
@@ -34,6 +41,7 @@ from streamer.config import LearnConfig  # noqa: E402
 from streamer.learner import build_strategy, resolve_device, run as run_learner  # noqa: E402
 from streamer.models import LSTMConfig  # noqa: E402
 from streamer.step import run  # noqa: E402
+from streamer.threads import apply_thread_policy  # noqa: E402
 
 
 def corpus() -> tuple[str, dict[str, str]]:
@@ -86,7 +94,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, help="torch threads for both paths (default: the learner's policy)")
     args = parser.parse_args()
+    print(apply_thread_policy(args.threads, omp_num_threads()).describe(), flush=True)
     name, text = corpus()
     schedule = CalmSchedule(n_fragments=40, mean_tokens=10_000, streams=10, window=20, record_tokens=20, seed=0)
     records, manifest = build_stream(text, schedule)

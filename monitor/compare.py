@@ -237,17 +237,41 @@ def forgetting_table_markdown(reports: Sequence[Mapping]) -> str:
     if not summary:
         return FORGETTING_MISSING_NOTE
     keys = list(summary[0]["metrics"])
+    losses = all((r.get("forgetting") or {}).get("score") == "-loss" for r in reports if r.get("forgetting"))
+    headers = [_forgetting_header(k, losses) for k in keys]
     lines = [
-        "| strategy | runs | " + " | ".join(keys) + " |",
+        "| strategy | runs | " + " | ".join(headers) + " |",
         "|---|---:|" + "---:|" * len(keys),
     ]
     for entry in summary:
-        cells = [_mean_std(entry["metrics"][k]) for k in keys]
+        cells = [_forgetting_cell(k, entry["metrics"][k], losses) for k in keys]
         lines.append(f"| {_label(entry)} | {entry['n_with_forgetting']}/{entry['n_runs']} | {' | '.join(cells)} |")
     lines += ["", "- mean ± sample standard deviation (ddof=1) over the runs that have the metric; "
-              "runs: runs with probe metrics / runs. Losses are sign-flipped so that positive "
-              "forgetting means worse."]
+              "runs: runs with probe metrics / runs."]
+    if losses:
+        lines.append("- language models: the probe scores are losses (nats). Forgetting, transfer, BWT/FWT, "
+                     "intransigence and aultc are computed on the negated loss, so positive forgetting means "
+                     "worse; cur_loss, last_loss and final_loss are the mean probe losses themselves.")
     return "\n".join(lines) + "\n"
+
+
+# Probe metrics named for accuracy that, on losses, are a loss level: shown as the loss (nats), sign restored.
+LOSS_LEVELS = {"cur_acc": "cur_loss", "last_acc": "last_loss", "final_performance": "final_loss"}
+
+
+def _forgetting_header(key: str, losses: bool) -> str:
+    if losses and key in LOSS_LEVELS:
+        return f"{LOSS_LEVELS[key]} (nats)"
+    return key
+
+
+def _forgetting_cell(key: str, stats: Mapping, losses: bool) -> str:
+    """A cell of the forgetting table: counts (n_...) as integers, loss levels with their sign restored."""
+    if key.startswith("n_") and stats["mean"] is not None and float(stats["mean"]).is_integer():
+        return f"{int(stats['mean'])}" if not stats["std"] else _mean_std(stats)
+    if losses and key in LOSS_LEVELS and stats["mean"] is not None:
+        return _mean_std({**stats, "mean": -stats["mean"]})
+    return _mean_std(stats)
 
 
 def load_runs(paths: Iterable[str | os.PathLike], *, k: int = 10,

@@ -2,11 +2,13 @@
 
 Per seed the stream is built once (manifest and probe split in `<out>/streams/seed<s>/`) and
 produced once into its own topic; each strategy then reads that topic from its start as its
-own consumer group, one run after the other (never side by side: they would share the
-cores), into `<out>/<strategy>-seed<s>/`. `multitask` learns the same records offline in a
-shuffled order (streamer.multitask). Each run gets its report (results.json,
-loss_curve.png); `<out>` gets table1.md, forgetting.md, after_switch.png and
-comparison.json (monitor.compare) and plan.json (strategies, options, sizes, skips).
+own consumer group, into `<out>/<strategy>-seed<s>/`: one run after the other in this process
+(`jobs` 1), or `jobs` runs at a time, each in its own spawned process with `job_threads` torch
+threads (streamer.jobs; a run's losses are those of the same run alone with that many threads).
+`multitask` learns the same records offline in a shuffled order (streamer.multitask). Each run
+gets its report (results.json, loss_curve.png); `<out>` gets table1.md, forgetting.md,
+after_switch.png and comparison.json (monitor.compare) and plan.json (strategies, options,
+sizes, skips).
 
 A comparison is a frozen CompareConfig: the command line (`streamer compare`) builds it.
 """
@@ -26,6 +28,7 @@ from monitor.losslog import read_loss_log
 from monitor.report import write_report
 from producers.schedule import Schedule
 from streamer.config import LearnConfig, RunSummary, span_start
+from streamer.jobs import one_line, run_jobs
 
 __all__ = ["MULTITASK", "IDLE_TIMEOUT_S", "CompareError", "CompareConfig", "Planned", "strategy_names", "plan",
            "run_compare"]
@@ -62,6 +65,8 @@ class CompareConfig:
     keep_checkpoints: bool = False
     bootstrap_servers: str | None = None  # None: the embedded broker
     flags: Mapping[str, object] = field(default_factory=dict)  # the command line, recorded in plan.json
+    jobs: int = 1  # runs at a time; above 1, each in its own process
+    job_threads: int = 1  # torch threads of each job process (jobs > 1)
 
 
 @dataclass(frozen=True)
@@ -153,9 +158,9 @@ def plan(config: CompareConfig, manifest: dict, log: Log = _print) -> tuple[list
 class _Progress:
     """A run's view: one line, rewritten in place on a terminal, printed once at the end otherwise."""
 
-    def __init__(self, label: str, total: int | None):
+    def __init__(self, label: str, total: int | None, live: bool = True):
         self.label, self.total, self.batches = label, total, 0
-        self._tty = sys.stdout.isatty()
+        self._tty = live and sys.stdout.isatty()  # parallel jobs print only their final line
         self._last = 0.0
 
     def __enter__(self) -> "_Progress":
@@ -183,12 +188,15 @@ class _Progress:
         print(("\r\033[K" if self._tty else "") + f"{self.label}: {text}", flush=True)
 
 
-async def _produce(records, bootstrap: str, topic: str) -> int:
+async def _produce(records, bootstrap: str, topic: str, security=None) -> int:
     from producers.kafka import ensure_topic
     from producers.stream import produce_stream
 
-    await ensure_topic(bootstrap, topic)
-    return await produce_stream(records, bootstrap, topic, truth_topic=False)
+    from streamer.settings import kafka_client_options
+
+    options = kafka_client_options(security)
+    await ensure_topic(bootstrap, topic, client_options=options)
+    return await produce_stream(records, bootstrap, topic, truth_topic=False, client_options=options)
 
 
 def _learn(config: LearnConfig, manifest: dict, progress: _Progress, log: Log) -> RunSummary:
@@ -220,7 +228,7 @@ def _is_oracle(name: str) -> bool:
 
 
 def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, list], topic: str,
-             log: Log) -> Path:
+             log: Log, live: bool = True) -> Path:
     from streamer.multitask import run_multitask
 
     manifest, records = stream
@@ -229,7 +237,7 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     run = dataclasses.replace(_run_config(config, item.name, seed, item.hidden, manifest, topic=topic,
                                           run_dir=run_dir), strategy_options=item.options)
-    progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches)
+    progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
         summary = run_multitask(run, manifest, records=records, detector=run.detector, on_step=progress)
     else:
@@ -295,6 +303,49 @@ def _fatal_errors() -> tuple[type[BaseException], ...]:
     return CompareError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError
 
 
+def _failed(name: str, seed: int, reason: str, skipped: dict[str, str], log: Log) -> None:
+    """With `all`, a failed run is noted (its strategy's row shows the seeds that ran) and the others go on."""
+    skipped[f"{name} (seed {seed})"] = f"failed: {reason}"
+    log(f"{name} seed {seed}: failed: {reason}")
+
+
+def _job(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, list], topic: str):
+    """One run in its own process (streamer.jobs): (run directory, None, False) or (None, error line, fatal)."""
+    try:
+        return str(_run_one(config, item, seed, stream, topic, _print, live=False)), None, False
+    except Exception as exc:  # noqa: BLE001  (the parent decides: one line, never a traceback)
+        return None, one_line(exc, 200), isinstance(exc, _fatal_errors())
+
+
+def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], streams: dict, topic_prefix: str,
+                  run_dirs: list[Path], skipped: dict[str, str], log: Log) -> None:
+    """The runs, config.jobs at a time in spawned processes; run_dirs gets the finished ones in plan order.
+
+    A failed run stops them all (one line) unless the strategies came from `all` and the failure is
+    the strategy's own; Ctrl-C stops them all."""
+    jobs = min(config.jobs, len(runs))
+    log(f"{len(runs)} runs, {jobs} at a time (--jobs N to change), each in its own process with "
+        f"{config.job_threads} torch thread{'s' if config.job_threads > 1 else ''}")
+    tasks = [(config, item, seed, streams[seed] if item.name == MULTITASK else (streams[seed][0], []),
+              f"{topic_prefix}{seed}") for item, seed in runs]
+    finished: dict[int, Path] = {}
+
+    def outcome(index: int, result) -> None:
+        item, seed = runs[index]
+        path, error, fatal = result.value if result.error is None else (None, result.error, False)  # it died
+        if error is None:
+            finished[index] = Path(path)
+        elif fatal or not config.chosen_by_all:
+            raise CompareError(f"{item.name} seed {seed}: {error}")
+        else:
+            _failed(item.name, seed, error, skipped, log)
+
+    try:
+        run_jobs(_job, tasks, jobs, config.job_threads, outcome)
+    finally:
+        run_dirs.extend(finished[index] for index in sorted(finished))
+
+
 def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
     """Every planned strategy on every seed's stream, then the tables; the run directories."""
     from streamer.broker import EmbeddedBroker
@@ -313,20 +364,23 @@ def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
     def run_all(bootstrap: str | None) -> None:
         nonlocal config
         config = dataclasses.replace(config, bootstrap_servers=bootstrap)
+        runs = [(item, seed) for seed in config.seeds for item in planned]
         for seed in config.seeds:
             topic = f"compare-{stamp}-seed{seed}"
             if bootstrap and any(item.name != MULTITASK for item in planned):
-                sent = asyncio.run(_produce(streams[seed][1], bootstrap, topic))
+                sent = asyncio.run(_produce(streams[seed][1], bootstrap, topic, config.learn.kafka_security))
                 log(f"seed {seed}: {sent} records in topic {topic}")
+            if config.jobs > 1 and len(runs) > 1:
+                continue  # every topic first, then the runs side by side
             for item in planned:
                 try:
                     run_dirs.append(_run_one(config, item, seed, streams[seed], topic, log))
                 except Exception as exc:  # noqa: BLE001  (with `all`, one strategy's failure ends only its runs)
                     if not config.chosen_by_all or isinstance(exc, fatal):
                         raise
-                    reason = " ".join(f"{type(exc).__name__}: {exc}".replace("\\n", " ").split())
-                    skipped[f"{item.name} (seed {seed})"] = f"failed: {reason[:200]}"
-                    log(f"{item.name} seed {seed}: {skipped[f'{item.name} (seed {seed})']}")
+                    _failed(item.name, seed, one_line(exc, 200), skipped, log)
+        if config.jobs > 1 and len(runs) > 1:
+            _run_parallel(config, runs, streams, f"compare-{stamp}-seed", run_dirs, skipped, log)
 
     try:
         if config.bootstrap_servers or all(item.name == MULTITASK for item in planned):

@@ -24,15 +24,24 @@ def rows(path):
     return [json.loads(line) for line in (path / "losses.jsonl").read_text().splitlines()]
 
 
-def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capsys):
+def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capfd):
+    """Run side by side (--jobs 2, spawned processes, one torch thread each): the tables, and the
+    same per-batch losses as the same runs one after the other in this process (--jobs 1)."""
     corpus = write_corpus(tmp_path / "corpus", lines=200)
     out = tmp_path / "out"
-    args = parse_flags(["compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--seeds", "0,1",
-                         "--out", str(out), "--bootstrap-servers", broker.bootstrap_servers, "--from-fragment", "all",
-                         *TINY])
-    assert run_compare_command(args) == 0
-    printed = capsys.readouterr().out
+    common = ["compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--bootstrap-servers",
+              broker.bootstrap_servers, "--from-fragment", "all", *TINY]
+    assert run_compare_command(parse_flags([*common, "--seeds", "0,1", "--out", str(out), "--jobs", "2"])) == 0
+    printed = capfd.readouterr().out  # the job processes write to the same descriptor
+    assert "4 runs, 2 at a time" in printed and "1 torch thread" in printed
     assert printed.count("naive seed ") == 2 and printed.count("multitask seed ") == 2
+
+    alone = tmp_path / "alone"
+    assert run_compare_command(parse_flags([*common, "--seeds", "0", "--out", str(alone), "--jobs", "1"])) == 0
+    assert "at a time" not in capfd.readouterr().out
+    for name in ("naive", "multitask"):
+        parallel, sequential = rows(out / f"{name}-seed0"), rows(alone / f"{name}-seed0")
+        assert [(r["loss"], r["train_loss"]) for r in parallel] == [(r["loss"], r["train_loss"]) for r in sequential]
 
     truths = {}
     for seed in (0, 1):
@@ -61,6 +70,31 @@ def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capsys):
     assert {"table1.md", "forgetting.md", "after_switch.png"} <= set(comparison["files"])
     assert [s["name"] for s in json.loads((out / "plan.json").read_text())["strategies"]] == ["naive", "multitask"]
     assert table in printed
+
+
+def test_a_failed_job_is_one_line_and_a_dead_one_is_said():
+    from streamer.jobs import run_jobs
+
+    seen = []
+    outcomes = run_jobs(job_for_the_test, [("ok",), ("raise",), ("die",)], jobs=2,
+                        on_outcome=lambda index, outcome: seen.append(index))
+    assert sorted(seen) == [0, 1, 2]
+    assert outcomes[0].value == ("ok", 1) and outcomes[0].error is None  # one torch thread in the job
+    assert outcomes[1].error == "ValueError: bad value on two lines"
+    assert outcomes[2].error == "the job's process ended without a result (exit status 9)"
+
+
+def job_for_the_test(what: str):
+    """Runs in a spawned job process (importable by name)."""
+    import os
+
+    import torch
+
+    if what == "raise":
+        raise ValueError("bad value\non two lines")
+    if what == "die":
+        os._exit(9)
+    return what, torch.get_num_threads()
 
 
 def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatch, capsys):

@@ -367,3 +367,32 @@ def test_probes_score_the_mixture_the_stream_is_scored_with(name):
                           expected)
     scores, _ = ProbeSet({"en": "hello world, " * 40}, rows=3, window=10).score(strategy.model)
     assert math.isfinite(scores["en"])
+
+
+@pytest.mark.parametrize("name", ["poe", "moe", "ensemble", "moe-lstm"])
+def test_fused_and_looped_kernels_give_the_same_losses(name):
+    """The two kernels of LSTMExperts (one bmm per time step; one native LSTM per expert) are the
+    same model: the same scored and training losses over learning steps, dropout masks included."""
+    losses = {}
+    for kernel in ("fused", "loop"):
+        torch.manual_seed(0)
+        options = {} if name == "ensemble" else {"warmup_batches": 2}
+        strategy = STRATEGIES[name](LSTMLanguageModel(LSTMConfig(embedding=8, hidden=12, layers=2, dropout=0.2)),
+                                    lr=1e-2, n_experts=3, **options)
+        strategy.model.experts.kernel = kernel
+        torch.manual_seed(1)
+        losses[kernel] = torch.tensor([(strategy.predict(b).loss.item(), strategy.learn(b).loss.item())
+                                       for b in random_batches(5)])
+    assert torch.allclose(losses["fused"], losses["loop"], atol=1e-5, rtol=0)
+
+
+def test_the_kernel_choice_depends_only_on_device_and_size():
+    from streamer.models.experts import choose_kernel
+
+    assert choose_kernel(torch.device("cuda"), 30, 550) == "fused"  # the GPU side keeps the fused kernel
+    assert choose_kernel(torch.device("cpu"), 3, 24) == "fused"  # tests/test_pinned_losses.py's poe
+    assert {choose_kernel(torch.device("cpu"), n, h) for n in (5, 10, 30) for h in (32, 200, 550)} <= {"fused", "loop"}
+    experts = LSTMExperts(2, LSTMConfig(embedding=4, hidden=6, layers=1, vocab=10))
+    assert experts.kernel == "auto" and experts.kernel_for(torch.device("cuda")) == "fused"
+    with pytest.raises(ValueError, match="kernel"):
+        LSTMExperts(2, LSTMConfig(embedding=4, hidden=6, layers=1, vocab=10), kernel="fast")

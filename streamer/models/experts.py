@@ -1,9 +1,17 @@
-"""n independent LSTM language models computed as one batched model (no Python loop over experts).
+"""n independent LSTM language models with stacked parameters, computed by one of two kernels.
 
 Every parameter carries a leading expert dimension n; expert i's slice holds exactly
-the weights of an `LSTMLanguageModel` with the same `LSTMConfig`. The input
-projections of all time steps are one batched matmul per layer; only the recurrence
-loops, over the w time steps.
+the weights of an `LSTMLanguageModel` with the same `LSTMConfig`. Embedding, decoder,
+clipping and the optimizer always work on the stacked tensors; the LSTM layers run
+
+- fused: the input projections of all time steps as one batched matmul per layer, the
+  recurrence as one `torch.bmm` per time step over all experts (`Recurrence`);
+- loop: one native `torch.lstm` call per expert and layer (what `nn.LSTM` runs: oneDNN's
+  RNN primitive on CPU) on the stacked weights, copied into its (4H, in) layout once per layer.
+
+`kernel="auto"` (the default) takes fused on a GPU, and on the CPU the one measured faster
+for the size (`choose_kernel`). Both give the same numbers up to float rounding (tested to 1e-5
+over learning steps); the choice depends only on device and size, so runs stay reproducible.
 """
 
 from __future__ import annotations
@@ -17,7 +25,25 @@ from torch.nn import functional as F
 
 from streamer.models.lstm import LSTMConfig
 
-__all__ = ["LSTMExperts", "Recurrence"]
+__all__ = ["KERNELS", "LSTMExperts", "Recurrence", "choose_kernel"]
+
+KERNELS = ("auto", "fused", "loop")
+
+
+def choose_kernel(device: torch.device, n: int, hidden: int) -> str:
+    """The kernel "auto" runs: fused on a GPU; on the CPU the faster one for n experts of this size.
+
+    The rule is fixed (no timing at run time, so a run's numbers never depend on the machine's
+    load): loop from hidden 64 on, fused below. Measured by benchmarks/experts.py (one `poe`
+    learning step, 1 thread, b=10, w=20, CPU ms fused/loop for 5, 10, 30 experts, on a shared
+    2-core machine, so a few percent is noise): hidden 32: 41/65, 70/91, 160/203 (and the fused
+    kernel keeps small runs' numbers as they were); hidden 200: 161/178, 321/316, 951/847; hidden
+    550: 961/763, 1591/1711, 5818/5038. The loop kernel's overhead over n separate nn.LSTM modules
+    (about 30% of the step at 10 x 550) is the copies between the stacked input-major weights and
+    the native kernel's layout (weights transposed, gradients stacked and transposed back)."""
+    if device.type != "cpu":
+        return "fused"
+    return "fused" if hidden < 64 else "loop"
 
 
 class Recurrence(torch.autograd.Function):
@@ -89,11 +115,14 @@ class LSTMExperts(nn.Module):
     independent mask per expert on the embeddings, between layers and before the decoder.
     """
 
-    def __init__(self, n: int, config: LSTMConfig = LSTMConfig()):
+    def __init__(self, n: int, config: LSTMConfig = LSTMConfig(), kernel: str = "auto"):
         super().__init__()
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.n = n
+        self.kernel = kernel  # "auto", "fused" or "loop": see the module docstring
         self.config = config
         vocab, embedding, hidden = config.vocab, config.embedding, config.hidden
         self.embedding = nn.Parameter(torch.empty(n, vocab, embedding))
@@ -129,8 +158,14 @@ class LSTMExperts(nn.Module):
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, self.config.dropout, self.training) if self.config.dropout > 0 else x
 
+    def kernel_for(self, device: torch.device) -> str:
+        """The kernel that runs on `device`: self.kernel, or choose_kernel's for "auto"."""
+        return choose_kernel(device, self.n, self.config.hidden) if self.kernel == "auto" else self.kernel
+
     def _layer(self, x: torch.Tensor, layer: int, h: torch.Tensor, c: torch.Tensor):
         """x (n, b, w, in), h and c (n, b, H) -> outputs (n, b, w, H), last h, last c."""
+        if self.kernel_for(x.device) == "loop":
+            return self._looped_layer(x, layer, h, c)
         weight_ih, weight_hh, bias_ih, bias_hh = self.layer_weights(layer)
         n, b, w, _ = x.shape
         # input projections of every time step at once: (n, b*w, in) @ (n, in, 4H), then time-major
@@ -138,6 +173,22 @@ class LSTMExperts(nn.Module):
         projected = projected.view(n, b, w, -1).permute(2, 0, 1, 3).contiguous()  # (w, n, b, 4H)
         outputs, h, c = Recurrence.apply(projected, weight_hh, h, c)
         return outputs.permute(1, 2, 0, 3), h, c
+
+    def _looped_layer(self, x: torch.Tensor, layer: int, h: torch.Tensor, c: torch.Tensor):
+        """As _layer, one native LSTM call per expert; unbind's backward stacks the gradients in one copy."""
+        outputs, last_h, last_c = [], [], []
+        weight_ih, weight_hh, bias_ih, bias_hh = self.layer_weights(layer)
+        # one copy per layer into the native (4H, in) layout: measured faster than a transposed view per expert
+        native = (weight_ih.transpose(1, 2).contiguous(), weight_hh.transpose(1, 2).contiguous(), bias_ih, bias_hh)
+        per_expert = zip(x.unbind(0), h.unbind(0), c.unbind(0), *(w.unbind(0) for w in native))
+        for x_i, h_i, c_i, *weights in per_expert:
+            out, h_n, c_n = torch.lstm(x_i, (h_i.unsqueeze(0), c_i.unsqueeze(0)), weights,
+                                       True, 1, 0.0, self.training, False, True)  # biases, 1 layer, batch first
+            outputs.append(out.transpose(0, 1))  # (w, b, H)
+            last_h.append(h_n[0])
+            last_c.append(c_n[0])
+        # laid out (w, n, b, H) in memory as the fused kernel's: dropout draws its mask in memory order
+        return torch.stack(outputs, dim=1).permute(1, 2, 0, 3), torch.stack(last_h), torch.stack(last_c)
 
     def features(self, inputs: torch.Tensor, state):
         """inputs (b, w) token ids -> top-layer hidden states (n, b, w, H), next state."""
@@ -162,10 +213,13 @@ class LSTMExperts(nn.Module):
 
     def per_expert_grad_norms(self) -> torch.Tensor:
         """(n,) L2 norm of each expert's gradient over all its parameters (0 where there is none)."""
-        squares = [p.grad.reshape(self.n, -1).pow(2).sum(1) for p in self.parameters() if p.grad is not None]
-        if not squares:
+        # per parameter (n,) norms, then their norm: no squared copy of every gradient (hundreds of MB for
+        # 30 experts of hidden 550)
+        norms = [torch.linalg.vector_norm(p.grad.reshape(self.n, -1), dim=1) for p in self.parameters()
+                 if p.grad is not None]
+        if not norms:
             return torch.zeros(self.n, device=self.embedding.device)
-        return torch.stack(squares).sum(0).sqrt()
+        return torch.linalg.vector_norm(torch.stack(norms), dim=0)
 
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float) -> torch.Tensor:
