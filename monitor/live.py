@@ -2,18 +2,25 @@
 
 `LiveMonitor.observe(result)` hands a monitor.results.StepResult (any object with its
 fields) to the `RunTracker` (every live number, torch-free), then to the `PrometheusSink`
-when metrics are exported, and returns the batch's loss-log line; `snapshot()` is what
-the terminal view renders. `state_dict()` / `load_state_dict()` carry both across a
-checkpoint as plain values.
+when metrics are exported, and returns the batch's loss-log line; `snapshot()` freezes
+the tracker's numbers; `read(reading)` takes the loop's state a few times a second (an
+ActivityClock makes the activity, the compute/waiting split and the rates of it) and
+`console_snapshot()` is what the terminal view, the plain log and `streamer status` render.
+`state_dict()` / `load_state_dict()` carry the tracker and the sink across a checkpoint as
+plain values (the clock's wall-time readings start again).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
+from monitor.console import ActivityClock, ConsoleSnapshot, LoopReading, TimeSplit
 from monitor.losslog import loss_log_line
 from monitor.sink import PrometheusSink
 from monitor.tracker import UNLABELLED, RunTracker, ViewSnapshot
 
-__all__ = ["LiveMonitor", "ViewSnapshot", "UNLABELLED"]
+__all__ = ["LiveMonitor", "ViewSnapshot", "ConsoleSnapshot", "LoopReading", "UNLABELLED"]
 
 STATE_VERSION = 1
 
@@ -23,7 +30,8 @@ class LiveMonitor:
 
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
                  total_batches: int | None = None, metrics=None, spark_width: int = 60,
-                 detector: str = "page-hinkley", detection_tolerance: int = 10):
+                 detector: str = "page-hinkley", detection_tolerance: int = 10, recent_window_s: float = 5.0,
+                 compute_window_s: float = 60.0):
         self.run, self.strategy = run, strategy
         self.metrics = metrics
         self.run_tracker = RunTracker(
@@ -31,6 +39,8 @@ class LiveMonitor:
             total_batches=total_batches, spark_width=spark_width, detector=detector,
             detection_tolerance=detection_tolerance)
         self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy)
+        self.clock = ActivityClock(recent_window_s=recent_window_s, compute_window_s=compute_window_s)
+        self._checkpoint_at: float | None = None
 
     # the parts, for callers that read them directly
     @property
@@ -64,8 +74,11 @@ class LiveMonitor:
     def observe(self, result) -> dict:
         """Account one step result; return its loss-log line (CALM format plus extras)."""
         seen = self.run_tracker.observe(result)
+        now = time.monotonic()
+        self.clock.learned(result.tokens, now)
         if self.sink is not None:
             self.sink.step(result, seen, self.run_tracker)
+            self._publish_rate(now)
         return loss_log_line(result, domain=seen.domain, class_name=seen.class_name,
                              fragment=seen.fragment, detected=seen.detected)
 
@@ -81,8 +94,33 @@ class LiveMonitor:
         if self.sink is not None:
             self.sink.forgetting(forgetting, self.run_tracker)
 
+    def read(self, reading: LoopReading) -> None:
+        """The loop's state now (streamer.learner reads it a few times a second): activity, lag, queue,
+        and the tokens/s gauge, which thus falls to zero while nothing is learned."""
+        if reading.checkpoint_at is None and self._checkpoint_at is not None:
+            reading = replace(reading, checkpoint_at=self._checkpoint_at)
+        now = time.monotonic()
+        self.clock.read(reading, now)
+        if reading.lag:
+            self.set_lag(reading.lag)
+        self.set_queue_depth(reading.queue_depth)
+        if self.sink is not None:
+            self._publish_rate(now)
+
+    def _publish_rate(self, now: float) -> None:
+        self.metrics.tokens_per_second.labels(self.run, self.strategy).set(self.clock.recent_rate(now))
+
+    def console_snapshot(self) -> ConsoleSnapshot:
+        """The view's snapshot with the latest reading: activity, rates, lag per partition, timings."""
+        return self.clock.snapshot(self.snapshot(), time.monotonic(), time.time())
+
+    def time_split(self) -> TimeSplit:
+        """Compute and waiting time so far (see monitor.console.ActivityClock)."""
+        return self.clock.split(time.monotonic())
+
     def checkpointed(self, at: float) -> None:
         """A checkpoint was written at wall time `at`; the exporter reports its age."""
+        self._checkpoint_at = at
         if self.sink is not None:
             self.sink.checkpointed(at)
 

@@ -1,7 +1,9 @@
 """The terminal view: a pure function from a snapshot to a rich renderable.
 
 `LiveView` has rich.live.Live redraw it (``get_renderable``) on a terminal and falls back
-to one plain log line every few seconds when stdout is not a terminal.
+to one plain log line every few seconds when stdout is not a terminal (less often while the
+run waits, and at once when its activity changes). The snapshot is a monitor.console
+ConsoleSnapshot (a tracker's ViewSnapshot renders too, without the operator's readings).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from monitor.compare import ORACLE_STRATEGIES
+from monitor.console import ConsoleSnapshot, as_console
 from monitor.tracker import ViewSnapshot
 
-__all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line", "LiveView"]
+__all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line",
+           "rate_line", "activity_line", "activity_text", "duration", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -58,6 +62,70 @@ def _class_table(snapshot: ViewSnapshot) -> Table:
     return table
 
 
+def _clock(wall: float | None) -> str:
+    return "?" if wall is None else time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+def duration(seconds: float | None) -> str:
+    """12s, 3m04s, 2h05m; n/a for None."""
+    if seconds is None:
+        return "n/a"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
+_ACTIVITY_STYLE = {"consuming": "bold green", "checkpointing": "bold blue", "waiting": "bold yellow",
+                   "joining": "bold yellow", "topic_missing": "bold yellow", "broker_lost": "bold red",
+                   "stopping": "bold", "stopped": "bold"}
+
+
+def activity_text(snapshot: ConsoleSnapshot) -> str:
+    """consuming / caught up, waiting since HH:MM:SS / broker lost since HH:MM:SS / checkpointing / ..."""
+    since = _clock(snapshot.activity_since)
+    return {"waiting": f"caught up, waiting for records since {since}",
+            "joining": f"joining the consumer group since {since}",
+            "topic_missing": f"waiting for the topic to be created since {since}",
+            "broker_lost": f"broker lost since {since}",
+            "stopping": f"stopping ({snapshot.stop_reason}): last checkpoint, commit, leaving the group",
+            "stopped": f"stopped: {snapshot.stop_reason or 'done'}"}.get(snapshot.activity, snapshot.activity)
+
+
+def _lag_unknown(snapshot: ConsoleSnapshot) -> bool:
+    """Readings came in, but none with the lag (no partition measured yet)."""
+    return snapshot.records is not None and not snapshot.lag_by_partition
+
+
+def _lag_text(snapshot: ConsoleSnapshot, most: int = 8) -> str:
+    if _lag_unknown(snapshot):
+        return "n/a"
+    parts = [f"p{partition} {lag:,}" for partition, lag in list(snapshot.lag_by_partition.items())[:most]]
+    more = len(snapshot.lag_by_partition) - most
+    detail = " · ".join(parts) + (f" · +{more} more" if more > 0 else "")
+    return f"{snapshot.lag:,}" + (f" ({detail})" if detail else "")
+
+
+def _dead_text(snapshot: ConsoleSnapshot) -> str:
+    total = sum(snapshot.dead_letters.values())
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(snapshot.dead_letters.items()))
+    return f"{total:,}" + (f" ({reasons})" if reasons else "")
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def activity_line(snapshot: ConsoleSnapshot) -> Text:
+    style = _ACTIVITY_STYLE.get(snapshot.activity, "bold")
+    records = "n/a" if snapshot.records is None else f"{snapshot.records:,}"
+    return Text.assemble((activity_text(snapshot), style), ("  records ", "dim"), records,
+                         ("  batches ", "dim"), f"{snapshot.batches:,}",
+                         ("  elapsed ", "dim"), duration(snapshot.elapsed_s))
+
+
 def progress_row(snapshot: ViewSnapshot) -> Table:
     total = snapshot.total_batches
     progress = Table.grid(padding=(0, 1))
@@ -76,35 +144,57 @@ def status_line(snapshot: ViewSnapshot) -> Text:
     )
 
 
-def io_line(snapshot: ViewSnapshot) -> Text:
+def rate_line(snapshot: ConsoleSnapshot) -> Text:
     return Text.assemble(
-        ("tokens/s ", "dim"), f"{snapshot.tokens_per_s:,.0f}", ("  lag ", "dim"), str(snapshot.lag),
-        ("  queue ", "dim"), str(snapshot.queue_depth),
-        ("  dead letters ", "dim"), str(sum(snapshot.dead_letters.values())),
-        ("  elapsed ", "dim"), f"{snapshot.elapsed_s:.0f}s",
+        ("tokens/s ", "dim"), f"{snapshot.tokens_per_s:,.0f}", (f" (last {snapshot.recent_window_s:.0f}s)", "dim"),
+        ("  ", "dim"), _rate(snapshot.tokens_per_s_compute), (" (last minute of compute)", "dim"),
+        ("  computing ", "dim"), duration(snapshot.compute_s), ("  waiting ", "dim"), duration(snapshot.waiting_s),
+    )
+
+
+def io_line(snapshot: ConsoleSnapshot) -> Text:
+    share = ("none yet" if snapshot.probe_share is None or not snapshot.probe_s
+             else f"{snapshot.probe_share:.0%} of wall ({duration(snapshot.probe_s)})")
+    age = "none yet" if snapshot.checkpoint_age_s is None else f"{duration(snapshot.checkpoint_age_s)} ago"
+    return Text.assemble(
+        ("lag ", "dim"), _lag_text(snapshot), ("  queue ", "dim"), str(snapshot.queue_depth),
+        ("  dead letters ", "dim"), _dead_text(snapshot),
+        ("  checkpoint ", "dim"), age, ("  probes ", "dim"), share,
     )
 
 
 def render(snapshot: ViewSnapshot) -> Panel:
-    """Pure: the same snapshot always renders the same text."""
+    """Pure: the same snapshot always renders the same text (a tracker's ViewSnapshot renders without
+    the operator's readings)."""
+    snapshot = as_console(snapshot)
     spark = Text.assemble(("recent loss ", "dim"), sparkline(snapshot.recent_losses, snapshot.recent_switches))
-    body = Group(progress_row(snapshot), status_line(snapshot), spark, io_line(snapshot), _class_table(snapshot))
+    body = Group(activity_line(snapshot), progress_row(snapshot), status_line(snapshot), spark,
+                 rate_line(snapshot), io_line(snapshot), _class_table(snapshot))
     oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
     return Panel(body, title=f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}", expand=False)
 
 
 def render_waiting() -> Text:
     """Before the first snapshot."""
-    return Text("waiting for the first batch", style="dim")
+    return Text("starting: waiting for the first reading of the loop", style="dim")
 
 
 def plain_line(snapshot: ViewSnapshot) -> str:
-    o = snapshot.overall
-    total = f"/{snapshot.total_batches}" if snapshot.total_batches else ""
-    return (f"batch {snapshot.batches}{total} loss {_fmt(snapshot.last_loss, 3)} "
-            f"rolling_ppl {_fmt(snapshot.rolling_ppl)} class {snapshot.current_class or 'n/a'} "
+    """One log line: activity, counts, losses, rates, lag, timings, checkpoint, dead letters, probes."""
+    s = as_console(snapshot)
+    o = s.overall
+    total = f"/{s.total_batches}" if s.total_batches else ""
+    records = "n/a" if s.records is None else str(s.records)
+    age = "none" if s.checkpoint_age_s is None else duration(s.checkpoint_age_s)
+    share = "none" if s.probe_share is None or not s.probe_s else f"{s.probe_share:.0%} of wall"
+    lags = ",".join(f"{p}:{lag}" for p, lag in s.lag_by_partition.items())
+    return (f"[{activity_text(s)}] batch {s.batches}{total} records {records} "
+            f"| loss {_fmt(s.last_loss, 3)} rolling_ppl {_fmt(s.rolling_ppl)} class {s.current_class or 'n/a'} "
             f"ppl {_fmt(o['ppl'])} ppl@sw {_fmt(o['ppl@sw'])} rec {_fmt(o['rec'])} "
-            f"tok/s {snapshot.tokens_per_s:.0f} lag {snapshot.lag}")
+            f"| tok/s {s.tokens_per_s:.0f} (last {s.recent_window_s:.0f}s) {_rate(s.tokens_per_s_compute).replace(',', '')} "
+            f"(last min of compute) compute {duration(s.compute_s)} waiting {duration(s.waiting_s)} "
+            f"| lag {'n/a' if _lag_unknown(s) else s.lag}" + (f" ({lags})" if lags else "") + f" queue {s.queue_depth} "
+            f"| checkpoint_age {age} dead_letters {sum(s.dead_letters.values())} probes {share}")
 
 
 class LiveView:
@@ -113,16 +203,20 @@ class LiveView:
     On a terminal, rich.live.Live redraws `render(latest snapshot)` a few times a second
     (`get_renderable`); `update` only swaps the snapshot (immutable), so the learner never
     waits for drawing. Elsewhere (a pipe, a log file) it prints `plain_line` at most every
-    `plain_interval_s` seconds, or at once with `force=True`.
+    `plain_interval_s` seconds while the run consumes, every `idle_interval_s` while it does
+    anything else (waits, joins, has lost the broker), at once when the activity changes or
+    with `force=True`.
     """
 
-    def __init__(self, console: Console | None = None, plain_interval_s: float = 5.0, enabled: bool = True):
+    def __init__(self, console: Console | None = None, plain_interval_s: float = 5.0, enabled: bool = True,
+                 idle_interval_s: float = 30.0):
         self.console = console or Console()
         self.enabled = enabled
-        self.plain_interval_s = plain_interval_s
+        self.plain_interval_s, self.idle_interval_s = plain_interval_s, idle_interval_s
         self._live: Live | None = None
         self._snapshot: ViewSnapshot | None = None
         self._last_plain: float | None = None
+        self._last_activity: str | None = None
 
     @property
     def interactive(self) -> bool:
@@ -149,9 +243,12 @@ class LiveView:
                 self._live.refresh()
             return
         now = time.monotonic()
-        if force or self._last_plain is None or now - self._last_plain >= self.plain_interval_s:
-            self._last_plain = now
-            self.console.print(plain_line(snapshot), highlight=False, soft_wrap=True)
+        activity = as_console(snapshot).activity
+        interval = self.plain_interval_s if activity == "consuming" else self.idle_interval_s
+        if (force or self._last_plain is None or activity != self._last_activity
+                or now - self._last_plain >= interval):
+            self._last_plain, self._last_activity = now, activity
+            self.console.print(plain_line(snapshot), highlight=False, soft_wrap=True, markup=False)
 
     def __exit__(self, *exc) -> None:
         if self._live is not None:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monitor.web_security import MetricsSecurity
+from producers.security import KafkaSecurity
 from streamer.models.catalog import LSTMConfig, default_lr
 
 __all__ = ["LearnConfig", "RunSummary", "span_start", "default_group"]
@@ -54,6 +56,9 @@ class LearnConfig:
     metrics_host: str = "127.0.0.1"
     live_view: bool = True  # the rich live view on a terminal; False: plain log lines
     max_record_bytes: int = 1_000_000  # larger records are dead-lettered as too_large (producers.wire)
+    broker_timeout_s: float = 60.0  # how long the broker may be unreachable (at start, or lost mid-run)
+    kafka_security: KafkaSecurity = KafkaSecurity()  # protocol, SASL user, TLS files; never the password
+    metrics_security: MetricsSecurity = MetricsSecurity()  # the exporter's TLS and basic-auth files
 
     @property
     def resolved_lr(self) -> float:
@@ -89,3 +94,7 @@ class RunSummary:
     run_dir: Path
     probes: int = 0
     probe_seconds: float = 0.0
+    compute_seconds: float | None = None  # consuming and checkpointing; None: not measured (offline runs)
+    joining_seconds: float = 0.0  # waiting for the consumer group's JoinGroup
+    idle_seconds: float = 0.0  # caught up, waiting for records
+    broker_lost_seconds: float = 0.0

@@ -2,10 +2,12 @@
 
     results of PrequentialLoop --> LiveMonitor (metrics tracker, Prometheus through its facade)
                                --> LossLogWriter (losses.jsonl)
-                               --> Checkpointer (checkpoint.pt every checkpoint_every_s and at the end;
-                                                 then commits the offsets it covers to Kafka)
+                               --> Checkpointer (checkpoint.pt every checkpoint_every_s, on a revoke and at
+                                                 the end, written in the background; then commits the
+                                                 offsets it covers to Kafka)
                                --> ProbeScheduler (probes.jsonl)
-    loop state (dead letters, lag, queue depth) --> LiveMonitor --> LiveView, polled a few times a second
+    loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
+        --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 
 `run(config, ...)` composes them for the command line; it prints only through `log`.
 """
@@ -13,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import json
 import os
@@ -28,18 +29,21 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from monitor.console import STATUS_FILE, LoopReading, write_status
 from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
 from monitor.view import LiveView
 from producers.kafka import ensure_topic
 from streamer import checkpoint
+from streamer.checkpoint import Checkpointer
 from streamer.config import LearnConfig, RunSummary
 from streamer.consumer import KafkaSource
 from streamer.loop import PrequentialLoop
 from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set
 from streamer.resume import trim_logs
+from streamer.settings import kafka_client_options
 from streamer.strategies import STRATEGIES
 
 __all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
@@ -113,25 +117,33 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     if view is None:
         view = LiveView(console=console if config.live_view else Console(force_terminal=False))
     if producer is not None:  # the topic must exist before the consumer subscribes
-        await ensure_topic(config.bootstrap_servers, config.topic)
+        await ensure_topic(config.bootstrap_servers, config.topic,
+                           client_options=kafka_client_options(config.kafka_security))
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
-                         max_record_bytes=config.max_record_bytes, log=log)
+                         max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
+                         broker_timeout_s=config.broker_timeout_s)
     source.seek_on_assign(batcher.offsets.next_positions, from_beginning)
     loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
-                           max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size)
+                           max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size,
+                           broker_timeout_s=config.broker_timeout_s, log=log)
     server = None
     if config.metrics_port is not None and monitor.metrics is not None:
         server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
-                          ready=lambda: loop.consuming, labels=(config.run_name, config.strategy))
-        log(f"metrics: http://{config.metrics_host}:{server.server_address[1]}/metrics")
+                          ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
+                          security=config.metrics_security)
+        log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
+        _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
     probes = _probe_scheduler(config, built, manifest, batcher, loop)
     labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
     checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                 config=config, loop=loop, monitor=monitor, labels=labels)
+    source.on_revoke = getattr(checkpointer, "on_revoke", None)  # a rebalance: checkpoint and commit first
     if resume is not None:
         restore(resume, loop, monitor)
+        if checkpointer.path.exists():  # the console shows its age until the next one
+            monitor.checkpointed(checkpointer.path.stat().st_mtime)
     tasks = []
     try:
         with view, _StopOnSignals(stop_signals, loop, log):
@@ -140,16 +152,32 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             await _until_learned(tasks, loop)
-            view.update(monitor.snapshot(), force=True)
+            _sync(loop, monitor, checkpointer, probes, finished=True)
+            final = monitor.console_snapshot()
+            view.update(final, force=True)
+            write_status(config.run_dir / STATUS_FILE, final)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
-            server.shutdown()
+            server.shutdown(final_scrape=loop.stop_reason != "signal")  # a signal asks for a prompt exit
+    split = monitor.time_split()
     return RunSummary(loop.step, loop.tokens, time.monotonic() - started, loop.stop_reason or "stopped",
                       monitor.dead_letters, config.run_dir, probes.evaluations if probes else 0,
-                      probes.seconds if probes else 0.0)
+                      probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
+                      joining_seconds=split.joining_s, idle_seconds=split.idle_s,
+                      broker_lost_seconds=split.broker_lost_s)
+
+
+def _note_in_run_config(run_dir: Path, **values) -> None:
+    """Add `values` to the run's config.json (replaced atomically): `streamer status` reads them."""
+    path = Path(run_dir) / "config.json"
+    data = json.loads(path.read_text())
+    data.update(values)
+    staging = path.with_name(".config.json.tmp")
+    staging.write_text(json.dumps(data, indent=2, default=str))
+    staging.replace(path)
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor) -> None:
@@ -211,84 +239,62 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
     """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes. The run's
     logs are cut back to the loop's step (a resumed run's checkpoint; 0 otherwise) once the source has
     started, then appended to."""
-    async with loop:
-        trim_logs(run_dir, loop.step)
-        publisher = asyncio.create_task(_publish(loop, monitor, view))
-        try:
+    # from the start: the consumer group's JoinGroup (in the source's start) shows as joining
+    publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir))
+    try:
+        async with loop:
+            trim_logs(run_dir, loop.step)
             with LossLogWriter(run_dir / "losses.jsonl", append=resumed) as losses:
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
                     monitor.probed(row)
                 async for result in loop:
                     losses.write(monitor.observe(result))
                     if checkpointer.due():
-                        await checkpointer.write()
+                        checkpointer.start()  # copied here, written in the background
                     if probes and (row := await probes.before_next(loop)):
                         monitor.probed(row)
             if probes and final_probe and loop.step:  # the model after the whole stream: the last task's stage
                 monitor.probed(await probes.score(loop, "end"))
-            _sync(loop, monitor)
+            _sync(loop, monitor, checkpointer, probes)
             await checkpointer.write()  # one at the end, always
-        finally:
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
+    finally:
+        publisher.cancel()
+        await asyncio.gather(publisher, return_exceptions=True)
 
 
-async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, every_s: float = 0.25) -> None:
-    """Copy the loop's plain state into the monitor and refresh the view, a few times a second."""
-    shown = -1
+async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpointer=None, probes=None,
+                   run_dir: Path | None = None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
+    """Read the loop's plain state into the monitor and refresh the view a few times a second; write
+    the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
+    and whenever the activity changes."""
+    written_at, written_activity = None, None
     while True:
-        _sync(loop, monitor)
-        if loop.step != shown:
-            shown = loop.step
-            view.update(monitor.snapshot())
+        _sync(loop, monitor, checkpointer, probes)
+        snapshot = monitor.console_snapshot()
+        view.update(snapshot)
+        now = time.monotonic()
+        if run_dir is not None and (written_at is None or now - written_at >= status_every_s
+                                    or snapshot.activity != written_activity):
+            written_at, written_activity = now, snapshot.activity
+            write_status(run_dir / STATUS_FILE, snapshot)
         await asyncio.sleep(every_s)
 
 
-def _sync(loop: PrequentialLoop, monitor: LiveMonitor) -> None:
+def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer=None, probes=None, finished: bool = False) -> None:
+    """The loop's, the checkpointer's and the probes' plain state into the monitor (the waiting,
+    broker-lost and topic-missing times and the checkpointer's state are read where they exist)."""
     counted = monitor.dead_letters
     for reason, count in loop.dead_letters.items():
         for _ in range(count - counted.get(reason, 0)):
             monitor.dead_letter(reason)
-    if loop.lag:
-        monitor.set_lag(loop.lag)
-    monitor.set_queue_depth(loop.queue_depth)
-
-
-class Checkpointer:
-    """checkpoint.pt at a snapshot point every `every_s` seconds, and when asked at the end.
-
-    The written checkpoint covers every record read (learned, or carried over in the loop's state),
-    so after writing it the Kafka offsets it holds are committed: Kafka never runs ahead of it."""
-
-    def __init__(self, path: Path, every_s: float, *, config: LearnConfig, loop: PrequentialLoop,
-                 monitor: LiveMonitor, labels=None):
-        self.path, self.every_s = Path(path), every_s
-        self.config, self.loop, self.monitor, self.labels = config, loop, monitor, labels
-        self.written_at = time.monotonic()
-
-    def due(self) -> bool:
-        return time.monotonic() - self.written_at >= self.every_s
-
-    def state(self) -> dict:
-        """The run after batch `loop.step`; call at a snapshot point (between two results)."""
-        loop = self.loop
-        looped = loop.state_dict()
-        state = {
-            "config": checkpoint.plain(self.config), "model": loop.strategy.model.state_dict(),
-            "strategy": loop.strategy.state_dict(), "rng": checkpoint.rng_state(), "loop": looped,
-            "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in looped["offsets"].items()},
-            "step": loop.step, "tracker": copy.deepcopy(self.monitor.state_dict()),  # the event loop goes on updating it
-        }
-        if self.labels is not None:
-            state["labels"] = list(self.labels())
-        return state
-
-    async def write(self) -> None:
-        state = self.state()
-        await self.loop.in_worker(checkpoint.save, self.path, state)  # off the event loop: the heartbeat goes on
-        await self.loop.commit(state["loop"]["offsets"])
-        self.written_at = time.monotonic()
-        self.monitor.checkpointed(time.time())
+    monitor.read(LoopReading(
+        step=loop.step, records=loop.records, lag=dict(loop.lag), queue_depth=loop.queue_depth,
+        waiting_since=getattr(loop, "waiting_since", None), waiting_reported=hasattr(loop, "waiting_since"),
+        broker_lost_since=getattr(loop, "broker_lost_since", None),
+        checkpointing=bool(getattr(checkpointer, "writing", False)),
+        checkpoint_at=getattr(checkpointer, "last_written", None),
+        probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
+        topic_missing_since=getattr(loop.source, "topic_missing_since", None)))
 
 
 def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[int | None, int | None]:

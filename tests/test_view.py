@@ -1,11 +1,17 @@
-"""The terminal view is a pure function of a snapshot: render to an in-memory console and read it."""
+"""The terminal view is a pure function of a snapshot: render to an in-memory console and read it.
+The operator's readings (activity, rates, compute and waiting time) come from monitor.console's clock,
+driven here with explicit times."""
+
+import time
+from dataclasses import replace
 
 from rich.console import Console
 
+from monitor.console import ActivityClock, ConsoleSnapshot, LoopReading, as_console, read_status, write_status
 from monitor.tracker import ViewSnapshot
-from monitor.view import LiveView, plain_line, render, sparkline
+from monitor.view import LiveView, activity_text, duration, plain_line, render, sparkline
 
-SNAPSHOT = ViewSnapshot(
+VIEW = ViewSnapshot(
     run="r1", strategy="naive", batches=50, total_batches=200, last_loss=1.0, rolling_ppl=3.5,
     recent_losses=(1.0, 2.0, 3.0, 2.0), recent_switches=(False, False, True, False), current_class="fr",
     overall={"ppl": 4.0, "ppl@sw": 9.5, "rec": 2.25},
@@ -14,28 +20,55 @@ SNAPSHOT = ViewSnapshot(
     from_fragment=0, switches=4, detected_switches=2, tokens_per_s=1234.0, lag=7, queue_depth=2, dead_letters={"bad_utf8": 3},
     elapsed_s=12.0,
 )
+AT = time.mktime((2026, 11, 23, 15, 32, 10, 0, 0, -1))  # 15:32:10 local time
+SNAPSHOT = ConsoleSnapshot(
+    **vars(VIEW) | {"elapsed_s": 250.0}, activity="waiting", activity_since=AT, records=1500,
+    lag_by_partition={"0": 3, "1": 4}, tokens_per_s_compute=1661.0, compute_s=190.0, waiting_s=56.0,
+    checkpoint_age_s=12.0, probe_s=20.0, probe_share=0.08, at=AT + 60)
 
 
 def _text(renderable) -> str:
-    console = Console(width=100, record=True, file=open("/dev/null", "w"), color_system=None)
+    console = Console(width=140, record=True, file=open("/dev/null", "w"), color_system=None)
     console.print(renderable)
     return console.export_text()
 
 
 def test_render_shows_progress_perplexities_table_and_io():
-    text = _text(render(SNAPSHOT))
+    text = _text(render(VIEW))
     assert "50/200 batches" in text
     assert "rolling ppl 3.50" in text and "ppl 2.72" in text  # exp(1.0)
     assert "class fr" in text and "switches 4 true / 2 detected" in text
-    assert "tokens/s 1,234" in text and "lag 7" in text and "dead letters 3" in text
+    assert "tokens/s 1,234" in text and "lag 7" in text and "dead letters 3 (bad_utf8 3)" in text
     rows = {line.split("│")[2].strip(): line for line in text.splitlines() if line.count("│") >= 6}
     assert "n/a" in rows["en"] and "3.00" in rows["en"]
     assert "9.50" in rows["fr ◀"] and "2.25" in rows["fr ◀"]
     assert "4.00" in rows["all"]
 
 
+def test_render_shows_what_an_operator_watches():
+    text = _text(render(SNAPSHOT))
+    assert "caught up, waiting for records since 15:32:10" in text
+    assert "records 1,500" in text and "batches 50" in text
+    assert "lag 7 (p0 3 · p1 4)" in text and "queue 2" in text
+    assert "tokens/s 1,234 (last 5s)" in text and "1,661 (last minute of compute)" in text
+    assert "computing 3m10s" in text and "waiting 56s" in text
+    assert "checkpoint 12s ago" in text and "probes 8% of wall (20s)" in text
+
+
 def test_render_is_pure():
     assert _text(render(SNAPSHOT)) == _text(render(SNAPSHOT))
+    assert _text(render(VIEW)) == _text(render(as_console(VIEW)))
+
+
+def test_each_activity_is_said_with_its_time():
+    assert activity_text(replace(SNAPSHOT, activity="consuming")) == "consuming"
+    assert activity_text(replace(SNAPSHOT, activity="broker_lost")) == "broker lost since 15:32:10"
+    assert activity_text(replace(SNAPSHOT, activity="joining")) == "joining the consumer group since 15:32:10"
+    assert activity_text(replace(SNAPSHOT, activity="checkpointing")) == "checkpointing"
+    assert activity_text(replace(SNAPSHOT, activity="topic_missing")) == "waiting for the topic to be created since 15:32:10"
+    assert activity_text(replace(SNAPSHOT, activity="stopping", stop_reason="signal")).startswith("stopping (signal)")
+    assert activity_text(replace(SNAPSHOT, activity="stopped", stop_reason="idle")) == "stopped: idle"
+    assert [duration(s) for s in (None, 4.4, 184, 7500)] == ["n/a", "4s", "3m04s", "2h05m"]
 
 
 def test_sparkline_marks_switches_and_scales_to_the_window():
@@ -44,28 +77,38 @@ def test_sparkline_marks_switches_and_scales_to_the_window():
     assert sparkline([]).plain == ""
 
 
-def test_plain_mode_prints_log_lines_when_not_a_terminal(tmp_path):
+def test_the_plain_line_says_everything_in_one_line():
+    line = plain_line(SNAPSHOT)
+    assert line.startswith("[caught up, waiting for records since 15:32:10] batch 50/200 records 1500 "
+                           "| loss 1.000 rolling_ppl 3.50 class fr ppl 4.00 ppl@sw 9.50 rec 2.25 ")
+    assert "tok/s 1234 (last 5s) 1661 (last min of compute) compute 3m10s waiting 56s" in line
+    assert "lag 7 (0:3,1:4) queue 2" in line and "checkpoint_age 12s dead_letters 3 probes 8% of wall" in line
+    assert "\n" not in line
+
+
+def test_plain_mode_prints_lines_every_interval_and_at_once_when_the_activity_changes(tmp_path):
     out = tmp_path / "out.txt"
+    consuming = replace(SNAPSHOT, activity="consuming")
     with out.open("w") as handle:
         console = Console(file=handle, force_terminal=False, width=200)
-        with LiveView(console=console, plain_interval_s=3600) as view:
+        with LiveView(console=console, plain_interval_s=3600, idle_interval_s=3600) as view:
             assert not view.interactive
-            view.update(SNAPSHOT)
+            view.update(consuming)
+            view.update(consuming)  # throttled
+            view.update(SNAPSHOT)  # the run now waits: said at once
             view.update(SNAPSHOT)  # throttled
             view.update(SNAPSHOT, force=True)
-    lines = out.read_text().splitlines()
-    assert lines == [plain_line(SNAPSHOT)] * 2
-    assert lines[0].startswith("batch 50/200 loss 1.000 rolling_ppl 3.50 class fr ppl 4.00 ppl@sw 9.50 rec 2.25")
+    assert out.read_text().splitlines() == [plain_line(consuming), plain_line(SNAPSHOT), plain_line(SNAPSHOT)]
 
 
 def test_on_a_terminal_live_redraws_the_latest_snapshot(tmp_path):
     import io
 
     out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    console = Console(file=out, force_terminal=True, width=140, color_system=None)
     view = LiveView(console=console)
     assert view.interactive
-    assert "waiting for the first batch" in _text(view.renderable())
+    assert "waiting for the first reading" in _text(view.renderable())
     with view:
         view.update(SNAPSHOT, force=True)
         assert _text(view.renderable()) == _text(render(SNAPSHOT))
@@ -78,3 +121,69 @@ def test_a_disabled_view_prints_nothing(tmp_path):
         with LiveView(console=Console(file=handle, force_terminal=False), enabled=False) as view:
             view.update(SNAPSHOT, force=True)
     assert out.read_text() == ""
+
+
+def test_the_status_file_round_trips_the_snapshot(tmp_path):
+    write_status(tmp_path / "status.json", SNAPSHOT)
+    assert read_status(tmp_path / "status.json") == SNAPSHOT
+    assert read_status(tmp_path / "missing.json") is None
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # the staging file was renamed
+
+
+# --- the clock: activity, compute and waiting time, rates that fall to zero when idle -----------
+
+
+def _reading(**kw):
+    return LoopReading(**{"lag": {0: 0}, "records": 100, **kw})
+
+
+def test_the_recent_rate_falls_to_zero_when_idle_and_the_compute_rate_keeps_the_models_speed():
+    clock = ActivityClock(recent_window_s=5.0, compute_window_s=60.0, idle_after_s=2.0)
+    clock.read(LoopReading(records=0), now=0.0)
+    assert clock.activity == "joining"
+    clock.read(LoopReading(records=0), now=4.0)  # still no partition: the JoinGroup wait
+    for i in range(10):  # 10 batches of 100 tokens, one a second
+        clock.learned(100, now=5.0 + i)
+        clock.read(_reading(lag={0: 50}), now=5.0 + i + 0.5)
+    assert clock.activity == "consuming"
+    assert clock.recent_rate(now=14.5) == 500 / 5.0
+    assert round(clock.compute_rate(now=14.5), 6) == round(1000 / 9.5, 6)  # 9.5 s of compute so far
+    clock.read(_reading(), now=20.0)  # caught up, no batch for 6 s: waiting since the last batch
+    assert clock.activity == "waiting"
+    clock.read(_reading(), now=100.0)
+    assert clock.recent_rate(now=100.0) == 0.0  # the last 5 s: nothing learned
+    assert round(clock.compute_rate(now=100.0), 6) == round(1000 / 9.0, 6)  # waiting excluded
+    split = clock.split(now=100.0)
+    assert (split.joining_s, split.compute_s, split.idle_s) == (5.0, 9.0, 86.0)
+
+
+def test_the_loops_own_waiting_and_broker_lost_times_win():
+    clock = ActivityClock()
+    clock.read(_reading(waiting_reported=True, waiting_since=AT), now=0.0)
+    assert (clock.activity, clock.activity_since) == ("waiting", AT)
+    clock.read(_reading(waiting_reported=True, broker_lost_since=AT + 5), now=1.0)
+    assert (clock.activity, clock.activity_since) == ("broker_lost", AT + 5)
+    clock.read(_reading(waiting_reported=True, checkpointing=True), now=2.0)
+    assert clock.activity == "checkpointing"
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=3.0)
+    assert clock.activity == "consuming"
+    assert clock.split(now=3.0).broker_lost_s == 1.0 and clock.split(now=3.0).compute_s == 1.0
+    clock.read(_reading(waiting_reported=True, stop_reason="signal"), now=4.0)
+    assert clock.activity == "stopping"  # the last checkpoint, the commit, leaving the group
+    clock.read(_reading(waiting_reported=True, stop_reason="signal", finished=True), now=5.0)
+    assert clock.activity == "stopped"
+
+
+def test_a_missing_topic_is_waited_for_and_counts_as_waiting():
+    clock = ActivityClock()
+    clock.read(LoopReading(topic_missing_since=AT), now=0.0)
+    assert (clock.activity, clock.activity_since) == ("topic_missing", AT)
+    clock.read(LoopReading(), now=7.0)
+    assert clock.activity == "joining" and clock.split(now=7.0).joining_s == 7.0
+
+
+def test_a_lag_not_measured_yet_is_not_shown_as_zero():
+    unmeasured = replace(SNAPSHOT, lag_by_partition={}, lag=0)
+    assert "| lag n/a queue 2 " in plain_line(unmeasured)
+    assert "lag n/a  queue 2" in _text(render(unmeasured))
+    assert "lag 7 (p0 3 · p1 4)" in _text(render(SNAPSHOT))

@@ -1,0 +1,219 @@
+"""`streamer status RUN_DIR`: what a learner's console shows, for a learner running elsewhere.
+
+Read from its run directory (config.json, the .lock's pid alive or not, checkpoint.pt's age, the
+last line of losses.jsonl, status.json: the console's latest snapshot, written every few seconds)
+and from its metrics endpoint when it serves one (the address in config.json). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from streamer.cli.errors import UserError
+from streamer.cli.flags import positive_float
+
+__all__ = ["add_parser", "run", "run_status"]
+
+_SHOWN_METRICS = {  # sample name -> what it is called here
+    "streamer_batches_learned_total": "batches", "streamer_tokens_per_second": "tokens/s",
+    "streamer_consumer_lag_records": "lag", "streamer_queue_depth": "queue",
+    "streamer_dead_letter_total": "dead letters", "streamer_checkpoint_age_seconds": "checkpoint age",
+    "streamer_ready": "ready", "streamer_rolling_perplexity": "rolling ppl",
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="what a learner's console shows, from its run directory and metrics endpoint")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                   help="the learner's run directory (learn's default: runs/<topic>-<group>)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text (default: text)")
+    p.add_argument("--timeout", type=positive_float, default=2.0,
+                   help="seconds to wait for the metrics endpoint (default %(default)s s)")
+
+
+def run(args) -> int:
+    status = run_status(args.run_dir, timeout_s=args.timeout)  # the monitor's modules: imported here, not for --help
+    if args.json:
+        print(json.dumps(status, default=str))
+    else:
+        _print(status)
+    return 0
+
+
+def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
+    """Everything `streamer status` prints, as plain values."""
+    from monitor.console import STATUS_FILE, read_status, snapshot_to_json
+
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        raise UserError(f"{run_dir} is not a run directory (no config.json): give the --run-dir of a learner")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {config_path}: {exc}") from None
+    snapshot = read_status(run_dir / STATUS_FILE)
+    now = time.time()
+    return {
+        "run_dir": str(run_dir), "learner": _learner(run_dir),
+        "config": {key: config.get(key) for key in ("topic", "group_id", "strategy", "model_name", "bootstrap_servers",
+                                                    "device", "started", "metrics_address")},
+        "checkpoint_age_s": _age(run_dir / "checkpoint.pt", now),
+        "last_batch": _last_line(run_dir / "losses.jsonl"),
+        "status_age_s": _age(run_dir / STATUS_FILE, now),
+        "status": None if snapshot is None else snapshot_to_json(snapshot),
+        "metrics": _scrape(_metrics_url(config), timeout_s),
+    }
+
+
+def _learner(run_dir: Path) -> dict:
+    """The pid in the run directory's .lock and whether that process is a live streamer."""
+    try:
+        pid = int((run_dir / ".lock").read_text().strip())
+    except (OSError, ValueError):
+        return {"pid": None, "running": False}
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return {"pid": pid, "running": False}
+    except PermissionError:  # another user's process: alive
+        pass
+    try:  # a reused pid is not our learner
+        running = b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        running = True
+    return {"pid": pid, "running": running}
+
+
+def _age(path: Path, now: float) -> float | None:
+    try:
+        return max(0.0, now - path.stat().st_mtime)
+    except OSError:
+        return None
+
+
+def _last_line(path: Path, tail_bytes: int = 65536) -> dict | None:
+    """The last complete line of the loss log (read from its end)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - tail_bytes))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first line of the tail
+        return {key: row.get(key) for key in ("batch", "loss", "domain_name", "time")}
+    return None
+
+
+def _metrics_url(config: dict) -> str | None:
+    address = config.get("metrics_address")
+    if address is None and config.get("metrics_port"):  # a fixed port (0: chosen at start, noted as the address)
+        address = f"{config.get('metrics_host') or '127.0.0.1'}:{config['metrics_port']}"
+    if address is None:
+        return None
+    host, _, port = address.rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"http://{host}:{port}/metrics"
+
+
+def _scrape(url: str | None, timeout_s: float) -> dict:
+    """The shown metrics summed over their series (lag and dead letters per label), or why not."""
+    if url is None:
+        return {"url": None, "error": "not served (the learner ran without --metrics-port)"}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode()
+    except (OSError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return {"url": url, "error": f"unreachable ({reason})"}
+    values: dict = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = _SHOWN_METRICS.get(sample.name)
+            if name == "lag":
+                values.setdefault(name, {})[sample.labels.get("partition", "?")] = int(sample.value)
+            elif name == "dead letters":
+                values.setdefault(name, {})[sample.labels.get("reason", "?")] = int(sample.value)
+            elif name is not None:
+                values[name] = values.get(name, 0) + sample.value
+    return {"url": url, "values": values}
+
+
+def _print(status: dict) -> None:
+    from monitor.view import duration
+
+    learner, config = status["learner"], status["config"]
+    if learner["running"]:
+        state = f"learner running (pid {learner['pid']})"
+    else:
+        state = "no learner running" + (f" (pid {learner['pid']} is gone)" if learner["pid"] else "")
+    print(f"{status['run_dir']}: {state}")
+    started = config.get("started")
+    print(f"topic {config['topic']}, group {config['group_id']}, strategy {config['strategy']}, "
+          f"model {config['model_name']}, broker {config['bootstrap_servers']}, device {config['device']}"
+          + (f"; started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""))
+    age = status["checkpoint_age_s"]
+    print("checkpoint: " + ("none yet" if age is None else f"written {duration(age)} ago"))
+    last = status["last_batch"]
+    if last:
+        when = f" at {time.strftime('%H:%M:%S', time.localtime(last['time']))}" if last.get("time") else ""
+        print(f"loss log: {last['batch'] + 1:,} batches; the last{when}: loss {last['loss']:.3f}, "
+              f"class {last['domain_name']}")
+    else:
+        print("loss log: no batch yet")
+    _print_metrics(status["metrics"])
+    _print_console(status)
+
+
+def _print_metrics(metrics: dict) -> None:
+    from monitor.view import duration
+
+    if "values" not in metrics:
+        print(f"metrics: {metrics['url'] + ' ' if metrics['url'] else ''}{metrics['error']}")
+        return
+    values = metrics["values"]
+    formats = {"batches": "{:,.0f}", "tokens/s": "{:,.0f}", "rolling ppl": "{:.2f}", "queue": "{:.0f}",
+               "ready": "{:.0f}"}
+    parts = [f"{name} {fmt.format(values[name])}" for name, fmt in formats.items() if name in values]
+    if "checkpoint age" in values:
+        parts.append(f"checkpoint age {duration(values['checkpoint age'])}")
+    for name in ("lag", "dead letters"):
+        if name in values:
+            parts.append(f"{name} " + ", ".join(f"{key} {count:,}" for key, count in sorted(values[name].items())))
+    print(f"metrics {metrics['url']}: " + "; ".join(parts))
+
+
+def _print_console(status: dict) -> None:
+    """The console's last snapshot: the live view's panel on a terminal, its plain line elsewhere."""
+    from rich.console import Console
+
+    from monitor.console import snapshot_from_json
+    from monitor.view import duration, plain_line, render
+
+    if status["status"] is None:
+        print("console: no status.json yet (the learner writes it every few seconds)")
+        return
+    snapshot = snapshot_from_json(status["status"])
+    if status["checkpoint_age_s"] is not None:  # now, not when the snapshot was written
+        snapshot = replace(snapshot, checkpoint_age_s=status["checkpoint_age_s"])
+    stale = "" if status["learner"]["running"] else " (its last state: the learner is not running)"
+    print(f"console, written {duration(status['status_age_s'])} ago{stale}:")
+    console = Console(highlight=False)
+    if console.is_terminal:
+        console.print(render(snapshot))
+    else:
+        print(plain_line(snapshot))

@@ -1,0 +1,104 @@
+"""`streamer status RUN_DIR` against a real learner: a daemon (no limits) learns a short stream through
+the embedded broker, catches up and waits; its status, read from the run directory and the metrics
+endpoint, says so, and its view's batch count equals streamer_batches_learned_total; after SIGTERM
+the status says the learner is gone and shows its last state. The learner's plain log says the same."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from streamer.cli.main import main
+from streamer.cli.status import run_status
+from tests.conftest import write_corpus
+
+STREAMER = [sys.executable, "-m", "streamer.cli"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _status_json(run_dir):
+    path = run_dir / "status.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _wait_for(condition, process, what: str, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, f"the learner exited early: {process.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s}s"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def waiting_learner(broker, tmp_path):
+    """A learner that has learned the whole stream and waits for more: (process, run_dir, manifest)."""
+    corpus = write_corpus(tmp_path / "corpus", lines=100)
+    manifest_path = tmp_path / "manifest.json"
+    produced = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
+                               broker.bootstrap_servers, "--topic", "status", "--fragments", "3", "--lambda", "600",
+                               "--streams", "3", "--window", "10", "--seed", "0", "--probe-tokens", "0", "--manifest", str(manifest_path)],
+                              capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0, produced.stderr
+    manifest = json.loads(manifest_path.read_text())
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [*STREAMER, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", "status",
+         "--streams", "3", "--window", "10", "--hidden", "16", "--embedding", "8", "--no-view", "--no-probe",
+         "--metrics-port", "0", "--run-dir", str(run_dir)],
+        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: _status_json(run_dir).get("batches") == manifest["total_batches"]
+                  and _status_json(run_dir).get("activity") == "waiting"
+                  and _status_json(run_dir).get("tokens_per_s") == 0, process, "idle status")
+        yield process, run_dir, manifest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+
+
+def test_status_of_a_waiting_daemon_then_of_a_stopped_one(waiting_learner, capsys):
+    process, run_dir, manifest = waiting_learner
+    total = manifest["total_batches"]
+
+    assert main(["status", str(run_dir)]) == 0
+    text = capsys.readouterr().out
+    assert f"learner running (pid {process.pid})" in text
+    assert "topic status, group streamer-status-naive, strategy naive" in text
+    assert f"loss log: {total:,} batches" in text
+    assert "[caught up, waiting for records since " in text and f"batch {total} records " in text
+    assert f"metrics http://127.0.0.1:" in text and f"batches {total:,}; tokens/s 0;" in text
+
+    status = run_status(run_dir)
+    console, metrics = status["status"], status["metrics"]["values"]
+    assert console["batches"] == metrics["batches"] == total  # the view counts what Prometheus counts
+    assert console["records"] == manifest["total_records"]
+    assert set(console["lag_by_partition"].values()) == {0} and set(metrics["lag"].values()) == {0}
+    assert console["tokens_per_s"] == 0 and metrics["tokens/s"] == 0  # the last 5 s: nothing learned
+    assert console["tokens_per_s_compute"] > 0  # the model's speed over its last minute of compute
+    assert console["waiting_s"] > 0 and console["compute_s"] > 0
+
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "[caught up, waiting for records since " in output  # the plain log said it too
+    summary = next(line for line in output.splitlines() if line.startswith(f"{total} batches"))
+    assert "s computing (" in summary and "s waiting (" in summary and "idle " in summary
+
+    after = run_status(run_dir)
+    assert after["learner"] == {"pid": process.pid, "running": False}
+    assert after["metrics"]["error"].startswith("unreachable")
+    assert after["status"]["activity"] == "stopped" and after["status"]["stop_reason"] == "signal"
+    assert after["checkpoint_age_s"] is not None and after["last_batch"]["batch"] == total - 1
+
+
+def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"streamer status: error: {tmp_path} is not a run directory (no config.json): "
+                   "give the --run-dir of a learner"]
