@@ -16,29 +16,42 @@ STREAMER = [sys.executable, "-m", "streamer.cli"]
 TINY_FLAGS = ["--hidden", "32", "--embedding", "16", "--no-view"]
 
 
+# Every command these tests start carries this mark in its environment, and so do its Tansu children:
+# brokers that other tests (or other checkouts) run on the same machine are not counted.
+MARK = f"STREAMER_TEST_CLI_{os.getpid()}"
+
+
 def streamer(*args, env=None, timeout=240, **kw):
     return subprocess.run([*STREAMER, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, **kw)
+                          env={**os.environ, MARK: "1", **(env or {})}, **kw)
 
 
 def tansu_pids() -> set[int]:
+    """Tansu processes started by this module's commands (their environment holds MARK)."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                if not (cmdline and b"tansu" in Path(cmdline[0].decode(errors="replace")).name.encode()):
+                    continue
+                if MARK.encode() + b"=" not in (entry / "environ").read_bytes():
+                    continue
             except OSError:
                 continue
-            if cmdline and b"tansu" in Path(cmdline[0].decode(errors="replace")).name.encode():
-                pids.add(int(entry.name))
+            pids.add(int(entry.name))
     return pids
 
 
-@pytest.mark.parametrize("command", ["broker", "data", "produce", "learn", "demo", "report"])
-def test_every_subcommand_has_help(command):
-    result = streamer(command, "--help")
-    assert result.returncode == 0
-    assert "usage: streamer " + command in result.stdout
+@pytest.mark.parametrize("command", ["broker", "data", "produce", "learn", "demo", "report", "compare", "strategies",
+                                     "models"])
+def test_every_subcommand_has_help(command, capsys):
+    from streamer.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    assert "usage: streamer " + command in capsys.readouterr().out
 
 
 def test_help_does_not_import_torch():
@@ -70,7 +83,7 @@ def test_flag_defaults_come_from_the_configs():
     assert learn.group is None and not learn.fresh  # derived at start: streamer.config.default_group(topic, strategy)
     assert learn.lr is None  # the model's own (streamer.models.catalog)
     demo = parse(["demo"])
-    assert (demo.fragments, demo.minutes, demo.metrics_port) == (40, 3.0, 0)
+    assert (demo.fragments, demo.minutes, demo.metrics_port) == (40, None, 0)  # no time limit: it reaches its table
 
 
 def _one_clean_line(result):
@@ -82,13 +95,15 @@ def _one_clean_line(result):
 
 
 def test_unreachable_broker_names_the_address():
-    line = _one_clean_line(streamer("learn", "--bootstrap-servers", "127.0.0.1:9", "--idle-timeout", "1", *TINY_FLAGS))
+    line = _one_clean_line(streamer("learn", "--bootstrap-servers", "127.0.0.1:9", "--idle-timeout", "1",
+                                    "--broker-timeout", "2", *TINY_FLAGS))
     assert "127.0.0.1:9" in line
 
 
 def test_producer_to_unreachable_broker_names_the_address(tiny_corpus):
     line = _one_clean_line(streamer("produce", "--corpus", str(tiny_corpus), "--bootstrap-servers", "127.0.0.1:9",
-                                    "--fragments", "3", "--manifest", str(tiny_corpus / "m.json")))
+                                    "--fragments", "3", "--manifest", str(tiny_corpus / "m.json"),
+                                    "--broker-timeout", "2"))
     assert "127.0.0.1:9" in line
 
 
@@ -139,12 +154,17 @@ def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus)
 
     import shutil
     shutil.copytree(run_dir, tmp_path / "again")  # a second run, for the comparison
-    out = tmp_path / "comparison"
-    both = streamer("report", str(run_dir), str(tmp_path / "again"), "--out", str(out), "--from-fragment", "all")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    both = streamer("report", str(run_dir), str(tmp_path / "again"), "--from-fragment", "all", cwd=elsewhere)
     assert both.returncode == 0, both.stderr
     assert "| naive | 2 |" in both.stdout
+    out = tmp_path / "report"  # beside the runs, not in the current directory
+    assert list(elsewhere.iterdir()) == []
     for name in ("table1.md", "forgetting.md", "after_switch.png", "comparison.json", "run/results.json"):
         assert (out / name).stat().st_size > 0, name
+    single = streamer("report", str(run_dir))
+    assert f"CALM metrics over fragments >= 4 of 8 (the paper's span: N/2; --from-fragment half)" in single.stdout
 
 
 def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
@@ -152,8 +172,8 @@ def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
     before = tansu_pids()
     process = subprocess.Popen([*STREAMER, "demo", "--corpus", str(corpus), "--fragments", "100", "--lambda", "50000",
                                 "--run-dir", str(tmp_path / "run"), *TINY_FLAGS],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, MARK: "1"})
+    deadline = time.monotonic() + 240  # a bound for a busy machine, not a speed check
     while time.monotonic() < deadline and not (tansu_pids() - before):
         time.sleep(0.1)
     assert tansu_pids() - before, "the demo never started its broker"
@@ -162,7 +182,7 @@ def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
         time.sleep(0.1)
     time.sleep(1)  # inside the learning loop
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=180)
     assert process.returncode == 0, stderr[-2000:]  # a clean stop: the step in flight, a checkpoint, the report
     assert "Traceback" not in stderr
     assert tansu_pids() <= before
@@ -172,7 +192,8 @@ def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
 
 def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
     before = tansu_pids()
-    process = subprocess.Popen([*STREAMER, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*STREAMER, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, MARK: "1"})
     line = process.stdout.readline()
     assert line.startswith("broker listening on 127.0.0.1:")
     address = line.split()[3]
@@ -221,3 +242,44 @@ def test_the_learning_rate_defaults_by_model_and_a_given_one_wins(tmp_path):
     assert lr("--model", "lstm-word") == 2e-3
     assert lr("--model", "hf-classifier") == 5e-5 and lr("--model", "hf-causal") == 5e-5
     assert lr("--model", "hf-classifier", "--lr", "1e-4") == 1e-4
+
+
+def test_produce_writes_its_manifest_under_the_cache_and_says_what_it_decided(tmp_path, monkeypatch, capsys, broker):
+    """Nothing in the current directory; recycling and the probe split said in one line each."""
+    from streamer.cli import main
+    from streamer.cli.runs import default_manifest_path
+
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"text": f"utterance {i} here", "class": "ab"[i % 2]}) + "\n"
+                            for i in range(40)))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("STREAMER_CACHE", str(tmp_path / "cache"))
+    assert main(["produce", "--corpus", str(data), "--bootstrap-servers", broker.bootstrap_servers, "--topic", "own",
+                 "--fragments", "4", "--lambda", "60", "--probe-examples", "3", "--no-truth-topic"]) == 0
+    out = capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
+    manifest = default_manifest_path("own")
+    assert manifest == tmp_path / "cache" / "streams" / "own.manifest.json" and manifest.is_file()
+    assert (manifest.parent / "own.manifest.probe").is_dir()
+    recycled = next(line for line in out.splitlines() if line.startswith("recycled:"))
+    assert "times over" in recycled
+    probe = next(line for line in out.splitlines() if line.startswith("probe split:"))
+    assert "3 utterances of each of 2 classes" in probe and "--probe-examples 0" in probe
+
+
+def test_a_probe_split_too_large_names_the_flag(tmp_path):
+    from producers.schedule import Schedule
+    from streamer.cli.errors import UserError
+    from streamer.cli.runs import prepare_and_say
+
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"text": f"u {i}", "class": "ab"[i % 2]}) + "\n" for i in range(20)))
+    with pytest.raises(UserError, match="--probe-examples 0"):
+        prepare_and_say(data, Schedule(n_fragments=2, mean_tokens=20), tmp_path / "m.json", log=print,
+                        probe_examples=50)
+    corpus = write_corpus(tmp_path / "text", lines=5)
+    with pytest.raises(UserError, match="--probe-tokens 0"):
+        prepare_and_say(corpus, Schedule(n_fragments=2, mean_tokens=200, probe_tokens=10**6), tmp_path / "m2.json",
+                        log=print)

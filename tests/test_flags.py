@@ -1,24 +1,36 @@
-"""Bad flags and files: one line on stderr, exit 2, before any work (no run directory is created)."""
+"""Bad flags and files: one line on stderr, exit 2, before any work (no run directory is created).
 
+The command runs in-process (`streamer.cli.main(argv)`, its exit status and stderr captured); two
+checks start the real process, where the one-line contract is what a shell sees.
+"""
+
+import json
 import socket
 import subprocess
 import sys
 
 import pytest
 
+from streamer.cli import main, parse
 from streamer.cli.checks import check_bootstrap, check_hyperparameters
 from streamer.cli.errors import UserError
 
 
-def streamer(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "streamer.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+def run_main(argv, capsys) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `streamer ARGV` run in this process."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exc:  # argparse and --config errors exit through the parser
+        status = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def assert_one_line_error(done, *expected):
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    status, _, stderr = done
+    lines = stderr.strip().splitlines()
+    assert status == 2, stderr
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
     for text in expected:
         assert text in lines[0], lines[0]
 
@@ -34,10 +46,15 @@ def taken_port():
 CASES = {
     "set-not-a-number": (["learn", "--strategy", "replay", "--set", "p_write=abc"], ["p_write", "number"]),
     "set-out-of-range": (["learn", "--strategy", "replay", "--set", "p_write=-1"], ["p_write", "[0, 1]"]),
+    "set-probability-above-one": (["learn", "--strategy", "replay", "--set", "p_write=5"], ["p_write=5", "[0, 1]"]),
     "set-unknown-key-lists-keys": (["learn", "--strategy", "replay", "--set", "pwrite=0.2"],
-                                   ["pwrite", "p_write, r_interval"]),
+                                   ["pwrite", "memory_size, n_replay, p_write, r_interval", "streamer strategies"]),
     "set-count": (["learn", "--strategy", "poe", "--set", "n_experts=0"], ["n_experts", ">= 1"]),
     "set-integer": (["learn", "--strategy", "replay", "--set", "memory_size=2.5"], ["memory_size", "integer"]),
+    "set-choice": (["learn", "--strategy", "replay", "--set", "selection=best"], ["selection", "reservoir | herding"]),
+    "set-boundary": (["learn", "--strategy", "ewc", "--set", "boundary=every:0"], ["boundary", "every:N"]),
+    "set-lr-range": (["learn", "--set", "lr=-1"], ["lr=-1", "> 0"]),
+    "set-lr-and-flag": (["learn", "--set", "lr=0.01", "--lr", "0.02"], ["--set lr=0.01", "--lr 0.02"]),
     "metrics-port-range": (["learn", "--metrics-port", "99999"], ["--metrics-port", "99999"]),
     "bootstrap": (["learn", "--bootstrap-servers", "no port here"], ["--bootstrap-servers"]),
     "bootstrap-port": (["learn", "--bootstrap-servers", "localhost:99999"], ["--bootstrap-servers"]),
@@ -46,48 +63,123 @@ CASES = {
     "broker-port-range": (["broker", "--port", "70000"], ["--port"]),
     "compare-set": (["compare", "--strategies", "naive,replay", "--set", "p_write=7"], ["p_write"]),
     "compare-unknown": (["compare", "--strategies", "naive,replay", "--set", "nothing=1"], ["nothing", "p_write"]),
+    "unknown-strategy-listed": (["strategies", "nosuch"], ["nosuch", "naive"]),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_flag_is_one_line_and_exit_2_before_any_work(tmp_path, case):
+def test_bad_flag_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch, capsys, case):
+    monkeypatch.chdir(tmp_path)
     args, expected = CASES[case]
-    done = streamer(*args, cwd=tmp_path)
-    assert_one_line_error(done, *expected)
+    assert_one_line_error(run_main(args, capsys), *expected)
     assert list(tmp_path.iterdir()) == []  # no runs/, no report/, nothing
 
 
-def test_taken_ports_are_named(tmp_path, taken_port):
-    assert_one_line_error(streamer("learn", "--metrics-port", str(taken_port), cwd=tmp_path),
-                          f"port {taken_port}", "in use")
-    assert_one_line_error(streamer("broker", "--port", str(taken_port), cwd=tmp_path), f"port {taken_port}", "in use")
+def test_a_bad_flag_is_one_line_from_the_real_process(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "streamer.cli", "learn", "--bootstrap-servers", "kafka"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert_one_line_error((done.returncode, done.stdout, done.stderr), "--bootstrap-servers", "HOST:PORT")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_files_that_cannot_be_used(tmp_path):
+def test_taken_ports_are_named(tmp_path, monkeypatch, capsys, taken_port):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(run_main(["learn", "--metrics-port", str(taken_port)], capsys), f"port {taken_port}", "in use")
+    assert_one_line_error(run_main(["broker", "--port", str(taken_port)], capsys), f"port {taken_port}", "in use")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_that_cannot_be_used(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     binary = tmp_path / "config.toml"
     binary.write_bytes(bytes(range(256)) * 4)
-    assert_one_line_error(streamer("learn", "--config", str(binary), cwd=tmp_path), "config.toml", "not a TOML file")
+    assert_one_line_error(run_main(["learn", "--config", str(binary)], capsys), "config.toml", "not a TOML file")
     not_toml = tmp_path / "bad.toml"
     not_toml.write_text("fragments = = 3\n")
-    assert_one_line_error(streamer("learn", "--config", str(not_toml), cwd=tmp_path), "not valid TOML")
+    assert_one_line_error(run_main(["learn", "--config", str(not_toml)], capsys), "not valid TOML")
     table = tmp_path / "table.toml"
     table.write_text("[strategy.replay]\np_write = 3.0\n")
-    assert_one_line_error(streamer("learn", "--strategy", "replay", "--config", str(table), cwd=tmp_path),
+    assert_one_line_error(run_main(["learn", "--strategy", "replay", "--config", str(table)], capsys),
                           "p_write", "[0, 1]")
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    assert_one_line_error(streamer("learn", "--run-dir", str(a_file), cwd=tmp_path), "is a file")
-    assert_one_line_error(streamer("learn", "--run-dir", str(a_file / "run"), cwd=tmp_path), "is a file")
+    assert_one_line_error(run_main(["learn", "--run-dir", str(a_file)], capsys), "is a file")
+    assert_one_line_error(run_main(["learn", "--run-dir", str(a_file / "run")], capsys), "is a file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "bad.toml", "config.toml", "table.toml"]
 
 
-def test_hyperparameters_are_typed_from_their_defaults():
+def test_hyperparameters_are_typed_from_their_signature():
     assert check_hyperparameters("replay", [("p_write", 1), ("memory_size", 5.0), ("selection", "herding")]) == [
         ("p_write", 1.0), ("memory_size", 5), ("selection", "herding")]
-    assert check_hyperparameters("ewc", [("ewc_lambda", 0), ("gamma", 0.5)]) == [("ewc_lambda", 0.0), ("gamma", 0.5)]
+    assert check_hyperparameters("ewc", [("ewc_lambda", 0), ("gamma", 0.5), ("boundary", "every:50")]) == [
+        ("ewc_lambda", 0.0), ("gamma", 0.5), ("boundary", "every:50")]
+    assert check_hyperparameters("adapters", [("selection", "row")]) == [("selection", "row")]
     with pytest.raises(UserError, match="fisher_decay=1.5"):
         check_hyperparameters("ewc", [("fisher_decay", 1.5)])
+
+
+def test_every_default_is_inside_its_own_range():
+    from streamer.cli.checks import strategy_signature
+    from streamer.cli.flags import DETECTOR_CHOICES, STRATEGY_CHOICES
+    from streamer.strategies import params
+
+    assert set(params._BOUNDARY_DETECTORS) == set(DETECTOR_CHOICES)  # noqa: SLF001 (the table the check reads)
+    for name in (*STRATEGY_CHOICES, "multitask"):
+        for key, hyperparameter in strategy_signature(name).items():
+            if key != "lr":  # lr has no default of its own: the model's
+                assert hyperparameter.check(hyperparameter.default) == hyperparameter.default, (name, key)
+
+
+def test_set_lr_and_clip_are_the_runs_lr_and_clip(tmp_path):
+    """README lists lr and clip as naive's hyperparameters: --set gives them, as --lr and --clip do."""
+    from streamer.cli.checks import check_args
+    from streamer.cli.configs import learn_config
+
+    def config(*flags):
+        args = parse(["learn", "--topic", "t", *flags])
+        check_args(args)
+        return learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=None,
+                            log=lambda _: None)
+
+    by_set = config("--set", "lr=0.001", "--set", "clip=0.5")
+    by_flag = config("--lr", "0.001", "--clip", "0.5")
+    assert (by_set.lr, by_set.clip, by_set.strategy_options) == (0.001, 0.5, ())
+    assert (by_flag.lr, by_flag.clip) == (0.001, 0.5)
+    assert config().clip == 1.0
+    replay = config("--strategy", "replay", "--set", "clip=2", "--set", "p_write=0.5")
+    assert (replay.clip, replay.strategy_options) == (2.0, (("p_write", 0.5),))
+
+
+def test_learn_takes_streams_and_window_from_the_manifest(tmp_path, monkeypatch, capsys):
+    from streamer.cli.configs import learn_config
+
+    manifest = {"streams": 4, "window": 16, "n_fragments": 10, "total_batches": 50, "classes": ["a", "b"]}
+
+    def config(*flags):
+        args = parse(["learn", "--topic", "t", *flags])
+        return learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=manifest,
+                            manifest_path=tmp_path / "m.json")
+
+    taken = config()
+    assert (taken.streams, taken.window, taken.from_fragment) == (4, 16, 5)  # 'half': the paper's N/2
+    assert config("--streams", "4").streams == 4  # agreeing is fine
+    with pytest.raises(UserError) as caught:
+        config("--window", "20")
+    assert "--window 20" in str(caught.value) and "window 16" in str(caught.value) and "m.json" in str(caught.value)
+    assert config("--from-fragment", "all").from_fragment == 0
+
+    # learn picks up produce's default manifest of the topic, and says so
+    monkeypatch.setenv("STREAMER_CACHE", str(tmp_path / "cache"))
+    from streamer.cli.learn import _manifest
+    from streamer.cli.runs import default_manifest_path
+
+    assert _manifest(parse(["learn", "--topic", "t"])) == (None, None)
+    path = default_manifest_path("t")
+    assert path == tmp_path / "cache" / "streams" / "t.manifest.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(manifest))
+    assert _manifest(parse(["learn", "--topic", "t"])) == (path, manifest)
+    assert f"manifest: {path}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("servers", ["127.0.0.1:9092", "kafka-0.svc:9092,kafka-1.svc:9093", "[::1]:9092"])
@@ -99,3 +191,14 @@ def test_bootstrap_addresses_that_parse(servers):
 def test_bootstrap_addresses_that_do_not(servers):
     with pytest.raises(UserError):
         check_bootstrap(servers)
+
+
+def test_a_resumed_run_keeps_the_span_it_started_with(tmp_path, capsys):
+    from streamer.cli.learn import _resumed_span
+    from streamer.config import LearnConfig
+
+    config = LearnConfig(bootstrap_servers="x:1", topic="t", run_dir=tmp_path, from_fragment=5)
+    assert _resumed_span(config, None) is config
+    assert _resumed_span(config, {"config": {"from_fragment": 5}}) is config
+    assert _resumed_span(config, {"config": {"from_fragment": 0}}).from_fragment == 0
+    assert "fragments >= 0 (not 5)" in capsys.readouterr().out

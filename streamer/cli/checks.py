@@ -9,26 +9,18 @@ against the strategy's signature, ports in range and free, --run-dir not a file,
 from __future__ import annotations
 
 import errno
-import inspect
 import socket
 from pathlib import Path
 
 from streamer.cli.errors import UserError
 
 __all__ = ["check_args", "check_hyperparameters", "check_port", "check_bootstrap", "check_run_dir",
-           "check_model_name", "hyperparameter_defaults"]
-
-# value ranges by name where the meaning is plain (anything else: only the type is checked)
-PROBABILITIES = ("p_write", "fisher_decay", "gamma")
-AT_LEAST_ONE = ("steps", "n_replay", "memory_size", "n_ref", "n_experts", "gate_steps", "gate_hidden",
-                "n_components", "neighbours", "bottleneck", "max_adapters", "r_interval")
-NOT_NEGATIVE = ("warmup_batches", "local_steps", "ewc_lambda", "l2_lambda", "alpha", "local_lambda")
-POSITIVE = ("gate_lr", "local_lr")
+           "check_model_name", "hyperparameter_defaults", "strategy_signature", "route_trainer_keys"]
 
 
-def hyperparameter_defaults(strategy: str) -> dict[str, object]:
-    """The hyperparameters --set may give a strategy, with their defaults (lr and clip are flags of the run)."""
-    from streamer.cli.config_file import strategy_hyperparameters
+def strategy_signature(strategy: str) -> dict:
+    """The strategy's hyperparameters (streamer.strategies.params.signature), lr and clip included."""
+    from streamer.strategies.params import signature
 
     if strategy == "multitask":
         from streamer.multitask import ShuffledNaive as cls
@@ -36,55 +28,56 @@ def hyperparameter_defaults(strategy: str) -> dict[str, object]:
         from streamer.strategies.catalog import strategy_class
 
         cls = strategy_class(strategy)
-    allowed = strategy_hyperparameters(strategy)
-    return {name: p.default for name, p in inspect.signature(cls).parameters.items() if name in allowed}
+    return signature(cls)
 
 
-def _typed(key: str, value, default, where: str):
-    """`value` as the type of `default`, or UserError."""
-    if isinstance(default, bool):
-        if value in (0, 1, True, False) or str(value).lower() in ("true", "false"):
-            return value in (1, True) or str(value).lower() == "true"
-        raise UserError(f"{where} {key}={value}: expected true or false")
-    if isinstance(default, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UserError(f"{where} {key}={value}: expected an integer (default {default})")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"{where} {key}={value}: expected a number (default {default:g})")
-        return float(value)
-    if isinstance(default, str):
-        return str(value)
-    return value
+def hyperparameter_defaults(strategy: str) -> dict[str, object]:
+    """The hyperparameters `--set` gives a strategy, with their defaults (lr and clip: the run's --lr, --clip)."""
+    from streamer.strategies.params import TRAINER_KEYS
+
+    return {name: h.default for name, h in strategy_signature(strategy).items() if name not in TRAINER_KEYS}
 
 
-def _in_range(key: str, value, where: str) -> None:
-    bad = ((key in PROBABILITIES and not 0 <= value <= 1, "in [0, 1]"),
-           (key in AT_LEAST_ONE and value < 1, ">= 1"),
-           (key in NOT_NEGATIVE and value < 0, ">= 0"),
-           (key in POSITIVE and not value > 0, "> 0"))
-    for failed, wanted in bad:
-        if failed:
-            raise UserError(f"{where} {key}={value}: expected a value {wanted}")
+def _valid_keys(names) -> str:
+    return ", ".join(sorted(names)) or "none"
 
 
 def check_hyperparameters(strategy: str, options, where: str = "--set") -> list[tuple[str, object]]:
-    """(key, value) pairs checked against `strategy`'s signature; returns them with the values typed."""
-    defaults = hyperparameter_defaults(strategy)
+    """(key, value) pairs checked against `strategy`'s signature (type and range); returns them typed.
+
+    lr and clip are checked too, though the run (--lr, --clip) carries them (see route_trainer_keys)."""
+    from streamer.strategies.params import HyperparameterError
+
+    accepted = strategy_signature(strategy)
     checked = []
     for key, value in options:
-        if key not in defaults:
-            hint = "; --lr sets the learning rate" if key == "lr" else ""
-            raise UserError(f"{where} {key}: not a hyperparameter of {strategy} "
-                            f"(it takes {', '.join(sorted(defaults)) or 'none'}{hint})")
-        value = _typed(key, value, defaults[key], where)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            _in_range(key, value, where)
-        checked.append((key, value))
+        if key not in accepted:
+            raise UserError(f"{where} {key}: not a hyperparameter of {strategy} (it takes {_valid_keys(accepted)}; "
+                            f"`streamer strategies {strategy}` shows their defaults and ranges)")
+        try:
+            checked.append((key, accepted[key].check(value)))
+        except HyperparameterError as exc:
+            raise UserError(f"{where} {exc}") from None
     return checked
+
+
+def route_trainer_keys(args, options) -> list[tuple[str, object]]:
+    """`--set lr=X` and `--set clip=X` are --lr X and --clip X (one rule: the trainer's step and clipping
+    belong to the run, every gradient strategy takes them); the other options are returned.
+
+    Given both ways with different values, a one-line error names both."""
+    from streamer.strategies.params import TRAINER_KEYS
+
+    rest = []
+    for key, value in options:
+        if key not in TRAINER_KEYS:
+            rest.append((key, value))
+            continue
+        flag = getattr(args, key, None)  # --lr and --clip default to None: the model's rate, LearnConfig's clip
+        if flag is not None and float(flag) != float(value):
+            raise UserError(f"--set {key}={value} contradicts --{key} {flag}: give one")
+        setattr(args, key, float(value))
+    return rest
 
 
 def check_port(port: int | None, host: str, flag: str) -> None:
@@ -178,19 +171,21 @@ def _check_strategy_options(args) -> None:
     if not names:
         return
     if getattr(args, "strategy", None):  # learn, demo: --set and the file's table of the chosen strategy
-        args.strategy_options = check_hyperparameters(args.strategy, args.strategy_options)
+        checked = check_hyperparameters(args.strategy, args.strategy_options)
+        args.strategy_options = route_trainer_keys(args, checked)
         return
-    defaults = {name: hyperparameter_defaults(name) for name in names}  # compare: each that takes a key
+    signatures = {name: strategy_signature(name) for name in names}  # compare: each that takes a key
     for name, table in (getattr(args, "strategy_tables", None) or {}).items():
-        if name in defaults:
+        if name in signatures:
             check_hyperparameters(name, table.items(), where=f"[strategy.{name}]")
     for key, value in args.strategy_options:
-        takers = [name for name in names if key in defaults[name]]
+        takers = [name for name in names if key in signatures[name]]
         if not takers:
-            valid = sorted(set().union(*defaults.values()))
-            raise UserError(f"--set {key}: none of {', '.join(names)} takes it (they take {', '.join(valid) or 'none'})")
+            valid = set().union(*signatures.values())
+            raise UserError(f"--set {key}: none of {', '.join(names)} takes it (they take {_valid_keys(valid)})")
         for name in takers:
             check_hyperparameters(name, [(key, value)])
+    args.strategy_options = route_trainer_keys(args, args.strategy_options)
 
 
 def check_args(args) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from streamer.cli.configs import model_config, schedule, stream_options
 from streamer.cli.errors import UserError
-from streamer.cli.flags import (DETECTOR_CHOICES, add_model_flags, add_stream_flags, default_of, positive_float,
-                                positive_int, seeds, span)
+from streamer.cli.flags import (DEFAULT_CORPUS, add_detector_flag, add_model_flags, add_span_flag, add_stream_flags,
+                                default_of, positive_float, positive_int, seeds)
 from streamer.cli.runs import ensure_corpus, sigterm_as_interrupt
+from streamer.cli.security_flags import add_security_flags
 from streamer.config import LearnConfig
 
 __all__ = ["add_parser", "run", "strategy_options", "compare_config"]
@@ -24,28 +25,31 @@ def add_parser(sub) -> None:
     p.add_argument("--seeds", type=seeds, help="comma-separated seeds, one stream each (default: --seed)")
     p.add_argument("--out", type=Path, help="one run directory per strategy and seed, and the tables "
                                             "(default runs/compare-<time>)")
-    p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
-    p.add_argument("--corpus", default="calm-multilingual",
+    p.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                   help="use this Kafka instead of the embedded broker (default: the embedded broker on a free port)")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS,
                    help="a corpus name (built on first use) or a path of your own data (default %(default)s)")
     p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
     add_stream_flags(p)
     add_model_flags(p, strategy=False)
+    add_security_flags(p)
     g = p.add_argument_group("runs")
     g.add_argument("--max-batches", type=positive_int, help="stop each run after this many batches (default: no limit)")
     g.add_argument("--minutes", type=positive_float, help="stop each run after this many minutes (default: no limit)")
-    g.add_argument("--from-fragment", type=span, default="half",
-                   help="evaluated span of the tables: 'half' (default, the paper's N/2), 'all' or an index")
+    add_span_flag(g, "the span of the tables")
     g.add_argument("-k", type=positive_int, default=default_of(LearnConfig, "k"),
                    help="batches after a switch for ppl@sw (default %(default)s)")
-    g.add_argument("--detector", choices=DETECTOR_CHOICES, default=default_of(LearnConfig, "detector"),
-                   help="drift detector scored against the true switches (default %(default)s)")
+    add_detector_flag(g, "drift detector scored against the true switches")
     g.add_argument("--probe-every", type=int, default=default_of(LearnConfig, "probe_every"),
                    help="score each class's probe split every N batches (0: only at switches; default %(default)s)")
-    g.add_argument("--no-probe", action="store_true", help="do not score the probe split")
+    g.add_argument("--no-probe", action="store_true", help="do not score the probe split (default: scored)")
     g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),
                    help="seconds between checkpoints of each run (default %(default)s)")
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoint.pt (deleted after its report by default)")
+    g.add_argument("--jobs", type=positive_int, metavar="N",
+                   help="runs at a time, each in its own process with 1 torch thread (--threads N: N each); 1 runs "
+                        "them one after the other in this process (default: the CPUs this process may use)")
 
 
 def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, tuple]:
@@ -65,6 +69,7 @@ def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, t
 def compare_config(args):
     """The comparison the flags ask for (its corpus as given: `run` puts the built directory there)."""
     from streamer.compare import CompareConfig, CompareError, strategy_names
+    from streamer.threads import available_cpus
 
     try:
         names, by_all = strategy_names(args.strategies)
@@ -81,7 +86,8 @@ def compare_config(args):
         seeds=tuple(args.seeds or (args.seed,)), params=args.params, span=args.from_fragment,
         probe_examples=options["probe_examples"], utterances=options["utterances"],
         keep_checkpoints=args.keep_checkpoints, bootstrap_servers=args.bootstrap_servers,
-        flags={k: v for k, v in vars(args).items() if k != "strategy_tables"})
+        flags={k: v for k, v in vars(args).items() if k != "strategy_tables"},
+        jobs=args.jobs or available_cpus(), job_threads=args.threads or 1)
 
 
 def run(args) -> int:

@@ -10,7 +10,11 @@ from streamer.cli.errors import UserError
 from streamer.config import LearnConfig, span_start
 from streamer.models.catalog import LSTMConfig
 
-__all__ = ["schedule", "stream_options", "from_fragment", "model_config", "learn_config", "fit_budget"]
+__all__ = ["schedule", "stream_options", "from_fragment", "stream_shape", "model_config", "learn_config",
+           "fit_budget", "MANIFEST_FIXES"]
+
+# What a producer's manifest fixes for the learner: LearnConfig field -> (manifest key, flag)
+MANIFEST_FIXES = {"streams": ("streams", "--streams"), "window": ("window", "--window")}
 
 
 def schedule(args) -> Schedule:
@@ -26,12 +30,27 @@ def stream_options(args) -> dict:
     return {"probe_examples": args.probe_examples, "utterances": False if args.as_text else None}
 
 
-def from_fragment(spec: str | int, n_fragments: int | None) -> int:
-    """--from-fragment as a fragment index."""
-    try:
-        return span_start(spec, n_fragments)
-    except ValueError:
-        raise UserError("--from-fragment half needs --manifest (the number of fragments N)") from None
+def from_fragment(spec: str | int, n_fragments: int | None, log=print) -> int:
+    """--from-fragment as a fragment index; 'half' without N (no manifest) is the whole stream, said once."""
+    if spec == "half" and not n_fragments:
+        log("--from-fragment half: no manifest gives the number of fragments N, so the whole stream is scored "
+            "(fragments >= 0); --manifest or --from-fragment N to choose")
+        return 0
+    return span_start(spec, n_fragments)
+
+
+def stream_shape(args, manifest: dict | None, where: str = "the manifest") -> dict[str, int]:
+    """streams and window: the manifest's when it has them (a flag that contradicts one is a UserError naming
+    both values), else the flag's, else LearnConfig's default."""
+    shape = {}
+    for field_name, (key, flag) in MANIFEST_FIXES.items():
+        given = getattr(args, field_name, None)
+        fixed = (manifest or {}).get(key)
+        if fixed is not None and given is not None and given != fixed:
+            raise UserError(f"{flag} {given} contradicts {where}'s {key} {fixed} (leave {flag} out: the manifest "
+                            f"sets it)")
+        shape[field_name] = next(v for v in (fixed, given, getattr(LearnConfig, field_name)) if v is not None)
+    return shape
 
 
 def model_config(args, **changes) -> LearnConfig:
@@ -40,29 +59,44 @@ def model_config(args, **changes) -> LearnConfig:
     `changes` fills the rest (the topic, the run directory, what the command knows)."""
     fields = dict(
         strategy_options=tuple(args.strategy_options), model_name=args.model_name,
-        model_options=tuple(args.model_options), streams=args.streams, window=args.window,
+        model_options=tuple(args.model_options), streams=args.streams or LearnConfig.streams,
+        window=args.window or LearnConfig.window,
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
         checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every), detector=args.detector,
         probe=not args.no_probe)
+    if getattr(args, "clip", None) is not None:  # --clip, or --set clip=X (checks.route_trainer_keys)
+        fields["clip"] = args.clip
     if getattr(args, "max_record_bytes", None) is not None:  # learn and demo (--max-record-bytes)
         fields["max_record_bytes"] = args.max_record_bytes
+    if getattr(args, "broker_timeout", None) is not None:  # learn and demo (--broker-timeout)
+        fields["broker_timeout_s"] = args.broker_timeout
+    if getattr(args, "security_protocol", None) is not None:  # the Kafka security flags (security_flags.py)
+        from streamer.cli.security_flags import kafka_security
+
+        fields["kafka_security"] = kafka_security(args)
+    if any(getattr(args, name, None) is not None for name in (
+            "metrics_tls_cert", "metrics_tls_key", "metrics_tls_client_ca", "metrics_auth_file")):
+        from streamer.cli.security_flags import metrics_security
+
+        fields["metrics_security"] = metrics_security(args)
     fields.update(changes)
     config = LearnConfig(**fields)
     return dataclasses.replace(config, lr=config.resolved_lr)  # config.json records the rate used
 
 
-def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path, manifest: dict | None) -> LearnConfig:
-    """`learn` and `demo`: the run's config, checked against the manifest and sized to --params."""
-    for key, flag in (("streams", "--streams"), ("window", "--window")):
-        if manifest and key in manifest and manifest[key] != getattr(args, key):
-            raise UserError(f"{flag} {getattr(args, key)} differs from the manifest's {manifest[key]}")
+def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path, manifest: dict | None,
+                 manifest_path: Path | None = None, log=print) -> LearnConfig:
+    """`learn` and `demo`: the run's config, with what the manifest fixes (a contradicting flag is a
+    UserError naming both values) and sized to --params."""
+    where = f"the manifest {manifest_path}" if manifest_path else "the manifest"
     config = model_config(
-        args, bootstrap_servers=bootstrap, topic=topic, group_id=group, run_dir=run_dir, run_name=run_dir.name,
+        args, **stream_shape(args, manifest, where), bootstrap_servers=bootstrap, topic=topic, group_id=group,
+        run_dir=run_dir, run_name=run_dir.name,
         strategy=args.strategy, idle_timeout_s=getattr(args, "idle_timeout", None),
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, live_view=not args.no_view,
     ).with_manifest(manifest)
-    config = dataclasses.replace(config, from_fragment=from_fragment(args.from_fragment, config.n_fragments))
+    config = dataclasses.replace(config, from_fragment=from_fragment(args.from_fragment, config.n_fragments, log))
     return fit_budget(config, args.params, manifest)
 
 

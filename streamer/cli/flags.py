@@ -18,15 +18,32 @@ from producers.stream import prepare_stream
 from streamer.config import LearnConfig
 from streamer.models.catalog import MODEL_CATALOG, LSTMConfig
 
-__all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "SCHEDULE_CHOICES", "ORDER_CHOICES",
-           "PROBE_TOKENS", "positive_int", "positive_float", "port", "key_value", "seeds", "span", "default_of",
-           "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags"]
+__all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "DETECTOR_DESCRIPTIONS", "SCHEDULE_CHOICES",
+           "ORDER_CHOICES", "PROBE_TOKENS", "SPAN_DEFAULT", "DEFAULT_BOOTSTRAP", "DEFAULT_TOPIC", "DEFAULT_CORPUS",
+           "add_span_flag", "add_detector_flag", "positive_int", "positive_float", "port", "key_value", "seeds", "span",
+           "default_of", "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags",
+           "add_broker_timeout_flag"]
 
 MODEL_CHOICES = tuple(sorted(MODEL_CATALOG))
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")  # monitor.drift.DETECTORS and none (a test keeps them equal)
+DETECTOR_DESCRIPTIONS = {
+    "page-hinkley": "Page-Hinkley test on the loss, rises only (quick, few false alarms)",
+    "adwin": "ADWIN adaptive window: a change in the loss's mean, either way",
+    "kswin": "Kolmogorov-Smirnov test of the last 30 losses against a 100-loss window",
+    "none": "no detector",
+}
 SCHEDULE_CHOICES = SCHEDULES
 ORDER_CHOICES = SEQUENCE_ORDERS
 PROBE_TOKENS = 5000  # bytes per class the command line holds out as the probe split (the library's default is none)
+# --from-fragment of learn, demo, compare and report: the paper's span. CALM scores fragments >= N/2 so that
+# every class has been seen before the span starts; the live view, the final summary, Table 1 and the report
+# then show the same numbers. Without a manifest (an open-ended topic has no N) learn scores the whole
+# stream and says so at start.
+SPAN_DEFAULT = "half"
+# the defaults several subcommands share, each said once here
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"  # produce and learn: a local Kafka (`streamer broker --port 9092`, compose)
+DEFAULT_TOPIC = "streamer"
+DEFAULT_CORPUS = "calm-multilingual"
 
 
 def default_of(cls, name: str):
@@ -123,6 +140,21 @@ def span(text: str) -> str | int:
     return value
 
 
+def add_detector_flag(group, what: str) -> None:
+    """--detector with each detector's one-line description."""
+    described = "; ".join(f"{name}: {text}" for name, text in DETECTOR_DESCRIPTIONS.items())
+    group.add_argument("--detector", choices=DETECTOR_CHOICES, default=default_of(LearnConfig, "detector"),
+                       help=f"{what} (default %(default)s). {described}")
+
+
+def add_span_flag(group, what: str) -> None:
+    """--from-fragment, the same in learn, demo, compare and report (SPAN_DEFAULT says why)."""
+    group.add_argument("--from-fragment", type=span, default=SPAN_DEFAULT,
+                       help=f"{what}: the first fragment scored: 'half' (default: the paper's span, fragments "
+                            f">= N/2; without a manifest learn scores the whole stream and says so), 'all' or a "
+                            f"fragment index")
+
+
 def _class_list(text: str) -> tuple[str, ...]:
     return tuple(c for c in text.split(",") if c)
 
@@ -131,30 +163,38 @@ def add_stream_flags(p) -> None:
     """How `produce`, `demo` and `compare` cut a corpus into a stream (producers.schedule.Schedule)."""
     g = p.add_argument_group("stream schedule")
     g.add_argument("--schedule", choices=SCHEDULE_CHOICES, default=default_of(Schedule, "kind"),
-                   help="calm (default), sequence (each class once), recurring (R rounds), "
+                   help="default %(default)s; calm: CALM's random class order, sequence (each class once), "
+                        "recurring (R rounds), "
                         "independent (each stream switches on its own clock)")
     g.add_argument("--order", choices=ORDER_CHOICES, default=default_of(Schedule, "order"),
-                   help="sequence: given (--given-order), h2l / l2h by class size, or a balanced permutation")
+                   help="sequence: given (--given-order), h2l / l2h by class size, or a balanced permutation "
+                        "(default %(default)s)")
     g.add_argument("--given-order", type=_class_list, default=default_of(Schedule, "given_order"),
-                   help="sequence: the class order, comma-separated")
+                   help="sequence with --order given: the class order, comma-separated (default: none; "
+                        "needed by --order given)")
     g.add_argument("--permutation", type=int, default=default_of(Schedule, "permutation"),
                    help="sequence: which balanced permutation (0..N-1; default %(default)s)")
     g.add_argument("--repeats", type=positive_int, default=default_of(Schedule, "repeats"),
                    help="recurring: rounds over all classes (R; default %(default)s)")
     g.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
-                   help="bytes per class held out as the probe split, never streamed (default %(default)s; 0 = none)")
+                   help="text corpora: bytes per class held out as the probe split, never streamed "
+                        "(default %(default)s; 0 = none)")
     g.add_argument("--probe-examples", type=int, default=default_of(prepare_stream, "probe_examples"),
-                   help="utterance corpora: utterances per class held out as the probe split (default %(default)s)")
+                   help="utterance corpora: utterances per class held out as the probe split, never streamed "
+                        "(default %(default)s; 0 = none)")
     g.add_argument("--as-text", action="store_true",
                    help="stream a labelled utterance corpus as running text instead of one utterance per record")
     g.add_argument("--fragments", type=positive_int, default=default_of(Schedule, "n_fragments"),
                    help="N: fragments in the stream (default %(default)s)")
     g.add_argument("--lambda", dest="mean_tokens", type=positive_int, default=default_of(Schedule, "mean_tokens"),
-                   help="mean fragment length in tokens over all streams (default %(default)s)")
+                   help="lambda: mean fragment length over all streams, in the corpus's tokens: bytes for text "
+                        "corpora (calm-multilingual, your .txt), words for word corpora (calm-multidomain), "
+                        "utterances for utterance corpora (intents-multilingual, multiwoz-domains, your JSONL/CSV) "
+                        "(default %(default)s)")
     g.add_argument("--streams", type=positive_int, default=default_of(Schedule, "streams"),
-                   help="b: parallel streams (default %(default)s)")
+                   help="b: parallel streams, one record key each (default %(default)s)")
     g.add_argument("--window", type=positive_int, default=default_of(Schedule, "window"),
-                   help="w: tokens per window (default %(default)s)")
+                   help="w: tokens (bytes) per window and per record (default %(default)s)")
     g.add_argument("--seed", type=int, default=default_of(Schedule, "seed"),
                    help="seed of the schedule and the model (default %(default)s)")
 
@@ -176,32 +216,47 @@ def add_model_flags(p, strategy: bool = True) -> None:
     g.add_argument("--model", dest="model_name", choices=MODEL_CHOICES, default=default_of(LearnConfig, "model_name"),
                    help=_model_help())
     g.add_argument("--model-opt", dest="model_options", action="append", type=key_value, default=[],
-                   metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable)")
+                   metavar="KEY=VALUE", help="an option of the model, e.g. --model-opt path=DIR (repeatable; "
+                                             "default: none; `streamer models` lists each model's options)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=default_of(LearnConfig, "device"),
                    help="auto = cuda when available, else cpu (default %(default)s)")
     g.add_argument("--hidden", type=positive_int, default=default_of(LSTMConfig, "hidden"),
-                   help="LSTM hidden size (default %(default)s)")
+                   help="LSTM hidden size, units per layer (default %(default)s)")
     g.add_argument("--embedding", type=positive_int, default=default_of(LSTMConfig, "embedding"),
-                   help="byte embedding size (default %(default)s)")
+                   help="byte embedding size, dimensions (default %(default)s)")
     g.add_argument("--layers", type=positive_int, default=default_of(LSTMConfig, "layers"),
                    help="LSTM layers (default %(default)s)")
     g.add_argument("--dropout", type=float, default=default_of(LSTMConfig, "dropout"),
-                   help="dropout between the LSTM layers (default %(default)s)")
+                   help="dropout probability between the LSTM layers, 0..1 (default %(default)s)")
     lrs = ", ".join(f"{name} {info.default_lr:g}" for name, info in MODEL_CATALOG.items())
     g.add_argument("--lr", type=positive_float,
                    help=f"Adam learning rate (default: the model's own: {lrs}; pretrained hf-* models diverge "
                         f"at the LSTMs' rate)")
+    g.add_argument("--clip", type=positive_float,
+                   help=f"gradient-norm clipping threshold of the trainer (default {default_of(LearnConfig, 'clip'):g}; "
+                        "--set clip=X is the same)")
     g.add_argument("--set", dest="strategy_options", action="append", type=key_value, default=[], metavar="KEY=VALUE",
-                   help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable)")
+                   help="a hyperparameter of the strategy, e.g. --set p_write=0.1 (repeatable; default: none; "
+                        "`streamer strategies NAME` lists its keys, defaults and ranges; --set lr=X and clip=X "
+                        "are --lr and --clip)")
     g.add_argument("--params", type=positive_int, metavar="N",
                    help="size the hidden layers so the strategy's model has about N parameters "
-                        "(models sized by --hidden only; overrides --hidden)")
+                        "(models sized by --hidden only; overrides --hidden; default: --hidden decides)")
     g.add_argument("--threads", type=positive_int, metavar="N",
                    help="torch threads (default: the CPUs this process may use, less one for the event loop "
                         "when there are more than 2; OMP_NUM_THREADS when set)")
     g.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "
-                        "[model] options; the command line wins")
+                        "[model] options; the command line wins (default: none)")
+
+
+def add_broker_timeout_flag(g) -> None:
+    """--broker-timeout: learn, demo (through add_run_flags) and produce."""
+    g.add_argument("--broker-timeout", type=positive_float, default=default_of(LearnConfig, "broker_timeout_s"),
+                   metavar="SECONDS",
+                   help="seconds the Kafka broker may be unreachable, at start (retried with backoff) or lost "
+                        "mid-run (the learner keeps its model and waits), before giving up with exit status 2; "
+                        "a learner writes its checkpoint first (default %(default)s)")
 
 
 def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = None,
@@ -211,25 +266,26 @@ def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = No
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", type=Path,
                    help=f"where losses.jsonl, results.json, plots and checkpoint.pt go (default {run_dir_default})")
-    g.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: no limit)")
+    g.add_argument("--max-batches", type=positive_int,
+                   help="stop after this many batches (default: no limit; the stream's end when there is a manifest)")
     g.add_argument("--minutes", type=positive_float, default=minutes,
                    help="stop after this many minutes (%s)" % ("default %(default)s" if minutes else "default: no limit"))
     g.add_argument("--metrics-port", type=port, default=metrics_port,
                    help="serve Prometheus metrics on this port (0 = a free port; %s)"
                         % ("default: none served" if metrics_port is None else "default %(default)s"))
     g.add_argument("--metrics-host", default=default_of(LearnConfig, "metrics_host"),
-                   help="address of the metrics endpoint (default %(default)s)")
-    g.add_argument("--from-fragment", type=span, default="all",
-                   help="live metrics span: 'all' (default), 'half' (the paper's N/2, needs a manifest) or an index")
+                   help="address the metrics endpoint binds (default %(default)s: this machine only; 0.0.0.0 for all)")
+    add_span_flag(g, "the span of the live CALM metrics and the final tables")
     g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
-    g.add_argument("--detector", choices=DETECTOR_CHOICES, default=default_of(LearnConfig, "detector"),
-                   help="drift detector that finds switches in the loss without labels (default %(default)s)")
+    add_detector_flag(g, "drift detector that finds switches in the loss without labels")
     g.add_argument("--probe-every", type=int, default=default_of(LearnConfig, "probe_every"),
                    help="score each class's held-out probe split every N batches (0: only at switches; "
                         "default %(default)s)")
-    g.add_argument("--no-probe", action="store_true", help="do not score the probe split (needs a manifest)")
+    g.add_argument("--no-probe", action="store_true",
+                   help="do not score the manifest's probe split (default: scored when the manifest has one)")
     g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),
                    help="seconds between checkpoints (one is always written at the end; default %(default)s)")
+    add_broker_timeout_flag(g)
     g.add_argument("--max-record-bytes", type=positive_int, default=default_of(LearnConfig, "max_record_bytes"),
-                   help="dead-letter records larger than this, key, value and headers together, as too_large "
-                        "(default %(default)s)")
+                   help="dead-letter records larger than this many bytes, key, value and headers together, as "
+                        "too_large (default %(default)s)")

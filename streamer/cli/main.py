@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from streamer.cli import broker, compare, data, demo, learn, monitor, produce, report
+from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, produce, report, status
 from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError
 from streamer.cli.flags import Parser
-from streamer.settings import omp_num_threads, prefer_passive_openmp
+from streamer.settings import forbid_model_hub, omp_num_threads, prefer_passive_openmp
 
 __all__ = ["build_parser", "parse", "main"]
 
 COMMANDS = {"broker": broker.run, "data": data.run_data, "weights": data.run_weights, "produce": produce.run,
             "learn": learn.run, "demo": demo.run, "compare": compare.run, "monitor": monitor.cmd_monitor,
-            "report": report.run}
+            "report": report.run, "status": status.run, "strategies": catalogs.run_strategies,
+            "models": catalogs.run_models}
 THREADED = ("learn", "demo", "compare")  # the commands that run torch: the thread policy applies
 
 
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(sub)
     monitor.add_monitor_parser(sub)
     report.add_parser(sub)
+    catalogs.add_parsers(sub)
+    status.add_parser(sub)
     return parser
 
 
@@ -71,6 +75,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     prefer_passive_openmp()  # before torch loads its OpenMP runtime (nothing above imports torch)
+    forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:  # its connection errors become our one-line messages
@@ -86,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamer: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `streamer models | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not raise again
+        return 0
     except known as exc:
         print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
         return 2

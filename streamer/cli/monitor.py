@@ -22,7 +22,8 @@ def add_monitor_parser(subparsers) -> None:
     q.add_argument("--check", action="store_true", help="exit 1 when the file differs from the generated dashboard")
     q = msub.add_parser("push", help="upload the dashboard to Grafana and annotate switches from a run's loss log")
     q.add_argument("--grafana-url", required=True, help="e.g. http://localhost:3000")
-    q.add_argument("--run-dir", type=Path, help="post one annotation per true and detected switch in DIR/losses.jsonl")
+    q.add_argument("--run-dir", type=Path, help="post one annotation per true and detected switch in DIR/losses.jsonl "
+                                                "(default: none; only the dashboard is uploaded)")
     q.add_argument("--follow", action="store_true", help="keep tailing losses.jsonl until results.json appears or Ctrl-C")
     q.add_argument("--credentials-file", type=Path,
                    help="JSON or KEY=VALUE lines: GRAFANA_TOKEN, or GRAFANA_USER and GRAFANA_PASSWORD "

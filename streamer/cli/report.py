@@ -8,37 +8,79 @@ from pathlib import Path
 from monitor.calm import format_table
 from monitor.report import json_safe, write_report
 from streamer.cli.errors import UserError
-from streamer.cli.flags import default_of, positive_int, span
+from streamer.cli.flags import SPAN_DEFAULT, add_span_flag, default_of, positive_int
 from streamer.config import LearnConfig, RunSummary
 
-__all__ = ["add_parser", "run", "print_run_report"]
+__all__ = ["add_parser", "run", "print_run_report", "summary_line"]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="metrics, results.json and plots from run directories or loss logs")
     p.add_argument("paths", nargs="+", type=Path, help="run directories or losses.jsonl files")
     p.add_argument("--json", action="store_true", help="print one JSON object per path")
-    p.add_argument("--out", type=Path, help="write results.json and loss_curve.png here (default: beside each log; "
-                                            "with several paths, ./report)")
-    p.add_argument("--from-fragment", type=span, default="half",
-                   help="'half' (default: the paper's N/2), 'all' or a fragment index")
+    p.add_argument("--out", type=Path, help="write results.json and loss_curve.png here (default: beside the log, "
+                                            "in its run directory; with several paths, report/ in their common "
+                                            "parent directory, e.g. runs/report)")
+    add_span_flag(p, "the span the tables score")
     p.add_argument("-k", type=positive_int, default=default_of(LearnConfig, "k"),
                    help="batches after a switch for ppl@sw (default %(default)s)")
 
 
-def print_run_report(summary: RunSummary) -> dict:
-    """The run's one-line summary, its report written, and CALM's metrics printed."""
-    print(f"{summary.batches} batches, {summary.tokens} tokens in {summary.seconds:.1f}s "
-          f"({summary.tokens / max(summary.seconds, 1e-9):,.0f} tokens/s); stopped: {summary.stop_reason}"
-          + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else "")
-          + (f"; {summary.probes} probe evaluations took {summary.probe_seconds:.1f}s" if summary.probes else ""))
-    report = write_report(summary.run_dir)
-    span_of = report["span"]
-    print(f"\nCALM metrics over the paper's span (fragments >= {span_of['from_fragment']} "
-          f"of {span_of['n_fragments_expected']}):\n")
+def summary_line(summary: RunSummary) -> str:
+    """One line: batches and tokens, compute time (and its tokens/s) apart from waiting (joining the
+    group, idle, broker lost), the stop reason, dead letters and the probes' share of wall time."""
+    wall = max(summary.seconds, 1e-9)
+    if summary.compute_seconds is None:  # not measured: the wall-clock rate
+        timing = f"in {summary.seconds:.1f}s ({summary.tokens / wall:,.0f} tokens/s)"
+    else:
+        compute = summary.compute_seconds
+        causes = [(name, seconds) for name, seconds in (("joining the group", summary.joining_seconds),
+                  ("idle", summary.idle_seconds), ("broker lost", summary.broker_lost_seconds)) if seconds >= 0.05]
+        waiting = sum(seconds for _, seconds in causes)
+        other = max(0.0, summary.seconds - compute - waiting)
+        timing = (f"in {summary.seconds:.1f}s: {compute:.1f}s computing "
+                  f"({summary.tokens / max(compute, 1e-9):,.0f} tokens/s), {waiting:.1f}s waiting"
+                  + (f" ({', '.join(f'{name} {seconds:.1f}s' for name, seconds in causes)})" if causes else "")
+                  + f", {other:.1f}s starting and stopping")
+    return (f"{summary.batches} batches, {summary.tokens} tokens {timing}; stopped: {summary.stop_reason}"
+            + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else "")
+            + (f"; {summary.probes} probe evaluations took {summary.probe_seconds:.1f}s "
+               f"({summary.probe_seconds / wall:.0%} of wall)" if summary.probes else ""))
+
+
+def span_title(span: dict, spec=None) -> str:
+    """Which fragments a table scored, in words: 'fragments >= 20 of 40 (the paper's span: N/2)'."""
+    start, expected = span["from_fragment"], span["n_fragments_expected"]
+    why = ("the whole stream" if start == 0 else "the paper's span: N/2" if start == expected // 2
+           else "--from-fragment")
+    return f"fragments >= {start} of {expected} ({why}" + (f"; --from-fragment {spec})" if spec is not None else ")")
+
+
+def detection_line(report: dict) -> str | None:
+    """The drift detector against the true switches, in one line (None without a detector's results)."""
+    found = (report.get("detection") or {}).get("evaluation") or {}
+    if not found.get("n_true") and not found.get("n_detected"):
+        return None
+    def number(value, digits=2):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+    return (f"drift detector: found {found['true_positives']} of {found['n_true']} switches within "
+            f"{found['tolerance']} batches, {found['n_false_alarms']} false alarms (precision "
+            f"{number(found['precision'])}, recall {number(found['recall'])}, mean delay "
+            f"{number(found['mean_delay_batches'], 1)} batches)")
+
+
+def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict:
+    """The run's one-line summary, its report written over the run's span, and CALM's metrics printed."""
+    print(summary_line(summary))
+    report = write_report(summary.run_dir, from_fragment=from_fragment)
+    print(f"\nCALM metrics over {span_title(report['span'])}:\n")
     print(format_table(report["metrics"]))
-    print("\nWhole stream (fragments >= 0):\n")
-    print(format_table(report["whole_stream"]))
+    if report["span"]["from_fragment"]:
+        print("\nWhole stream (fragments >= 0):\n")
+        print(format_table(report["whole_stream"]))
+    line = detection_line(report)
+    if line:
+        print(f"\n{line}")
     print(f"run directory: {summary.run_dir} (losses.jsonl, results.json, loss_curve.png, checkpoint.pt)")
     return report
 
@@ -58,16 +100,30 @@ def run(args) -> int:
         print(json.dumps(json_safe({**report["metrics"], **{key: report.get(key) for key in (
             "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "config")}}), default=str))
     else:
-        print(f"## {path}\n")
+        print(f"## {path}\n\nCALM metrics over {span_title(report['span'], args.from_fragment)}:\n")
         print(format_table(report["metrics"]))
+        line = detection_line(report)
+        if line:
+            print(f"\n{line}")
+        written = args.out or (path if path.is_dir() else path.parent)
+        print(f"\nwritten to {written}: results.json, loss_curve.png")
     return 0
+
+
+def _common_parent(paths: list[Path]) -> Path:
+    """The deepest directory holding every run (a log file's run is its directory)."""
+    runs = [(path if path.is_dir() else path.parent).resolve().parent for path in paths]
+    common = runs[0]
+    while not all(run == common or common in run.parents for run in runs):
+        common = common.parent
+    return common
 
 
 def _several(args) -> int:
     """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
     from monitor.compare import load_runs, write_comparison
 
-    out = args.out or Path("report")
+    out = args.out or _common_parent(args.paths) / "report"
     try:
         for path in args.paths:
             write_report(path, out / path.name, k=args.k, from_fragment=args.from_fragment)

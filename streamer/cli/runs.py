@@ -16,8 +16,8 @@ from streamer.cli.errors import UserError
 from streamer.config import LearnConfig, RunSummary
 from streamer.settings import cache_root
 
-__all__ = ["sigterm_as_interrupt", "corpus_dir", "ensure_corpus", "default_run_dir", "learn_under_view",
-           "run_with_report_on_interrupt"]
+__all__ = ["sigterm_as_interrupt", "corpus_dir", "ensure_corpus", "default_run_dir", "default_manifest_path",
+           "prepare_and_say", "stream_notes", "learn_under_view", "run_with_report_on_interrupt"]
 
 
 def sigterm_as_interrupt() -> None:
@@ -48,6 +48,66 @@ def ensure_corpus(name_or_dir: str, cache: Path | None) -> Path:
             print(f"building corpus {name_or_dir} into {root} (first run only)", flush=True)
             return build_corpus(name_or_dir, root, log=lambda m: print(m, flush=True))
     return corpus_dir(name_or_dir, cache)
+
+
+def prepare_and_say(corpus: Path, schedule, manifest_path: Path, log=print, **options):
+    """producers.stream.prepare_stream, with what it decided said in one line each (stream_notes), and a
+    probe split too large for the data named with the flag that changes it."""
+    from producers.schedule import ScheduleError
+    from producers.stream import prepare_stream
+
+    try:
+        records, manifest = prepare_stream(corpus, schedule, manifest_path, **options)
+    except ScheduleError as exc:
+        if "probe split" not in str(exc):
+            raise
+        flag = "--probe-examples" if "utterances" in str(exc) else "--probe-tokens"
+        raise UserError(f"{exc}: give a smaller {flag}, or {flag} 0 for no probe split") from None
+    for note in stream_notes(manifest, records):
+        log(note)
+    return records, manifest
+
+
+def stream_notes(manifest: dict, records) -> list[str]:
+    """What the stream builder decided that the user did not ask for: data recycled to fill the stream
+    (how many times over, per class) and the held-out probe split (how much, and the flag that turns it off)."""
+    notes = []
+    if manifest.get("level") == "utterance":
+        seen, distinct = {}, {}
+        for record in records:
+            if record.truth is not None:
+                name = record.truth.class_name
+                seen[name] = seen.get(name, 0) + 1
+                distinct.setdefault(name, set()).add((record.text, record.truth.label))
+        times = {name: seen[name] / len(distinct[name]) for name in seen if seen[name] > len(distinct[name])}
+        unit, fewer = "utterances", "--lambda (utterances per fragment)"
+    else:  # each of the b streams reads its own 1/b of a class's text, wrapping when it runs out
+        streams = max(1, int(manifest.get("streams") or 1))
+        times = {name: 1 + wraps / streams for name, wraps in (manifest.get("wrapped") or {}).items() if wraps}
+        unit, fewer = "text", "--lambda (bytes per fragment)"
+    if times:
+        worst = max(times, key=times.get)
+        notes.append(f"recycled: the stream needs more {unit} than the data has, so each class is read "
+                     f"{'more than once' if len(times) > 1 else 'again'} (up to {times[worst]:,.1f} times over, "
+                     f"class {worst}; {len(times)} of {len(manifest.get('classes', ()))} classes recycled); fewer "
+                     f"--fragments or a smaller {fewer} stream less")
+    probe = manifest.get("probe") or {}
+    held = probe.get("classes") or {}
+    if held:
+        if probe.get("examples"):
+            amount, flag = f"{probe['examples']} utterances", "--probe-examples 0"
+        else:
+            amount, flag = f"{probe.get('tokens')} bytes", "--probe-tokens 0"
+        where = f" into {probe['dir']}" if probe.get("dir") else ""
+        notes.append(f"probe split: {amount} of each of {len(held)} classes held out{where}, never streamed, "
+                     f"to measure forgetting ({flag} turns it off)")
+    return notes
+
+
+def default_manifest_path(topic: str, cache: Path | None = None) -> Path:
+    """Where `produce` writes a topic's manifest unless --manifest says, and where `learn` looks for it:
+    under the cache (never the current directory), `<cache>/streams/<topic>.manifest.json`."""
+    return (cache or cache_root()) / "streams" / f"{topic}.manifest.json"
 
 
 def default_run_dir(strategy: str) -> Path:
