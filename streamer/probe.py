@@ -46,31 +46,50 @@ class ProbeSet:
 
     @torch.no_grad()
     def score(self, model) -> tuple[dict[str, float], float]:
-        """({class: mean cross-entropy in nats}, seconds taken)."""
+        """({class: mean cross-entropy in nats}, seconds taken). Classes whose grids have the same
+        length are scored together, stacked as rows of one batch (one forward per window for all of
+        them: the probe's cost is a few batches, not a few per class); a model with one expert per
+        class (`for_class`) scores each class with its own."""
         started = time.perf_counter()
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
         losses = {}
         try:
-            for name, grid in self._grids.items():
-                grid = grid.to(device)
-                scorer = model.for_class(name) if hasattr(model, "for_class") else model  # the oracle's own
-                state = scorer.initial_state(self.rows, device)
-                total = torch.zeros((), device=device)
-                count = 0
-                for start in range(0, grid.shape[1] - 1, self.window):
-                    inputs = grid[:, start:start + self.window]
-                    targets = grid[:, start + 1:start + self.window + 1]
-                    logits, state = scorer(inputs, state)
-                    total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             reduction="sum")
-                    count += targets.numel()
-                losses[name] = total / count
+            for names in self._groups(model):
+                grid = torch.cat([self._grids[name] for name in names]).to(device)
+                scorer = model.for_class(names[0]) if hasattr(model, "for_class") else model  # the oracle's own
+                totals = self._score_grid(scorer, grid, device).view(len(names), self.rows).sum(dim=1)
+                count = self.rows * (grid.shape[1] - 1) // self.window * self.window
+                for name, total in zip(names, totals):
+                    losses[name] = total / count
             values = torch.stack(list(losses.values())).tolist() if losses else []  # GPU sync point
         finally:
             model.train(was_training)
         return dict(zip(losses, values)), time.perf_counter() - started
+
+    def _groups(self, model) -> list[list[str]]:
+        """Classes scored in one batch: those with grids of one length (each alone for a per-class model,
+        or one whose forward looks at the whole batch: `scores_rows_alone = False`, e.g. AdapterCL's
+        adapter chosen per batch)."""
+        if hasattr(model, "for_class") or not getattr(model, "scores_rows_alone", True):
+            return [[name] for name in self._grids]
+        groups: dict[int, list[str]] = {}
+        for name, grid in self._grids.items():
+            groups.setdefault(grid.shape[1], []).append(name)
+        return list(groups.values())
+
+    def _score_grid(self, scorer, grid: torch.Tensor, device) -> torch.Tensor:
+        """Summed cross-entropy of each row of `grid`, read window by window from a fresh state."""
+        state = scorer.initial_state(grid.shape[0], device)
+        totals = torch.zeros(grid.shape[0], device=device)
+        for start in range(0, grid.shape[1] - 1, self.window):
+            inputs = grid[:, start:start + self.window]
+            targets = grid[:, start + 1:start + self.window + 1]
+            logits, state = scorer(inputs, state)
+            per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            totals += per_token.view(targets.shape).sum(dim=1)
+        return totals
 
 
 def load_probe_set(manifest: dict, *, rows: int, window: int, max_bytes: int = 2000,
