@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ExactSum", "Summary", "calm_metrics", "calm_result",
+__all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ExactSum", "OpenFragment", "Summary", "calm_metrics", "calm_result",
            "check_params", "format_table", "perplexity", "recovery_duration"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
@@ -175,16 +175,32 @@ class _ClassTotals:
                        rec=float(self.rec_total) / revisits if revisits else None)
 
 
-class _Fragment:
-    """The fragment being read: its sum, its first k losses and its recovery count so far."""
+class OpenFragment:
+    """A fragment (or a detected segment) being read: the exact sum of its losses, its first k
+    losses, and the batches until the loss first drops below `previous_mean` (None: not a revisit,
+    no recovery counted). Shared by CalmAccumulator and monitor.detected_calm."""
 
-    __slots__ = ("domain", "sequence", "previous_mean", "loss", "head", "duration", "recovered")
+    __slots__ = ("k", "previous_mean", "loss", "head", "duration", "recovered")
 
-    def __init__(self, domain: int, sequence: int, previous_mean: float | None) -> None:
-        self.domain, self.sequence, self.previous_mean = domain, sequence, previous_mean
+    def __init__(self, k: int, previous_mean: float | None) -> None:
+        self.k, self.previous_mean = k, previous_mean
         self.loss = ExactSum()
         self.head: list[float] = []
         self.duration, self.recovered = 0, False
+
+    def add(self, loss: float) -> None:
+        self.loss.add(loss)
+        if len(self.head) < self.k:
+            self.head.append(loss)
+        if self.previous_mean is not None and not self.recovered:
+            if loss < self.previous_mean:
+                self.recovered = True
+            else:
+                self.duration += 1
+
+    def intensity(self) -> float:
+        """The mean loss of its first k batches (CALM's loss after a switch)."""
+        return math.fsum(self.head) / len(self.head)
 
 
 class CalmAccumulator:
@@ -199,7 +215,8 @@ class CalmAccumulator:
         self._intensity = ExactSum()
         self._rec_total = 0
         self._n_fragments = 0
-        self._open: _Fragment | None = None
+        self._open: OpenFragment | None = None
+        self._open_at: tuple[int, int] = (-1, -1)  # (domain, sequence) of the open fragment
 
     def __repr__(self) -> str:
         return f"CalmAccumulator(k={self.k}, from_fragment={self.from_fragment})"
@@ -209,23 +226,17 @@ class CalmAccumulator:
             return
         loss = float(loss)
         fragment = self._open
-        if fragment is None or sequence != fragment.sequence:
+        if fragment is None or sequence != self._open_at[1]:
             self._close()
             totals = self._classes.get(domain)
             if totals is None:
                 totals = self._classes[domain] = _ClassTotals(domain_name)
             totals.n_fragments += 1
             self._n_fragments += 1
-            fragment = self._open = _Fragment(domain, sequence, totals.previous_mean)
-        fragment.loss.add(loss)
-        if len(fragment.head) < self.k:
-            fragment.head.append(loss)
-        if fragment.previous_mean is not None and not fragment.recovered:
-            if loss < fragment.previous_mean:
-                fragment.recovered = True
-            else:
-                fragment.duration += 1
-        self._classes[fragment.domain].loss.add(loss)
+            fragment = self._open = OpenFragment(self.k, totals.previous_mean)
+            self._open_at = (domain, sequence)
+        fragment.add(loss)
+        self._classes[self._open_at[0]].loss.add(loss)
         self._loss.add(loss)
 
     def _close(self) -> None:
@@ -233,9 +244,9 @@ class CalmAccumulator:
         fragment, self._open = self._open, None
         if fragment is None:
             return
-        totals = self._classes[fragment.domain]
+        totals = self._classes[self._open_at[0]]
         if fragment.previous_mean is not None:
-            intensity = math.fsum(fragment.head) / len(fragment.head)
+            intensity = fragment.intensity()
             totals.intensity.add(intensity)
             totals.rec_total += fragment.duration
             self._intensity.add(intensity)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from monitor.calm import PPL_LOSS_LIMIT, ExactSum, perplexity
+from monitor.calm import PPL_LOSS_LIMIT, ExactSum, OpenFragment, check_params, perplexity
 
 __all__ = ["ESTIMATE_NOTE", "DetectedCalmAccumulator", "calm_metrics_from_detected"]
 
@@ -66,16 +66,10 @@ class DetectedCalmAccumulator:
     there) in O(k) memory, with exactly its numbers (sums as ``math.fsum``)."""
 
     def __init__(self, k: int = 10, from_fragment: int = 0) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        if isinstance(from_fragment, bool) or not isinstance(from_fragment, int) or from_fragment < 0:
-            raise ValueError(f"from_fragment must be a non-negative int, got {from_fragment!r}")
+        check_params(k, from_fragment)
         self.k, self.from_fragment = k, from_fragment
         self._segments = 0  # segments opened; the open one is the last
-        self._segment = ExactSum()  # the open segment
-        self._head: list[float] = []
-        self._previous_mean: float | None = None  # of the span segment before the open one
-        self._duration, self._recovered = 0, False
+        self._open = OpenFragment(k, None)  # recovery counts against the previous span segment's mean
         self._loss = ExactSum()
         self._intensity = ExactSum()  # count: scored segments
         self._rec_total = 0
@@ -87,25 +81,19 @@ class DetectedCalmAccumulator:
         if self._segments - 1 < self.from_fragment:
             return
         loss = float(loss)
-        self._segment.add(loss)
+        self._open.add(loss)
         self._loss.add(loss)
-        if len(self._head) < self.k:
-            self._head.append(loss)
-        if self._previous_mean is not None and not self._recovered:
-            if loss < self._previous_mean:
-                self._recovered = True
-            else:
-                self._duration += 1
 
     def _close(self) -> None:
         """The open segment is not the last: scored unless it is the span's first."""
-        index = self._segments - 1
+        index, segment = self._segments - 1, self._open
+        previous_mean = segment.previous_mean
         if index >= self.from_fragment:
             if index > self.from_fragment:
-                self._intensity.add(math.fsum(self._head) / len(self._head))
-                self._rec_total += self._duration
-            self._previous_mean = self._segment.mean()
-        self._segment, self._head, self._duration, self._recovered = ExactSum(), [], 0, False
+                self._intensity.add(segment.intensity())
+                self._rec_total += segment.duration
+            previous_mean = segment.loss.mean()
+        self._open = OpenFragment(self.k, previous_mean)
 
     def result(self) -> dict:
         loss = self._loss.mean()

@@ -78,6 +78,7 @@ class KafkaSource:
         self.dead_letter_timeout_s = dead_letter_timeout_s
         self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
         self._log = log or _stderr
+        self._seek_positions, self._from_beginning = dict, False  # seek_on_assign() sets the learner's own
         self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
         self._security = security
         self.on_revoke = on_revoke
@@ -113,8 +114,7 @@ class KafkaSource:
                 # liveness, so the poll interval must not evict the learner from its group.
                 max_poll_interval_ms=24 * 3600 * 1000, **self._client_options,
             )
-            self._listener = SeekOnAssign(self._consumer, getattr(self, "_seek_positions", dict),
-                                          getattr(self, "_from_beginning", False), self._log)
+            self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._from_beginning, self._log)
             self._consumer.subscribe([self.topic], listener=self._listener)
             await self._joined()
             await self._refuse_if_shared(admin)

@@ -139,7 +139,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
     checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                 config=config, loop=loop, monitor=monitor, labels=labels)
-    source.on_revoke = getattr(checkpointer, "on_revoke", None)  # a rebalance: checkpoint and commit first
+    source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
     if resume is not None:
         restore(resume, loop, monitor)
         if checkpointer.path.exists():  # the console shows its age until the next one
@@ -280,19 +280,17 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
         await asyncio.sleep(every_s)
 
 
-def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer=None, probes=None, finished: bool = False) -> None:
-    """The loop's, the checkpointer's and the probes' plain state into the monitor (the waiting,
-    broker-lost and topic-missing times and the checkpointer's state are read where they exist)."""
+def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:
+    """The loop's, the checkpointer's and the probes' plain state into the monitor (the source's
+    topic-missing time where it has one: an in-memory source has none)."""
     counted = monitor.dead_letters
     for reason, count in loop.dead_letters.items():
         for _ in range(count - counted.get(reason, 0)):
             monitor.dead_letter(reason)
     monitor.read(LoopReading(
         step=loop.step, records=loop.records, lag=dict(loop.lag), queue_depth=loop.queue_depth,
-        waiting_since=getattr(loop, "waiting_since", None), waiting_reported=hasattr(loop, "waiting_since"),
-        broker_lost_since=getattr(loop, "broker_lost_since", None),
-        checkpointing=bool(getattr(checkpointer, "writing", False)),
-        checkpoint_at=getattr(checkpointer, "last_written", None),
+        waiting_since=loop.waiting_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
+        checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
         topic_missing_since=getattr(loop.source, "topic_missing_since", None)))
 
