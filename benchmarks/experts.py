@@ -2,6 +2,7 @@
 nn.LSTM-based modules doing the same work, over a sweep of sizes, in the same run.
 
     .venv/bin/python benchmarks/experts.py [--experts 5,10,30] [--hidden 32,200,550] [--repeats 2] [--device cpu]
+    .venv/bin/python benchmarks/experts.py --alternate [--iterations 5]   # steadier on a shared machine
 
 A step is one `poe` learning step: forward of every expert, the plastic gate phase
 (--gate-steps Adam steps on the gate vector against the detached expert logits), the
@@ -11,19 +12,24 @@ CPU the peak resident set size minus the resident size once the model is built; 
 torch.cuda.max_memory_allocated): `modules` (n separate LSTMLanguageModel modules, the loop the
 batched model must not be slower than), and the batched model with each of its two kernels,
 `fused` (one torch.bmm per time step over stacked weights) and `loop` (one native torch.lstm per
-expert on views of the stacked weights). `auto` is the kernel the strategy picks for that device
+expert on its own weights). `auto` is the kernel the strategy picks for that device
 and size (streamer.models.experts.choose_kernel); the ratio is modules / auto. Achieved GFLOP/s
 counts the step's matrix products (forward, backward, gate phase) over its time; beside it the
 machine's one-thread matmul rate, for a large product and for the recurrence's own shape
 (b x H times H x 4H). Wall and process CPU time are both printed: on a shared machine the CPU
-time of a one-thread run is the steadier figure. The last line is the worst ratio of the sweep.
+time of a one-thread run is the steadier figure. With --alternate the three variants are built in
+one process per size and their steps alternate (modules, fused, loop, modules, ...), each figure
+the median over --iterations steps: load that comes and goes then falls on all three alike (no
+memory column in that mode). The last line is the worst ratio of the sweep.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -98,8 +104,8 @@ def step_flop(args, n: int, hidden: int) -> float:
     return n * 3 * forward + args.gate_steps * 4 * n * positions * args.vocab
 
 
-def measure(args, variant: str, n: int, hidden: int) -> dict:
-    """Run one variant in this process; return its mean step time and memory."""
+def build(args, variant: str, n: int, hidden: int):
+    """A learner of one variant (seed 0) and its batches (seed 1: the same for every variant)."""
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = LSTMConfig(embedding=args.embedding, hidden=hidden, layers=args.layers, vocab=args.vocab)
@@ -109,9 +115,16 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     else:  # the strategy builds its experts from the template's config
         learner = PoE(LSTMLanguageModel(config).to(device), n_experts=n, warmup_batches=0, **options)
         learner.model.experts.kernel = variant
+    generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, args.vocab, (args.warmup + args.iterations, args.streams, args.window + 1),
-                           device=device)
-    batches = [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
+                           generator=generator).to(device)
+    return learner, [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def measure(args, variant: str, n: int, hidden: int) -> dict:
+    """Run one variant in this process; return its mean step time and memory."""
+    device = torch.device(args.device)
+    learner, batches = build(args, variant, n, hidden)
     baseline = _resident_kib()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -129,6 +142,26 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     if device.type == "cuda":
         result["gpu_peak_mib"] = (torch.cuda.max_memory_allocated(device) - baseline_gpu) / 2**20
     return result
+
+
+def alternate(args, n: int, hidden: int) -> dict[str, dict]:
+    """All variants in this process, their learning steps alternating; median step time of each."""
+    device = torch.device(args.device)
+    built = {variant: build(args, variant, n, hidden) for variant in VARIANTS}
+    wall = {variant: [] for variant in VARIANTS}
+    cpu = {variant: [] for variant in VARIANTS}
+    for step in range(args.warmup + args.iterations):
+        for variant, (learner, batches) in built.items():
+            _synchronize(device)
+            started, started_cpu = time.perf_counter(), time.process_time()
+            learner.learn(batches[step])
+            _synchronize(device)
+            if step >= args.warmup:
+                wall[variant].append(time.perf_counter() - started)
+                cpu[variant].append(time.process_time() - started_cpu)
+    return {variant: {"variant": variant, "step_s": statistics.median(wall[variant]),
+                      "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan")}
+            for variant in VARIANTS}
 
 
 def matmul_gflops(device: torch.device, m: int, k: int, n: int, seconds: float = 0.3) -> float:
@@ -152,7 +185,7 @@ def _sizes(text: str) -> list[int]:
 
 def _child(args, variant: str, n: int, hidden: int) -> dict:
     forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                 if name not in ("only", "repeats", "experts", "hidden")]
+                 if name not in ("only", "repeats", "experts", "hidden", "alternate", "json")]
     child = subprocess.run([sys.executable, __file__, *forwarded, f"--experts={n}", f"--hidden={hidden}",
                             "--only", variant], check=True, capture_output=True, text=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -165,8 +198,9 @@ def sweep(args) -> list[dict]:
         for hidden in _sizes(args.hidden):
             best: dict[str, dict] = {}
             for _ in range(args.repeats):
-                for variant in VARIANTS:
-                    result = _child(args, variant, n, hidden)
+                results = alternate(args, n, hidden) if args.alternate else {
+                    variant: _child(args, variant, n, hidden) for variant in VARIANTS}
+                for variant, result in results.items():
                     if variant not in best or result["cpu_s"] < best[variant]["cpu_s"]:
                         best[variant] = result
             auto = choose_kernel(torch.device(args.device), n, hidden)
@@ -176,10 +210,15 @@ def sweep(args) -> list[dict]:
     return rows
 
 
+def _mib(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"
+
+
 def print_table(args, rows: list[dict], peak: float) -> None:
     print(f"embedding {args.embedding}, vocab {args.vocab}, {args.layers} layers, b={args.streams}, w={args.window}, "
           f"{args.gate_steps} gate steps, device {args.device}, {torch.get_num_threads()} threads, "
-          f"{args.iterations} timed steps, best of {args.repeats} (by CPU time)")
+          f"{args.iterations} timed steps, best of {args.repeats} (by CPU time)"
+          + (", variants alternating in one process (medians)" if args.alternate else ""))
     print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
     print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
           "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
@@ -190,7 +229,7 @@ def print_table(args, rows: list[dict], peak: float) -> None:
               f"{row['fused']['cpu_s'] * 1e3:.0f} | {row['loop']['cpu_s'] * 1e3:.0f} | {row['auto']} | "
               f"{modules['step_s'] / chosen['step_s']:.2f}x | {modules['cpu_s'] / chosen['cpu_s']:.2f}x | "
               f"{row['flop'] / chosen['cpu_s'] / 1e9:.1f} | {row['shape_gflops']:.1f} | "
-              f"{modules['peak_rss_delta_mib']:.0f}/{chosen['peak_rss_delta_mib']:.0f} |")
+              f"{_mib(modules['peak_rss_delta_mib'])}/{_mib(chosen['peak_rss_delta_mib'])} |")
     print("(ms: CPU time per step; on a GPU read the wall ratio)")
     worst = min(rows, key=lambda row: row["modules"]["cpu_s"] / row[row["auto"]]["cpu_s"])
     worst_wall = min(row["modules"]["step_s"] / row[row["auto"]]["step_s"] for row in rows)
@@ -217,6 +256,8 @@ def main() -> None:
                    help="torch CPU threads (default 1: on a small shared machine more threads made both variants "
                         "slower; 0: torch's default)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--alternate", action="store_true",
+                   help="time the variants in one process per size, their steps alternating (medians; no memory)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()

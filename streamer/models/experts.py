@@ -1,13 +1,15 @@
-"""n independent LSTM language models with stacked parameters, computed by one of two kernels.
+"""n independent LSTM language models computed together, by one of two kernels.
 
-Every parameter carries a leading expert dimension n; expert i's slice holds exactly
-the weights of an `LSTMLanguageModel` with the same `LSTMConfig`. Embedding, decoder,
-clipping and the optimizer always work on the stacked tensors; the LSTM layers run
+Expert i's parameters are exactly those of an `LSTMLanguageModel` with the same `LSTMConfig`:
+the embedding and the decoder are stacked (a leading expert dimension n), the LSTM weights are
+one nn.LSTM-shaped parameter per expert. Embedding, decoder, clipping and the optimizer work on
+all experts at once; the LSTM layers run
 
 - fused: the input projections of all time steps as one batched matmul per layer, the
-  recurrence as one `torch.bmm` per time step over all experts (`Recurrence`);
+  recurrence as one `torch.bmm` per time step over all experts (`Recurrence`), on the experts'
+  weights stacked once per forward;
 - loop: one native `torch.lstm` call per expert and layer (what `nn.LSTM` runs: oneDNN's
-  RNN primitive on CPU) on the stacked weights, copied into its (4H, in) layout once per layer.
+  RNN primitive on CPU) on the expert's own weights, as n separate modules would.
 
 `kernel="auto"` (the default) takes fused on a GPU, and on the CPU the one measured faster
 for the size (`choose_kernel`). Both give the same numbers up to float rounding (tested to 1e-5
@@ -34,16 +36,20 @@ def choose_kernel(device: torch.device, n: int, hidden: int) -> str:
     """The kernel "auto" runs: fused on a GPU; on the CPU the faster one for n experts of this size.
 
     The rule is fixed (no timing at run time, so a run's numbers never depend on the machine's
-    load): loop from hidden 64 on, fused below. Measured by benchmarks/experts.py (one `poe`
-    learning step, 1 thread, b=10, w=20, CPU ms fused/loop for 5, 10, 30 experts, on a shared
-    2-core machine, so a few percent is noise): hidden 32: 41/65, 70/91, 160/203 (and the fused
-    kernel keeps small runs' numbers as they were); hidden 200: 161/178, 321/316, 951/847; hidden
-    550: 961/763, 1591/1711, 5818/5038. The loop kernel's overhead over n separate nn.LSTM modules
-    (about 30% of the step at 10 x 550) is the copies between the stacked input-major weights and
-    the native kernel's layout (weights transposed, gradients stacked and transposed back)."""
+    load): on the CPU fused for 10 or more experts below hidden 64, loop otherwise. The loop
+    kernel makes the same native LSTM calls as n separate nn.LSTM modules, with the decoder,
+    clipping and Adam batched, so it matches the module loop at every size; the fused kernel's
+    cost per time step is shared by all experts, which pays only for many small ones. Measured
+    by `benchmarks/experts.py --alternate --iterations 6` (one `poe` learning step, 1 thread,
+    b=10, w=20, embedding 200, 100 gate steps, the variants' steps alternating in one process,
+    median CPU time; a shared 2-core machine at load 1-2, so +-5% is noise), module loop / kernel
+    for fused and loop: 5x32 0.98, 1.07; 10x32 1.05, 1.12; 30x32 1.09, 1.03; 5x200 0.69, 0.96;
+    10x200 0.76, 1.00; 30x200 0.68, 0.98; 5x550 0.60, 0.94 (0.98 and 1.02 over 15 steps);
+    10x550 0.55, 0.96; 30x550 0.50, 1.02. At 3 experts of hidden 24 (the pinned test's size)
+    loop 1.00, fused 0.81-0.90."""
     if device.type != "cpu":
         return "fused"
-    return "fused" if hidden < 64 else "loop"
+    return "fused" if hidden < 64 and n >= 10 else "loop"
 
 
 class Recurrence(torch.autograd.Function):
@@ -104,15 +110,22 @@ class Recurrence(torch.autograd.Function):
 
 
 class LSTMExperts(nn.Module):
-    """n 2-layer (config.layers) LSTM language models with stacked parameters.
+    """n 2-layer (config.layers) LSTM language models, computed together.
 
-    Shapes (V vocab, E embedding, H hidden, gate order i, f, g, o as in nn.LSTM):
-    embedding (n, V, E); per layer l weight_ih_l (n, in_l, 4H), weight_hh_l (n, H, 4H),
-    bias_ih_l and bias_hh_l (n, 4H); decoder_weight (n, H, V), decoder_bias (n, V). Matrices
-    are stored input-major (nn.LSTM's and nn.Linear's weights transposed), so every batched
-    matmul reads them in place (through a transposed view, autograd copies the gradient).
-    The state is (h, c), each (layers, n, b, H). Dropout (config.dropout) draws an
-    independent mask per expert on the embeddings, between layers and before the decoder.
+    Shapes (V vocab, E embedding, H hidden, gate order i, f, g, o as in nn.LSTM): embedding
+    (n, V, E), decoder_weight (n, H, V) (nn.Linear's weight transposed, for one batched matmul)
+    and decoder_bias (n, V) are stacked; per layer l, weight_ih_l, weight_hh_l, bias_ih_l and
+    bias_hh_l are lists of n parameters, expert i's being nn.LSTM's (4H, in_l), (4H, H), (4H,)
+    and (4H,). The loop kernel hands them to the native LSTM as they are, and each expert's
+    gradient lands in its own tensor as with n separate modules (a stacked weight would have
+    its gradient stacked in a fresh tensor of n times the size every step: on CPU that copy
+    and its page faults cost about a tenth of a step at 10 experts of hidden 550); the fused
+    kernel stacks them (a copy per forward, small at the sizes it runs on a CPU). The state is
+    (h, c), each (layers, n, b, H). Dropout (config.dropout) draws an independent mask per
+    expert on the embeddings, between layers and before the decoder.
+
+    Checkpoints of the earlier layout (one stacked (n, in, 4H) tensor per LSTM matrix) are
+    refused with one line (ValueError), since their optimizer state has that layout too.
     """
 
     def __init__(self, n: int, config: LSTMConfig = LSTMConfig(), kernel: str = "auto"):
@@ -126,29 +139,44 @@ class LSTMExperts(nn.Module):
         self.config = config
         vocab, embedding, hidden = config.vocab, config.embedding, config.hidden
         self.embedding = nn.Parameter(torch.empty(n, vocab, embedding))
-        for layer in range(config.layers):
-            inputs = embedding if layer == 0 else hidden
-            self.register_parameter(f"weight_ih_{layer}", nn.Parameter(torch.empty(n, inputs, 4 * hidden)))
-            self.register_parameter(f"weight_hh_{layer}", nn.Parameter(torch.empty(n, hidden, 4 * hidden)))
-            self.register_parameter(f"bias_ih_{layer}", nn.Parameter(torch.empty(n, 4 * hidden)))
-            self.register_parameter(f"bias_hh_{layer}", nn.Parameter(torch.empty(n, 4 * hidden)))
         self.decoder_weight = nn.Parameter(torch.empty(n, hidden, vocab))
         self.decoder_bias = nn.Parameter(torch.empty(n, vocab))
+        for layer in range(config.layers):
+            inputs = embedding if layer == 0 else hidden
+            shapes = {"weight_ih": (4 * hidden, inputs), "weight_hh": (4 * hidden, hidden),
+                      "bias_ih": (4 * hidden,), "bias_hh": (4 * hidden,)}
+            for kind, shape in shapes.items():
+                setattr(self, f"{kind}_{layer}", nn.ParameterList(nn.Parameter(torch.empty(shape)) for _ in range(n)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """As nn.Embedding (N(0, 1)), nn.LSTM (U(+-1/sqrt(H))) and nn.Linear (U(+-1/sqrt(fan_in)))."""
+        """As nn.Embedding (N(0, 1)), nn.LSTM (U(+-1/sqrt(H))) and nn.Linear (U(+-1/sqrt(fan_in))).
+
+        Each LSTM matrix is drawn for all experts at once in the input-major shape (n, in, 4H) and
+        then laid out per expert, so a seed gives the weights it gave when they were stored so."""
         bound = 1.0 / math.sqrt(self.config.hidden)
         with torch.no_grad():
             self.embedding.normal_()
             for layer in range(self.config.layers):
-                for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                    getattr(self, f"{kind}_{layer}").uniform_(-bound, bound)
+                for kind, weights in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), self.layer_weights(layer)):
+                    shape = weights[0].shape if kind.startswith("bias") else weights[0].t().shape
+                    drawn = torch.empty(self.n, *shape, device=weights[0].device).uniform_(-bound, bound)
+                    for weight, values in zip(weights, drawn):
+                        weight.copy_(values if kind.startswith("bias") else values.t())
             self.decoder_weight.uniform_(-bound, bound)  # fan_in = H
             self.decoder_bias.uniform_(-bound, bound)
 
-    def layer_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(weight_ih, weight_hh, bias_ih, bias_hh) of one layer, each with the expert dimension first."""
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if f"{prefix}weight_hh_0" in state_dict:  # now weight_hh_0.0, weight_hh_0.1, ...
+            raise ValueError("the checkpoint holds LSTM experts in the stacked layout of earlier streamer versions "
+                             "(one (n, in, 4H) tensor per LSTM matrix); this version keeps one nn.LSTM-shaped "
+                             "weight per expert: start the run over (--fresh)")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def layer_weights(self, layer: int) -> tuple[nn.ParameterList, nn.ParameterList, nn.ParameterList,
+                                                 nn.ParameterList]:
+        """(weight_ih, weight_hh, bias_ih, bias_hh) of one layer, each a list of n parameters:
+        expert i's are nn.LSTM's weight_ih_l, weight_hh_l, bias_ih_l and bias_hh_l."""
         return tuple(getattr(self, f"{kind}_{layer}") for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
@@ -167,20 +195,20 @@ class LSTMExperts(nn.Module):
         if self.kernel_for(x.device) == "loop":
             return self._looped_layer(x, layer, h, c)
         weight_ih, weight_hh, bias_ih, bias_hh = self.layer_weights(layer)
+        # stacked input-major, (n, in, 4H) and (n, H, 4H), so that every batched product reads them in place
+        weight_ih, weight_hh = (torch.stack([weight.t() for weight in weights]) for weights in (weight_ih, weight_hh))
         n, b, w, _ = x.shape
         # input projections of every time step at once: (n, b*w, in) @ (n, in, 4H), then time-major
-        projected = torch.baddbmm((bias_ih + bias_hh).unsqueeze(1), x.reshape(n, b * w, -1), weight_ih)
+        bias = torch.stack(tuple(bias_ih)) + torch.stack(tuple(bias_hh))
+        projected = torch.baddbmm(bias.unsqueeze(1), x.reshape(n, b * w, -1), weight_ih)
         projected = projected.view(n, b, w, -1).permute(2, 0, 1, 3).contiguous()  # (w, n, b, 4H)
         outputs, h, c = Recurrence.apply(projected, weight_hh, h, c)
         return outputs.permute(1, 2, 0, 3), h, c
 
     def _looped_layer(self, x: torch.Tensor, layer: int, h: torch.Tensor, c: torch.Tensor):
-        """As _layer, one native LSTM call per expert; unbind's backward stacks the gradients in one copy."""
+        """As _layer, one native LSTM call per expert on its own weights."""
         outputs, last_h, last_c = [], [], []
-        weight_ih, weight_hh, bias_ih, bias_hh = self.layer_weights(layer)
-        # one copy per layer into the native (4H, in) layout: measured faster than a transposed view per expert
-        native = (weight_ih.transpose(1, 2).contiguous(), weight_hh.transpose(1, 2).contiguous(), bias_ih, bias_hh)
-        per_expert = zip(x.unbind(0), h.unbind(0), c.unbind(0), *(w.unbind(0) for w in native))
+        per_expert = zip(x.unbind(0), h.unbind(0), c.unbind(0), *self.layer_weights(layer))
         for x_i, h_i, c_i, *weights in per_expert:
             out, h_n, c_n = torch.lstm(x_i, (h_i.unsqueeze(0), c_i.unsqueeze(0)), weights,
                                        True, 1, 0.0, self.training, False, True)  # biases, 1 layer, batch first
@@ -211,12 +239,30 @@ class LSTMExperts(nn.Module):
                                self.decoder_weight)
         return logits.view(n, b, w, -1), state
 
+    def _stacked_parameters(self) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter]:
+        return self.embedding, self.decoder_weight, self.decoder_bias
+
+    def _per_expert_grads(self) -> list[list[torch.Tensor]]:
+        """Expert i's gradients of the per-expert (LSTM) parameters, for each i; a missing one is left out."""
+        grads = [[] for _ in range(self.n)]
+        for layer in range(self.config.layers):
+            for weights in self.layer_weights(layer):
+                for expert, weight in zip(grads, weights):
+                    if weight.grad is not None:
+                        expert.append(weight.grad)
+        return grads
+
     def per_expert_grad_norms(self) -> torch.Tensor:
         """(n,) L2 norm of each expert's gradient over all its parameters (0 where there is none)."""
-        # per parameter (n,) norms, then their norm: no squared copy of every gradient (hundreds of MB for
-        # 30 experts of hidden 550)
-        norms = [torch.linalg.vector_norm(p.grad.reshape(self.n, -1), dim=1) for p in self.parameters()
+        # per parameter and expert norms, then their norm: no squared copy of every gradient (hundreds of MB
+        # for 30 experts of hidden 550); torch._foreach_norm: one call for a list, as clip_grad_norm_ does
+        zero = torch.zeros((), device=self.embedding.device)
+        norms = [torch.linalg.vector_norm(p.grad.reshape(self.n, -1), dim=1) for p in self._stacked_parameters()
                  if p.grad is not None]
+        per_expert = self._per_expert_grads()
+        if any(per_expert):  # each expert's LSTM gradients together
+            norms.append(torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads
+                                      else zero for grads in per_expert]))
         if not norms:
             return torch.zeros(self.n, device=self.embedding.device)
         return torch.linalg.vector_norm(torch.stack(norms), dim=0)
@@ -226,7 +272,10 @@ class LSTMExperts(nn.Module):
         """Clip each expert's gradient to norm max_norm (as clip_grad_norm_ per module); returns the norms before."""
         norms = self.per_expert_grad_norms()
         scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-        for p in self.parameters():
+        for p in self._stacked_parameters():
             if p.grad is not None:
                 p.grad.mul_(scale.view(-1, *([1] * (p.grad.dim() - 1))))
+        for grads, expert_scale in zip(self._per_expert_grads(), scale.unbind()):
+            if grads:
+                torch._foreach_mul_(grads, expert_scale)
         return norms
