@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PHASES = 8  # evaluation grids, a scrape / PHASES apart
 sys.path.insert(0, str(ROOT))
 
 from monitor.dashboard import annotation_queries, build_dashboard, panel_queries  # noqa: E402
@@ -114,6 +115,13 @@ def evaluate(base: str, run_dir: Path, start: float, end: float, scrape_s: float
     switch_list = switches(lines)
     series = panel_series(base, first_timeseries_panel(), start, end, scrape_s)
     figures = spike_figures(series, switch_list, start, end, scrape_s)
+    # where the evaluation grid falls against the scrapes decides a close call either way: the same
+    # figures on PHASES grids shifted by a fraction of a scrape, summed
+    shifted = [start + i * scrape_s / PHASES for i in range(PHASES)]
+    phased = [spike_figures(panel_series(base, first_timeseries_panel(), at, end, scrape_s), switch_list, at, end, scrape_s)
+              for at in shifted]
+    figures["phased"] = {key: sum(f[key] for f in phased)
+                         for key in ("all_shown", "all_revisits", "all_spiking_shown", "all_spiking", "far_rises", "far_moments")}
     queries = annotation_queries()
     detected = [line["time"] for line in lines if line.get("detected_switch")]
     figures["detected"] = len(detected)
@@ -145,6 +153,10 @@ def show(figures: dict, scrape: float) -> None:
     print(f"  between fragments of 3 scrapes or more: {share(figures['shown'], figures['revisits'])}; "
           f"of those whose loss log spikes >10%: {share(figures['spiking_shown'], figures['spiking'])}")
     print(f"rises far from any switch: {figures['far_rises']}/{figures['far_moments']} ({far:.0%})")
+    phased = figures["phased"]
+    print(f"on {PHASES} evaluation grids 1/{PHASES} scrape apart: revisits shown "
+          f"{share(phased['all_shown'], phased['all_revisits'])}, of those whose loss log spikes >10% "
+          f"{share(phased['all_spiking_shown'], phased['all_spiking'])}; far rises {share(phased['far_rises'], phased['far_moments'])}")
     print(f"detected switches without a marker: {figures['detected_unmarked']}/{figures['detected']}; "
           f"true switches without a marker: {figures['true_unmarked']}/{figures['true']}")
     print(f"StreamerSwitchSpike fired at {share(figures['alert_fired'], figures['alert_revisits'])} revisits "
@@ -153,7 +165,8 @@ def show(figures: dict, scrape: float) -> None:
     print(f"panels without data: {figures['empty_panels'] or 'none'}")
     print(f"perplexity: counters {figures['ppl_counters']:.4f}, report {figures['ppl_report']:.4f} ({ratio:+.3%})")
     if figures["missed"]:
-        print("missed revisits (s into the run, class, spike in the loss log):", figures["missed"])
+        print("missed revisits (s into the run, class, spike in the loss log, fragment before and after, s):",
+              figures["missed"])
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ fails when the two differ (`streamer monitor dashboard` regenerates the file).
 Every query filters on the `run` and `strategy` template variables. The top row shows
 each switch at a glance: the worst batch and the mean loss of each class and of all
 classes between the last two scrapes (from the batch-loss histogram and the loss and
-token counters, so no batch is missed between scrapes) beside the class's steady loss; a
+token counters, so no batch is missed between scrapes) beside the class's steady loss, and
+each class's mean over the run's mean loss in the last minute (a ratio, detrended); a
 class without batches since the previous scrape draws nothing. Switch markers are
 Prometheus annotation queries on the last-switch gauges (true switches white,
 detected ones red): no extra process, no credentials. Panels whose
@@ -43,6 +44,7 @@ RATE = "[$__rate_interval]"
 # units Grafana shows on axes and tooltips ("suffix:" is its custom-unit form)
 NATS, BATCHES, PPL, RECORDS, SWITCHES = "suffix: nats", "suffix: batches", "suffix: ppl", "suffix: records", "suffix: switches"
 TOKENS_PER_S, BATCHES_PER_S = "suffix: tokens/s", "suffix: batches/s"
+RATIO = "suffix: x"  # a loss over another loss
 
 
 def _m(name: str, extra: str = "") -> str:
@@ -109,6 +111,17 @@ def window_loss(phase: str | None, by: str = "run, strategy, class", over: str =
             f"(sum by ({by}) ({over}({_m('scored_tokens_total', selector)}{RATE})) > 0)")
 
 
+def loss_over_recent(window: str = "1m") -> str:
+    """Each class's mean loss between the last two scrapes over the run's mean loss (all classes)
+    in the last `window`, from the counters: about 1 where the learner goes on as it just went, above
+    it when a class comes back worse than the loss the learner has just been at. Detrended, so a
+    spike still shows while the loss falls fast (early in a run), where a spike can be lower than
+    the loss of two scrapes before it. The loss alone: nothing here knows where a switch is."""
+    recent = (f"sum by (run, strategy) (increase({_m('loss_nats_total')}[{window}])) / "
+              f"(sum by (run, strategy) (increase({_m('scored_tokens_total')}[{window}])) > 0)")
+    return f"({window_loss(None, over='irate')}) / on (run, strategy) group_left () ({recent})"
+
+
 def _panels() -> list[dict]:
     """Rows and panels, in reading order; `_layout` assigns ids and positions."""
     per_run = "{{run}} {{strategy}}"
@@ -119,13 +132,16 @@ def _panels() -> list[dict]:
                 (worst_batch("run, strategy"), "all classes worst batch " + per_run),
                 (window_loss(None, over="irate"), "{{class}} mean " + per_run),
                 (window_loss(None, "run, strategy", over="irate"), "all classes mean " + per_run),
-                (window_loss("steady"), "{{class}} steady " + per_run)],
-               unit=NATS, width=16,
+                (window_loss("steady"), "{{class}} steady " + per_run),
+                (loss_over_recent(), "{{class}} over the last minute's loss " + per_run)],
+               unit=NATS, units={"F": RATIO}, width=16,
                description="Between the last two scrapes, from the histogram and the counters (so no batch is "
                "missed): the worst batch (99th percentile, nats) and the mean loss per token, of each class and "
                "of all, beside each class's steady loss over the window (all batches but a revisit's first k). "
-               "A revisit shows as a jump of the class's lines (above where they ended when it was last active) "
-               "or of the all-classes lines; a class with no batch since the previous scrape draws nothing. "
+               "On the right axis, each class's mean over the run's mean loss in the last minute (x): 1 is the "
+               "level the learner has just been at. A revisit shows as a jump of the class's lines (above where "
+               "they ended when it was last active) or of the all-classes lines; a class with no batch since the "
+               "previous scrape draws nothing. "
                "Markers: true switches (white) and detected switches (red)."),
         _panel("timeseries", "Perplexity per class: steady and after switch",
                [(f"exp({window_loss('steady')})", "{{class}} steady " + per_run),
@@ -168,8 +184,11 @@ def _panels() -> list[dict]:
                 (_m("queue_depth"), "queue " + per_run)],
                unit=RECORDS, units={"B": BATCHES}, description="Records beyond the consumer position per partition; batches waiting for the model."),
         _panel("timeseries", "Dead letters by reason",
-               [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')})", "{{reason}} " + per_run)],
-               unit=RECORDS, description="Records sent to the dead-letter topic, by reason."),
+               [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) or on (run, strategy) "
+                 f"label_replace(0 * sum by (run, strategy) ({_m('batches_learned_total')}), \"reason\", \"none\", \"run\", \".*\")",
+                 "{{reason}} " + per_run)],
+               unit=RECORDS, description="Records sent to the dead-letter topic, by reason; a run without "
+               "dead letters (the counter has no series until the first) draws one line at 0, reason 'none'."),
         _row("Drift detector"),
         _panel("timeseries", "Switches: true vs detected",
                [(_m("switches_total"), "true " + per_run), (_m("switches_detected_total"), "detected " + per_run)],

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from monitor.console import ActivityClock, ConsoleSnapshot, LoopReading, TimeSplit
 from monitor.losslog import loss_log_line
-from monitor.sink import PrometheusSink
+from monitor.sink import PHASES, PrometheusSink
 from monitor.tracker import UNLABELLED, RunTracker, ViewSnapshot
 
 __all__ = ["LiveMonitor", "ViewSnapshot", "ConsoleSnapshot", "LoopReading", "UNLABELLED"]
@@ -39,6 +39,13 @@ class LiveMonitor:
             total_batches=total_batches, spark_width=spark_width, detector=detector,
             detection_tolerance=detection_tolerance)
         self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy)
+        for name in classes if metrics is not None else ():
+            # the manifest's classes: their loss and token counters exist, at 0, before their first batch;
+            # else the first scrape of a class holds its first batches already, and increase() over a window
+            # that starts before it extrapolates the two counters differently (their ratio is then off)
+            for phase in PHASES:
+                metrics.loss_nats_total.labels(run, strategy, name, phase)
+                metrics.scored_tokens_total.labels(run, strategy, name, phase)
         self.clock = ActivityClock(recent_window_s=recent_window_s, compute_window_s=compute_window_s)
         self._checkpoint_at: float | None = None
 

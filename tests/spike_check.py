@@ -118,8 +118,8 @@ def spike_figures(series, switch_list: list[dict], start: float, end: float, scr
             "all_spiking": len([s for s in revisits if s["spike"] > RISE]),
             "all_spiking_shown": len([s for s in shown_all if s["spike"] > RISE]),
             "far_moments": len(far), "far_rises": len(false),
-            "missed": [(round(s["time"] - start, 1), s["class"], round(s["spike"], 2))
-                       for s in revisits if s not in shown_all]}
+            "missed": [(round(s["time"] - start, 1), s["class"], round(s["spike"], 2),
+                        round(s["before_s"], 1), round(s["after_s"], 1)) for s in revisits if s not in shown_all]}
 
 
 def marker_times(base: str, expr: str, start: float, end: float, scrape_s: float) -> set[float]:

@@ -13,6 +13,7 @@ slow one: a longer stream with fragments of 1 to 15 s, fewer of which do.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from pathlib import Path
@@ -121,9 +122,11 @@ def check(run: dict, min_revisits: int) -> None:
 
 
 def test_revisit_spikes_markers_and_perplexity_at_a_one_second_scrape(broker, tmp_path, prometheus_binaries):
-    # 6 fragments (ru digits ru en digits en... by seed 83), 24 to 51 batches each: three revisits
-    # between fragments of 3.6 s or more; about 214 batches, 35 s
-    run = scraped_run(broker, tmp_path, "spikes-fast", fragments=6, mean_tokens=1200, seed=83)
+    # 6 fragments (ru digits ru en digits en... by seed 83), 36 to 77 batches each: three revisits
+    # between fragments of 5 s or more; about 320 batches, 55 s. `settled`: the fragment left has run
+    # three scrapes past its own first K batches, so the two scrapes before a switch show its settled
+    # loss, not its own spike (with fragments of 4 s, a loaded machine missed one revisit in four runs)
+    run = scraped_run(broker, tmp_path, "spikes-fast", settled=True, fragments=6, mean_tokens=1800, seed=83)
     assert [s["revisit"] for s in run["switches"]].count(True) == 3
     check(run, min_revisits=3)
 
@@ -136,3 +139,12 @@ def test_every_revisit_spike_shows_at_a_one_second_scrape(broker, tmp_path, prom
     # before a switch still show that spike: 7 of 10 revisits between fragments of 3 s rose then.
     run = scraped_run(broker, tmp_path, "spikes", settled=True, fragments=14, mean_tokens=1100, seed=333)
     check(run, min_revisits=2)
+
+
+def test_the_top_panel_draws_the_loss_and_nothing_that_knows_where_a_switch_is():
+    # what the spike check counts must come from the loss: the batch-loss histogram and the loss and
+    # token counters, never a switch gauge, a switch counter or the after-switch phase on its own
+    exprs = [target["expr"] for target in first_timeseries_panel()["targets"]]
+    metrics = {name for expr in exprs for name in re.findall(r"\b(streamer_\w+)\{", expr)}
+    assert metrics == {"streamer_batch_loss_nats_bucket", "streamer_loss_nats_total", "streamer_scored_tokens_total"}
+    assert not any("after_switch" in expr for expr in exprs)
