@@ -105,6 +105,7 @@ class ActivityClock:
         self._started_wall = None
         self._recent: deque = deque()  # (monotonic, tokens)
         self._computed: deque = deque()  # (compute seconds so far, tokens)
+        self._recent_tokens = self._computed_tokens = 0  # their tokens, kept as they change (read per batch)
         self._last_batch = self._last_batch_wall = None
         self._records_at_start = None
         self._probe_seconds_at_start = None
@@ -137,6 +138,8 @@ class ActivityClock:
         self._last_batch, self._last_batch_wall = now, time.time()
         self._recent.append((now, tokens))
         self._computed.append((self._split["compute_s"], tokens))
+        self._recent_tokens += tokens
+        self._computed_tokens += tokens
 
     def read(self, reading: LoopReading, now: float) -> None:
         """The loop's state at `now`: the activity from here on."""
@@ -184,21 +187,21 @@ class ActivityClock:
     def recent_rate(self, now: float) -> float:
         """Tokens learned per second over the last `recent_window_s` of wall time: zero when idle."""
         while self._recent and now - self._recent[0][0] > self.recent_window_s:
-            self._recent.popleft()
+            self._recent_tokens -= self._recent.popleft()[1]
         if self._started is None:
             return 0.0
         span = min(self.recent_window_s, max(now - self._started, 0.5))
-        return sum(tokens for _, tokens in self._recent) / span
+        return self._recent_tokens / span
 
     def compute_rate(self, now: float) -> float | None:
         """Tokens per second over the last `compute_window_s` of compute time (waiting excluded):
         the model's speed, kept while the run waits. None before any batch or `min_compute_s` of compute."""
         computed = self._split["compute_s"] + (now - self._last if self.activity in COMPUTE_ACTIVITIES else 0.0)
         while self._computed and computed - self._computed[0][0] > self.compute_window_s:
-            self._computed.popleft()
+            self._computed_tokens -= self._computed.popleft()[1]
         if computed < self.min_compute_s or self._last_batch is None:
             return None
-        return sum(tokens for _, tokens in self._computed) / min(self.compute_window_s, computed)
+        return self._computed_tokens / min(self.compute_window_s, computed)
 
     def snapshot(self, view: ViewSnapshot, now: float, wall: float) -> ConsoleSnapshot:
         """The tracker's snapshot with this clock's readings at `now` (monotonic) / `wall`."""

@@ -98,6 +98,7 @@ class RunTracker:
         self._recent = deque(maxlen=spark_width)
         self._recent_switch = deque(maxlen=spark_width)
         self._rate_window = deque()
+        self._rate_tokens = 0  # the tokens in _rate_window, kept as it changes (read once per batch)
         self._batches = 0
         self._tokens = 0
         self._last_loss = None
@@ -149,8 +150,9 @@ class RunTracker:
         self._recent_switch.append(switched)
         now = time.monotonic()
         self._rate_window.append((now, result.tokens))
+        self._rate_tokens += result.tokens
         while self._rate_window and now - self._rate_window[0][0] > RATE_WINDOW_S:
-            self._rate_window.popleft()
+            self._rate_tokens -= self._rate_window.popleft()[1]
         self.calm.update(result.loss, domain, name, fragment)
         sums = self._class_sums.setdefault(name, [0.0, 0])
         sums[0] += result.loss
@@ -243,7 +245,7 @@ class RunTracker:
         if len(self._rate_window) < 2:
             return 0.0
         span = self._rate_window[-1][0] - self._rate_window[0][0]
-        tokens = sum(t for _, t in list(self._rate_window)[1:])
+        tokens = self._rate_tokens - self._rate_window[0][1]  # the first entry's tokens predate the span
         return tokens / span if span > 0 else 0.0
 
     def snapshot(self) -> ViewSnapshot:
@@ -295,7 +297,7 @@ class RunTracker:
         load_rolling(self._rolling, state["rolling"])
         self._recent = deque(state["recent"], maxlen=self._recent.maxlen)
         self._recent_switch = deque(state["recent_switch"], maxlen=self._recent_switch.maxlen)
-        self._rate_window = deque()
+        self._rate_window, self._rate_tokens = deque(), 0
         self._dead = Counter({reason: count for reason, count in state["dead"]})
         self._started = time.monotonic() - state["elapsed_s"]
         self._detector = load_detector(state["detector"])
