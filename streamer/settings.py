@@ -12,6 +12,9 @@
   ``streamer monitor push`` (never a flag, so they do not show in ``ps``).
 - ``OMP_NUM_THREADS``: when set to a positive integer, the default of ``--threads``
   (streamer.threads), so a job pinned to N threads keeps N.
+- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: set by ``torchrun`` (and ``streamer learn --nproc``) for each
+  rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
+  ``MASTER_ADDR`` and ``MASTER_PORT``.
 - ``OMP_WAIT_POLICY``: written, not read for a decision: the learning commands set it to
   ``PASSIVE`` before torch loads its OpenMP runtime, unless the user set it
   (``prefer_passive_openmp``), so idle OpenMP threads sleep instead of spinning.
@@ -27,7 +30,7 @@ from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment",
            "omp_num_threads", "prefer_passive_openmp", "forbid_model_hub", "kafka_client_options",
-           "secret_variable"]
+           "secret_variable", "torchrun_environment"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
@@ -56,6 +59,14 @@ def omp_num_threads() -> int | None:
     """$OMP_NUM_THREADS as a positive integer, else None (unset or not a positive integer)."""
     text = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def torchrun_environment() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when torchrun started this process (RANK and WORLD_SIZE set), else None."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
 
 
 def prefer_passive_openmp() -> bool:

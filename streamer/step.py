@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 import torch
 
 from monitor.results import BatchTruth, StepResult
+from streamer.distributed import mean_over_ranks, ranks_count
 from streamer.strategies.base import Batch, Strategy
 
 __all__ = ["prequential_step", "run"]
@@ -21,7 +22,11 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
     LearnStats.skipped; a non-finite training loss or gradient norm is a skipped update too. A loss
     that is not finite is not recorded: `last_loss` (the previous batch's recorded loss) stands in for
     it, and for a non-finite training loss, so that the tracker, CALM's metrics and the loss log stay
-    finite; the result says skipped=True."""
+    finite; the result says skipped=True.
+
+    Ranks of a distributed learner (streamer.distributed) each learn their rows of the global batch:
+    the recorded losses are the means over the ranks (equal tokens each: the global batch's mean),
+    and `tokens` counts every rank's."""
     route = getattr(strategy, "route", None)
     if route is not None:  # only the `independent` oracle reads the ground truth, and says so
         route(truth)
@@ -30,10 +35,10 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
     predicted_at = time.perf_counter()
     stats = strategy.learn(batch)
     learned = time.perf_counter()
-    # GPU sync point: the one read of device values per step.
-    loss, train_loss, grad_norm = torch.stack(
+    # GPU sync point: the one read of device values per step (ranks: one all-reduce before it).
+    loss, train_loss, grad_norm = mean_over_ranks(torch.stack(
         [prediction.loss.detach().float(), stats.loss.float(), stats.grad_norm.float()]
-    ).tolist()
+    )).tolist()
     skipped = bool(stats.skipped) or not (math.isfinite(train_loss) and math.isfinite(grad_norm))
     if not math.isfinite(loss):
         loss, skipped = last_loss, True
@@ -46,7 +51,7 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
         labels = tuple(batch.targets.reshape(-1).tolist())
     return StepResult(
         index=index, loss=loss, train_loss=train_loss, grad_norm=grad_norm,
-        tokens=batch.tokens, truth=truth, predict_s=predicted_at - started,
+        tokens=batch.tokens * ranks_count(), truth=truth, predict_s=predicted_at - started,
         learn_s=learned - predicted_at, finished_at=time.time(),
         gpu_memory_bytes=torch.cuda.memory_allocated() if batch.inputs.is_cuda else None,
         gates=gates, predicted=predicted, labels=labels, skipped=skipped,

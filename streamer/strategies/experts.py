@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from streamer.distributed import average_gradients, mean_over_ranks
 from streamer.models.experts import LSTMExperts
 from streamer.models.lstm import LSTMConfig
 from streamer.models.mos import MixtureOfSoftmaxes
@@ -225,8 +226,8 @@ class PlasticGate:
         it against autograd): a step is then three tensor operations and a GateAdam update,
         several times faster than autograd and torch.optim on these small problems."""
         gradient = (poe_gate_gradient if self.kind == "poe" else moe_gate_gradient)(logits, targets)
-        for _ in range(self.steps):
-            self.optimizer.step(gradient(self.module))
+        for _ in range(self.steps):  # ranks: fitted on the global batch (the mean of the ranks' gradients)
+            self.optimizer.step(mean_over_ranks(gradient(self.module)))
 
     def update(self, logits, targets, inputs, state, uniform, warming_up: bool):
         self.train(logits, targets)
@@ -265,6 +266,7 @@ class LSTMGate:
         weights, gate_state = self.module(inputs, state)
         self.optimizer.zero_grad(set_to_none=True)
         _nll(combine(self.kind, logits, weights), targets).backward()
+        average_gradients(self.module.parameters())  # ranks: the global batch's gradient
         self.optimizer.step()
         return (uniform() if warming_up else weights.detach()), gate_state
 
@@ -292,6 +294,11 @@ class _Experts(HyperparameterRepr):
     first `warmup_batches` learned batches (and their predictions) use fixed uniform weights:
     1/n each for poe (the geometric mean of the experts), softmax(0) = 1/n for moe; the gate
     already trains during the warm-up. Subclasses only choose the kind and the gate.
+
+    Ranks (streamer.distributed): synchronised, so N ranks equal one process on the global batch:
+    the plastic gate's gradient is averaged over the ranks at each gate step, the LSTM gate's and
+    the experts' gradients before their step (the experts' before the per-expert clip); only the
+    hidden states of the rank's own rows are per rank.
     """
 
     kind = "moe"
@@ -341,17 +348,19 @@ class _Experts(HyperparameterRepr):
         """Combination weights for this batch and the gate's next state (() for stateless gates)."""
         return self._gate.weights(inputs, state, self.uniform_weights, self.warming_up)
 
-    def _loss(self, batch: Batch, state):
-        logits, expert_state = self.model.experts(batch.inputs, state[:2])
-        weights, gate_state = self._weights(batch.inputs, state[2:])
-        return _nll(self.combine(logits, weights), batch.targets), expert_state + gate_state
-
-    @torch.no_grad()
     def predict(self, batch: Batch) -> Prediction:
-        was_training = self.model.training
-        self.model.eval()
-        loss, _ = self._loss(batch, self._start_state(batch))
-        self.model.train(was_training)
+        """The mixture's loss under the current weights, before the update. With a mode-free model
+        (OnlineTrainer.shares_forward: dropout 0) the experts' forward runs in training mode and is
+        kept for `learn` on the same batch, so one forward serves the score and the update;
+        otherwise it is a separate eval-mode forward without a graph."""
+        start = self._start_state(batch)
+        with self._trainer.scoring():
+            logits, expert_state = self.model.experts(batch.inputs, start[:2])
+            if self._trainer.shares_forward:
+                self._trainer.keep(batch, start, (logits, expert_state))
+            with torch.no_grad():
+                weights, _ = self._weights(batch.inputs, start[2:])
+                loss = _nll(self.combine(logits.detach(), weights), batch.targets)
         return Prediction(loss=loss)
 
     def train_gates(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
@@ -362,7 +371,8 @@ class _Experts(HyperparameterRepr):
     def learn(self, batch: Batch) -> LearnStats:
         self.model.train()
         start = self._start_state(batch)
-        logits, expert_state = self.model.experts(batch.inputs, start[:2])
+        shared = self._trainer.take(batch, start)  # predict's forward of this batch, when it kept one
+        logits, expert_state = shared if shared is not None else self.model.experts(batch.inputs, start[:2])
         kept = self._gate.backup()
         weights, gate_state = self._gate.update(logits.detach(), batch.targets, batch.inputs, start[2:],
                                                 self.uniform_weights, self.warming_up)
@@ -370,6 +380,7 @@ class _Experts(HyperparameterRepr):
         optimizer = self._trainer.optimizer
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        average_gradients(self.model.experts.parameters())  # ranks: the global batch's gradient, then clipped
         norms = self.model.experts.clip_grad_norms_(self.clip)
         if not all_finite(loss, norms):  # skipped: the gate fitted on it is put back; experts, state stay
             optimizer.zero_grad(set_to_none=True)
@@ -460,7 +471,9 @@ class MoELSTM(_Experts):
 
 
 class MoS(HyperparameterRepr):
-    """Naive online training of a mixture of softmaxes (streamer.models.mos) built from the template's config."""
+    """Naive online training of a mixture of softmaxes (streamer.models.mos) built from the template's config.
+
+    Ranks (streamer.distributed): synchronised (gradients averaged before clipping), as naive."""
 
     def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1, n_components: int = 5):
         config, device = _template(model)

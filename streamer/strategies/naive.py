@@ -18,7 +18,9 @@ class Naive(HyperparameterRepr):
     """Online fine-tuning with Adam and per-step gradient clipping.
 
     The LSTM hidden state of each of the b parallel streams carries across
-    batches (truncated back-propagation through time), as in CALM.
+    batches (truncated back-propagation through time), as in CALM. With dropout 0 the
+    prediction's training-mode forward also serves the first update step (one forward a
+    batch: OnlineTrainer.shares_forward); with dropout > 0 the score is an eval-mode forward.
     """
 
     def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1):

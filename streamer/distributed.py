@@ -1,0 +1,212 @@
+"""N ranks as one learner (torch.distributed): which streams a rank owns, the per-step agreement, the
+gradient and loss averages, and the bytes a checkpoint moves between ranks.
+
+    torchrun --nproc-per-node 2 -m streamer learn --streams 10 ...   (or `streamer learn --nproc 2 ...`)
+
+    rank r of N owns global stream ids r*s .. r*s+s-1 (s = streams / N) as its batcher's rows 0..s-1,
+    reads only the partitions those streams are produced to (stream i -> partition i % partitions),
+    and every step:  agree (all have a batch? anyone stopping? checkpoint now?)  ->  predict  ->
+    learn (gradients averaged over ranks before clipping)  ->  the loss averaged over ranks.
+
+Batch i of a stream is its bytes i*w .. i*w+w whatever order records arrive in, and the ranks' rows
+are disjoint, so N ranks of s streams see the rows of one process's b = N*s streams; with equal
+tokens per rank, the mean of the ranks' mean losses (and gradients) is the global batch's mean:
+the same model and the same recorded losses as one process, to float rounding.
+
+Every collective runs in the loop's worker thread, in the same order on every rank (agree, the step's
+own, a checkpoint's gather); gloo on CPU, nccl on CUDA. Bytes between ranks are uint8 tensors of the
+checkpoint module's serialisation, never pickled objects. One process (no torchrun environment) has
+no `Ranks`, and every function here is then a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from streamer.settings import torchrun_environment
+
+__all__ = ["Ranks", "Agreement", "start", "current", "stop", "average_gradients", "mean_over_ranks", "ranks_count",
+           "STOP_REASONS"]
+
+# The stop reason all ranks take when several differ in one round: the later in this tuple wins.
+STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "signal")
+
+_current: Ranks | None = None
+
+
+@dataclass(frozen=True)
+class Agreement:
+    go: bool  # every rank has its next batch and none stops: all step
+    stop_reason: str | None  # some rank stops: all stop, with this reason
+    checkpoint: bool  # rank 0 asks for a checkpoint after this step
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the ranks of one learner."""
+
+    rank: int
+    world: int
+    device: torch.device  # where collectives' tensors live (cpu for gloo, the rank's GPU for nccl)
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: writes the run directory (checkpoint, loss log, status, metrics, probes)."""
+        return self.rank == 0
+
+    def streams_per_rank(self, streams: int) -> int:
+        """b / N; ValueError (one line) when b is not a multiple of N."""
+        if streams % self.world:
+            raise ValueError(f"--streams {streams} is not divisible by the {self.world} ranks "
+                             f"(each rank learns streams / ranks of them); use a multiple of {self.world}")
+        return streams // self.world
+
+    def first_stream(self, streams: int) -> int:
+        return self.rank * self.streams_per_rank(streams)
+
+    def partitions(self, streams: int):
+        """partitions(count) -> this rank's partitions of a topic with `count` partitions, the producer
+        sending stream i to partition i % count; ValueError (one line) when a partition would hold
+        streams of two ranks (the topic needs one partition per stream, or a multiple of N)."""
+        per_rank = self.streams_per_rank(streams)
+
+        def choose(count: int) -> list[int]:
+            owner: dict[int, int] = {}
+            for stream in range(streams):
+                if owner.setdefault(stream % count, stream // per_rank) != stream // per_rank:
+                    raise ValueError(f"the topic has {count} partitions: streams of two ranks share partition "
+                                     f"{stream % count}; produce it with --partitions {streams} (one per stream)")
+            first = self.rank * per_rank
+            return sorted({stream % count for stream in range(first, first + per_rank)})
+
+        return choose
+
+    def agree(self, has_batch: bool, stop_reason: str | None, checkpoint: bool, records: int = 0,
+              more: bool = True, total_records: int | None = None) -> Agreement:
+        """One round (one all-reduce): all ranks step when every one has a batch and none stops; when
+        one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` is everyone's.
+        The stream ends for all when the ranks' `records` (batched) add up to `total_records` and no
+        rank has `more` (a whole batch cut or to cut). Blocking: call it in the worker thread."""
+        stops = [0] * len(STOP_REASONS)
+        if stop_reason is not None:
+            stops[STOP_REASONS.index(stop_reason if stop_reason in STOP_REASONS else "signal")] = 1
+        counts = torch.tensor([0 if has_batch else 1, int(checkpoint and self.leader), records, int(more), *stops],
+                              dtype=torch.int64, device=self.device)
+        dist.all_reduce(counts)
+        # GPU sync point (nccl): the agreement is read on the host, once per step.
+        waiting, wanted, records, more, *stops = counts.tolist()
+        if total_records and records >= total_records and not more:
+            stops[STOP_REASONS.index("end_of_stream")] += 1
+        if any(stops):
+            return Agreement(False, STOP_REASONS[max(i for i, count in enumerate(stops) if count)], False)
+        return Agreement(not waiting, None, bool(wanted) and not waiting)
+
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """Every rank's `data` on rank 0 (in rank order), None on the others. Blocking."""
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = [torch.zeros_like(length) for _ in range(self.world)]
+        dist.all_gather(lengths, length)
+        sizes = [int(size) for size in torch.cat(lengths).tolist()]
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        if data:
+            padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = [torch.empty(max(sizes), dtype=torch.uint8, device=self.device) for _ in range(self.world)]
+        dist.all_gather(parts, padded.to(self.device))
+        if not self.leader:
+            return None
+        return [part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes)]
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes | None:
+        """Rank 0's `data` (None included) on every rank. Blocking."""
+        length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64, device=self.device)
+        dist.broadcast(length, src=0)
+        size = int(length.item())
+        if size < 0:
+            return None
+        buffer = torch.zeros(size, dtype=torch.uint8)
+        if self.leader and size:
+            buffer[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        buffer = buffer.to(self.device)
+        dist.broadcast(buffer, src=0)
+        return buffer.cpu().numpy().tobytes()
+
+    def all_true(self, value: bool) -> bool:
+        """Whether `value` holds on every rank. Blocking."""
+        flag = torch.tensor([0 if value else 1], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return not flag.item()
+
+
+def start(device: str = "cpu", timeout_s: float = 7 * 24 * 3600.0) -> Ranks | None:
+    """Join torchrun's process group when this process runs under torchrun (RANK and WORLD_SIZE set),
+    with gloo on CPU and nccl on CUDA (each local rank its own GPU); None in a plain process.
+    `timeout_s`: how long a collective may wait for a slow rank (a daemon may wait days for records;
+    a rank that dies is torchrun's to notice, which stops the others). ValueError (one line) when
+    CUDA is asked for and this local rank has no GPU of its own."""
+    global _current
+    environment = torchrun_environment()
+    if environment is None:
+        return None
+    rank, world, local_rank = environment
+    cuda = device in ("cuda", "auto") and torch.cuda.is_available()
+    if cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"local rank {local_rank} has no GPU of its own ({torch.cuda.device_count()} visible): "
+                             f"start at most {torch.cuda.device_count()} ranks per machine, or use --device cpu")
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    _current = Ranks(rank, world, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
+    return _current
+
+
+def current() -> Ranks | None:
+    """The Ranks `start` joined, or None (one process)."""
+    return _current
+
+
+def stop() -> None:
+    """Leave the process group (at the end of a run)."""
+    global _current
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _current = None
+
+
+def ranks_count() -> int:
+    """The ranks of this learner (1 in one process)."""
+    return _current.world if _current is not None else 1
+
+
+@torch.no_grad()
+def average_gradients(parameters) -> None:
+    """Replace each parameter's gradient by its mean over the ranks (one flattened all-reduce: what
+    DistributedDataParallel computes); parameters without a gradient stay without. A no-op in one process."""
+    world = ranks_count()
+    if world == 1:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@torch.no_grad()
+def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s mean over the ranks (a new tensor; `tensor` itself in one process)."""
+    world = ranks_count()
+    if world == 1:
+        return tensor
+    total = tensor.detach().clone()
+    dist.all_reduce(total)
+    return total / world
