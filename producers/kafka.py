@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from producers.security import is_refusal, refusal_reason
-from producers.wire import Record, encode
+from producers.wire import Record, encode, stream_id
 
 __all__ = ["ProduceError", "closed_quietly", "ensure_topic", "produce"]
 
@@ -135,6 +135,15 @@ class _Sender:
             self.failure = failed
 
 
+def _partition(record: Record, partitions: int) -> int | None:
+    """Stream id i goes to partition i % partitions (one partition per stream with --partitions b, so
+    each rank of a distributed learner reads its own streams); other keys: the key's hash (None)."""
+    if partitions <= 1:
+        return None
+    stream = stream_id(record.stream)
+    return None if stream is None else stream % partitions
+
+
 async def produce(
     records: Iterable[Record],
     bootstrap_servers: str,
@@ -149,7 +158,8 @@ async def produce(
     broker_timeout_s: float = 60.0,
     log: Callable[[str], None] | None = None,
 ) -> int:
-    """Send records in order (key = stream id); `rate` caps records per second and
+    """Send records in order (key = stream id; with `partitions` > 1, stream id i to partition
+    i % partitions); `rate` caps records per second and
     `token_rate` bytes of text per second. With `truth_topic`, each fragment's start on
     each stream is also announced there (JSON), so a remote monitor can read the ground
     truth without touching the model's input. `broker_timeout_s`: see the module's docstring;
@@ -175,7 +185,7 @@ async def produce(
                     await sender.send(truth_topic, key=record.stream.encode(), value=json.dumps({
                         "stream": record.stream, **dataclasses.asdict(record.truth)}).encode())
             key, value, headers = encode(record)
-            await sender.send(topic, value=value, key=key, headers=headers)
+            await sender.send(topic, value=value, key=key, headers=headers, partition=_partition(record, partitions))
             sent = sender.sent = sent + 1
             sent_bytes += len(value)
             ahead = max(sent / rate if rate else 0.0, sent_bytes / token_rate if token_rate else 0.0)

@@ -99,10 +99,14 @@ class OffsetTracker:
 
 
 class Batcher:
-    """Cuts b x w batches; stream id n owns row n for the run's life."""
+    """Cuts b x w batches; stream id first_stream + n owns row n for the run's life."""
 
-    def __init__(self, streams: int, window: int, device: torch.device | str = "cpu", encode=None):
-        """`encode(text)` gives a record's token ids (bytes or a list of ints); UTF-8 bytes by default."""
+    def __init__(self, streams: int, window: int, device: torch.device | str = "cpu", encode=None,
+                 first_stream: int = 0):
+        """`encode(text)` gives a record's token ids (bytes or a list of ints); UTF-8 bytes by default.
+        `first_stream`: the stream id of row 0 (a distributed learner's rank owns ids first_stream ..
+        first_stream + streams - 1; streamer.distributed)."""
+        self.first_stream = first_stream
         self.streams = streams
         self.window = window
         self.device = torch.device(device)
@@ -113,10 +117,13 @@ class Batcher:
         self.offsets = OffsetTracker()
 
     def _row(self, stream: str) -> int | None:
-        """Stream id n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an id >= b
-        and for a key that is not a stream id (never a row taken from another stream)."""
+        """Stream id first_stream + n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an
+        id outside them and for a key that is not a stream id (never a row taken from another stream)."""
         row = stream_id(stream)
-        return row if row is not None and row < self.streams else None
+        if row is None:
+            return None
+        row -= self.first_stream
+        return row if 0 <= row < self.streams else None
 
     def accepts(self, stream: str) -> bool:
         return self._row(stream) is not None

@@ -16,6 +16,11 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
     step            batches learned
     tracker         the metric tracker's state (monitor.live.LiveMonitor.state_dict), when it has one
     labels          classifiers: the label names in head-row order
+    world_size      distributed runs (streamer.distributed): the number of ranks that wrote it
+    ranks           distributed runs: per rank, in rank order, {"loop", "strategy", "rng"} (its rows'
+                    carry-over and offsets, its strategy state: the hidden state of its rows and whatever
+                    a strategy keeps per rank, its generators); the top level holds rank 0's, and
+                    "offsets" every rank's. Only rank 0 writes it, gathered from every rank at the same step.
 
 A run copies its state at a snapshot point (`copied`: every tensor cloned, on the event loop) and
 writes the copy from a background thread while the next steps run (`Checkpointer`).
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import os
 import random
 import time
@@ -39,7 +45,7 @@ import numpy as np
 import torch
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpointer", "save", "load", "copied", "rng_state", "set_rng_state",
-           "plain"]
+           "plain", "to_bytes", "from_bytes", "save_gathered"]
 
 FORMAT_VERSION = 1
 
@@ -106,6 +112,43 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
     return state
 
 
+def to_bytes(state) -> bytes:
+    """`state` (tensors and plain values) serialised as a checkpoint file holds it: what ranks send each other."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes):
+    """to_bytes's value back (torch.load(weights_only=True): tensors and plain values only)."""
+    with torch.serialization.safe_globals([bytes]):
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def save_gathered(path: str | os.PathLike, state: dict, ranks) -> bool:
+    """Every rank calls it at the same step with its own `state` (Checkpointer.state): rank 0 gathers
+    each rank's loop, strategy and RNG state and writes the checkpoint; True on every rank once it is
+    on disk (the offsets may then be committed), False when rank 0 failed (it then raises).
+    Blocking collectives: call it in the loop's worker thread."""
+    own = {"loop": state["loop"], "strategy": state["strategy"], "rng": state["rng"]}
+    parts = ranks.gather_bytes(b"" if ranks.leader else to_bytes(own))
+    failure = None
+    if ranks.leader:
+        every = [own] + [from_bytes(part) for part in parts[1:]]
+        offsets = {}
+        for part in every:
+            offsets.update({f"{topic}:{partition}": offset
+                            for (topic, partition), offset in part["loop"]["offsets"].items()})
+        try:
+            save(path, {**state, "offsets": offsets, "world_size": ranks.world, "ranks": every})
+        except Exception as exc:  # noqa: BLE001 - told to every rank, then raised here
+            failure = exc
+    written = ranks.all_true(failure is None)
+    if failure is not None:
+        raise failure
+    return written
+
+
 def rng_state() -> dict:
     """Every random generator a run draws from, as tensors and plain values."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
@@ -165,12 +208,22 @@ class Checkpointer:
         self._in_flight: asyncio.Task | None = None
         self._one_at_a_time = asyncio.Lock()  # the periodic write never waits on it (it starts none while one runs)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-checkpoint")
+        self.ranks = getattr(loop, "ranks", None)  # distributed: rank 0 decides, every rank takes part
+        if self.ranks is not None:
+            loop.checkpoint_wanted = self._time_due
 
     @property
     def writing(self) -> bool:
         return self._in_flight is not None and not self._in_flight.done()
 
     def due(self) -> bool:
+        """Time for the next checkpoint (ranks: rank 0's decision, agreed before this step)."""
+        if self.ranks is not None:
+            agreed, self.loop.checkpoint_agreed = self.loop.checkpoint_agreed, False
+            return agreed
+        return self._time_due()
+
+    def _time_due(self) -> bool:
         return not self.writing and time.monotonic() - self.written_at >= self.every_s
 
     def state(self) -> dict:
@@ -193,7 +246,14 @@ class Checkpointer:
     def start(self) -> None:
         """Copy the state now (the caller is at a snapshot point) and write it in the background, then
         commit its offsets; nothing when a write is in flight. The consumer of the loop's results calls
-        it between two results."""
+        it between two results. Ranks: every rank at the same step (Checkpointer.due agreed); the gather
+        and rank 0's write run in the worker thread in the step's place, then each rank commits its own
+        offsets."""
+        if self.ranks is not None:
+            self._raise_failure()
+            state = self.state()
+            self._in_flight = asyncio.create_task(self._commit_gathered(self._in_flight, state, self._gathered(state)))
+            return
         if self.writing:
             return
         self._raise_failure()
@@ -204,6 +264,10 @@ class Checkpointer:
         done. At a snapshot point: the end of the run (the loop has stopped) or inside on_revoke."""
         async with self._one_at_a_time:
             await self.wait()
+            if self.ranks is not None:
+                state = self.state()
+                await self._commit_gathered(None, state, self._gathered(state))
+                return
             await self._write_and_commit(self.state())
 
     async def wait(self) -> None:
@@ -226,6 +290,20 @@ class Checkpointer:
         self.written_at, self.last_written = time.monotonic(), time.time()
         self.monitor.checkpointed(self.last_written)
         await self.loop.commit(state["loop"]["offsets"])  # refused (a rebalance): the checkpoint holds them
+
+    def _gathered(self, state: dict) -> asyncio.Future:
+        """save_gathered queued in the loop's worker now, before the next step's collectives."""
+        return self.loop.submit(save_gathered, self.path, state, self.ranks)
+
+    async def _commit_gathered(self, previous, state: dict, gathered: asyncio.Future) -> None:
+        if previous is not None:
+            await previous
+        if not await gathered:
+            return
+        if self.ranks.leader:
+            self.written_at, self.last_written = time.monotonic(), time.time()
+            self.monitor.checkpointed(self.last_written)
+        await self.loop.commit(state["loop"]["offsets"])  # this rank's partitions
 
     def _raise_failure(self) -> None:
         """A failed background write (a full disk) ends the run like a failed step."""

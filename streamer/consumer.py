@@ -57,7 +57,7 @@ class KafkaSource:
                  max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None,
                  security=None, on_revoke=None, broker_timeout_s: float = 60.0, session_timeout_ms: int = 6000,
                  heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0, commit_timeout_s: float = 10.0,
-                 join_timeout_s: float = 60.0):
+                 join_timeout_s: float = 60.0, partitions=None):
         """`max_record_bytes`: larger records are dead-lettered as too_large (None: no limit).
         `dead_letter_timeout_s`: the longest a dead-letter send may hold up fetching; then it counts as
         failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
@@ -68,7 +68,11 @@ class KafkaSource:
         `session_timeout_ms`, `heartbeat_interval_ms`: the group session; a learner killed with SIGKILL
         holds its partitions this long, so a restart joins about a session later.
         `probe_timeout_s`: the longest reachable() waits for an answer; `commit_timeout_s`: a commit's;
-        `join_timeout_s`: joining the group, beyond the broker's timeout (a dead member expires first)."""
+        `join_timeout_s`: joining the group, beyond the broker's timeout (a dead member expires first).
+        `partitions`: read only these partitions, assigned (no group membership, no rebalance; offsets
+        still committed under `group_id`): a list, or partitions(count) -> list given the topic's
+        partition count (a rank of a distributed learner, streamer.distributed), whose ValueError is
+        SourceError."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.group_id = group_id
@@ -85,6 +89,7 @@ class KafkaSource:
         self.broker_timeout_s, self.probe_timeout_s, self.commit_timeout_s = broker_timeout_s, probe_timeout_s, commit_timeout_s
         self.session_timeout_ms, self.heartbeat_interval_ms = session_timeout_ms, heartbeat_interval_ms
         self.join_timeout_s = join_timeout_s
+        self.partitions = partitions
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._listener: SeekOnAssign | None = None
@@ -114,14 +119,18 @@ class KafkaSource:
                 # liveness, so the poll interval must not evict the learner from its group.
                 max_poll_interval_ms=24 * 3600 * 1000, **self._client_options,
             )
-            self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._from_beginning, self._log)
-            self._consumer.subscribe([self.topic], listener=self._listener)
-            await self._joined()
-            await self._refuse_if_shared(admin)
+            if self.partitions is not None:
+                await self._assigned(admin)
+            else:
+                self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._from_beginning, self._log)
+                self._consumer.subscribe([self.topic], listener=self._listener)
+                await self._joined()
+                await self._refuse_if_shared(admin)
             if self.dead_letter:
                 self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **self._client_options)
                 await self._started(self._producer.start())
-            self._listener.on_revoke = self.on_revoke  # armed: revokes from now on hand the learner's state over
+            if self._listener is not None:
+                self._listener.on_revoke = self.on_revoke  # armed: revokes from now on hand the learner's state over
         except KafkaConnectionError:  # lost between the checks and the dead-letter producer's start
             await self.stop()
             raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers}") from None
@@ -188,6 +197,27 @@ class KafkaSource:
                 self._log(f"topic {self.topic} does not exist at {self.bootstrap_servers} yet; waiting for it "
                           f"(`streamer produce --topic {self.topic}` or your producer creates it)")
             await asyncio.sleep(every_s)
+
+    async def _assigned(self, admin) -> None:
+        """Take `partitions` by assignment and seek each to the learner's own offset (else the group's
+        committed one, or the earliest with from_beginning or nothing committed)."""
+        chosen = self.partitions
+        if callable(chosen):
+            described = await asyncio.wait_for(admin.describe_topics([self.topic]), self.broker_timeout_s)
+            try:
+                chosen = chosen(len(described[0]["partitions"]))
+            except ValueError as exc:
+                raise SourceError(f"topic {self.topic}: {exc}") from None
+        await self._joined()
+        assigned = [TopicPartition(self.topic, partition) for partition in chosen]
+        self._consumer.assign(assigned)
+        known = self._seek_positions()
+        for tp in assigned:
+            position = known.get((tp.topic, tp.partition))
+            if position is not None:
+                self._consumer.seek(tp, position)
+            elif self._from_beginning:
+                await self._consumer.seek_to_beginning(tp)
 
     async def _joined(self) -> None:
         """Start the consumer: bootstrap and the group's JoinGroup (a member killed before us expires

@@ -10,6 +10,11 @@
         --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 
 `run(config, ...)` composes them for the command line; it prints only through `log`.
+
+Ranks of a distributed learner (streamer.distributed, under torchrun): each rank reads its own
+partitions into its rows and steps with the others; rank 0 alone writes the run directory (config,
+loss log in global batch order, status, checkpoint with every rank's state and offsets) and serves
+the metrics; the others write nothing there. Probes are not scored in a distributed run.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
 from monitor.view import LiveView
 from producers.kafka import ensure_topic
-from streamer import checkpoint
+from streamer import checkpoint, distributed
 from streamer.checkpoint import Checkpointer
 from streamer.config import LearnConfig, RunSummary
 from streamer.consumer import KafkaSource
@@ -102,32 +107,38 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     `stop_signals`: signals that stop the run cleanly (the step in flight, a checkpoint, a commit);
     a second SIGINT exits at once with status 130."""
     started = time.monotonic()
+    ranks = distributed.current()  # None: one process
+    leader = ranks is None or ranks.leader  # writes the run directory
     device = resolve_device(config.device)
     strategy, built = prepared or build_strategy(config, device, manifest)
-    write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
-    batcher = built.make_batcher(config.streams, config.window, device)
+    if leader:
+        write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
+    batcher = built.make_batcher(config.streams // (ranks.world if ranks else 1), config.window, device)
+    if ranks is not None:
+        batcher.first_stream = ranks.first_stream(config.streams)
     total_batches, shown_total = _batch_limits(config, built, manifest)
     if monitor is None:
         monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
                               from_fragment=config.from_fragment, total_batches=shown_total,
-                              metrics=create_metrics() if config.metrics_port is not None else None,
+                              metrics=create_metrics() if config.metrics_port is not None and leader else None,
                               detector=config.detector)
     else:
         monitor.total_batches = shown_total
     if view is None:
-        view = LiveView(console=console if config.live_view else Console(force_terminal=False))
+        view = LiveView(console=console if config.live_view else Console(force_terminal=False), enabled=leader)
     if producer is not None:  # the topic must exist before the consumer subscribes
         await ensure_topic(config.bootstrap_servers, config.topic,
                            client_options=kafka_client_options(config.kafka_security))
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
                          max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
-                         broker_timeout_s=config.broker_timeout_s)
+                         broker_timeout_s=config.broker_timeout_s,
+                         partitions=None if ranks is None else ranks.partitions(config.streams))
     source.seek_on_assign(batcher.offsets.next_positions, from_beginning)
     loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
                            max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size,
-                           broker_timeout_s=config.broker_timeout_s, log=log)
+                           broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks)
     server = None
     if config.metrics_port is not None and monitor.metrics is not None:
         server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
@@ -135,19 +146,22 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                           security=config.metrics_security)
         log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
         _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
-    probes = _probe_scheduler(config, built, manifest, batcher, loop)
+    probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
+    if ranks is not None and leader and manifest and config.probe:
+        log("probes: not scored in a distributed run (--nproc); `streamer report` has the stream's own metrics")
     labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
     checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                 config=config, loop=loop, monitor=monitor, labels=labels)
     source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
     if resume is not None:
-        restore(resume, loop, monitor)
-        if checkpointer.path.exists():  # the console shows its age until the next one
+        restore(resume, loop, monitor, ranks)
+        if leader and checkpointer.path.exists():  # the console shows its age until the next one
             monitor.checkpointed(checkpointer.path.stat().st_mtime)
     tasks = []
     try:
         with view, _StopOnSignals(stop_signals, loop, log):
-            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, config.run_dir, view,
+            run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
+            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view,
                                                   final_probe=built.kind == "classifier", resumed=resume is not None))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
@@ -155,7 +169,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             _sync(loop, monitor, checkpointer, probes, finished=True)
             final = monitor.console_snapshot()
             view.update(final, force=True)
-            write_status(config.run_dir / STATUS_FILE, final)
+            if leader:
+                write_status(config.run_dir / STATUS_FILE, final)
     finally:
         for task in tasks:
             task.cancel()
@@ -180,15 +195,22 @@ def _note_in_run_config(run_dir: Path, **values) -> None:
     staging.replace(path)
 
 
-def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor) -> None:
+def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:
     """Continue a checkpoint's run: the strategy (model, optimizer, memories, detectors), the loop's
     step and carry-over (its offsets are where the partitions are read from), the tracker, and last
-    the random generators (nothing draws from them between here and the first step)."""
-    loop.strategy.load_state_dict(state["strategy"])
-    loop.load_state_dict(state["loop"])
+    the random generators (nothing draws from them between here and the first step). Ranks: each
+    takes its own part of the checkpoint (written by as many ranks)."""
+    own = state if ranks is None else state["ranks"][ranks.rank]
+    try:
+        loop.strategy.load_state_dict(own["strategy"])
+    except (ValueError, RuntimeError, KeyError) as exc:  # another layout or shape: one line, not a traceback
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = "" if "--fresh" in reason else "; --fresh starts the run over"
+        raise checkpoint.CheckpointError(f"cannot resume from the checkpoint: {reason}{hint}") from None
+    loop.load_state_dict(own["loop"])
     if state.get("tracker") is not None:
         monitor.load_state_dict(state["tracker"])
-    checkpoint.set_rng_state(state["rng"])
+    checkpoint.set_rng_state(own["rng"])
 
 
 async def _until_learned(tasks: list, loop: PrequentialLoop) -> None:
@@ -234,17 +256,19 @@ class _StopOnSignals:
         self.loop.stop("signal")
 
 
-async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path, view,
+async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path | None, view,
                    final_probe: bool, resumed: bool = False) -> None:
     """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes. The run's
     logs are cut back to the loop's step (a resumed run's checkpoint; 0 otherwise) once the source has
-    started, then appended to."""
+    started, then appended to. `run_dir` None (a rank other than 0): no log, no status file."""
     # from the start: the consumer group's JoinGroup (in the source's start) shows as joining
     publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir))
     try:
         async with loop:
-            trim_logs(run_dir, loop.step)
-            with LossLogWriter(run_dir / "losses.jsonl", append=resumed) as losses:
+            if run_dir is not None:
+                trim_logs(run_dir, loop.step)
+            loss_log = _NoLossLog() if run_dir is None else LossLogWriter(run_dir / "losses.jsonl", append=resumed)
+            with loss_log as losses:
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
                     monitor.probed(row)
                 async for result in loop:
@@ -260,6 +284,19 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
     finally:
         publisher.cancel()
         await asyncio.gather(publisher, return_exceptions=True)
+
+
+class _NoLossLog:
+    """The loss log of a rank other than 0: rank 0 writes the global one."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def write(self, line) -> None:
+        pass
 
 
 async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpointer=None, probes=None,

@@ -15,6 +15,12 @@ kept, the queued batches are learned, nothing is committed), one that answers ag
 the consumer rejoins its group and reads on from the learner's own offsets); one lost for
 `broker_timeout_s` stops the loop with stop_reason "broker_lost" (the learner then checkpoints).
 
+Ranks of a distributed learner (`ranks`, streamer.distributed) step together: before each step every
+rank says, in one collective in the worker thread, whether it has its next batch, whether it stops
+(and why) and (rank 0) whether a checkpoint is due; all step when all have a batch, all stop when one
+stops, and all checkpoint after the step when rank 0 asks. A rank waiting for records says so every
+`agree_every_s`, so a stop reaches every rank within that time.
+
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
             ...  # at each result: strategy, batcher carry-over and offsets describe "after batch result.index"
@@ -46,8 +52,11 @@ class PrequentialLoop:
                  total_batches: int | None = None, total_records: int | None = None,
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
-                 log=None):
+                 log=None, ranks=None, agree_every_s: float = 0.2):
         self.strategy, self.batcher, self.source = strategy, batcher, source
+        self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
+        self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
+        self.checkpoint_agreed = False  # the last agreement asks for a checkpoint after its step
         self.broker_timeout_s, self.probe_every_s, self.lost_after_s = broker_timeout_s, probe_every_s, lost_after_s
         self._log = log or (lambda line: None)
         self.max_batches, self.total_batches, self.total_records = max_batches, total_batches, total_records
@@ -123,12 +132,14 @@ class PrequentialLoop:
 
     async def __aiter__(self) -> AsyncIterator[StepResult]:
         while True:
-            ready = await self.peek()  # fetch -> batch: the fetch task has cut it; None: a stop condition
+            # fetch -> batch: the fetch task has cut it; None: a stop condition (of any rank)
+            ready = await (self.peek() if self.ranks is None else self._agreed())
             if ready is None:
                 return
             async with self._between_results:  # released when the consumer asks for the next result
-                if not self._queue or self._queue[0] is not ready or self.stop_reason is not None:
-                    continue  # changed while a snapshot was taken: look again
+                if self.ranks is None and (not self._queue or self._queue[0] is not ready
+                                           or self.stop_reason is not None):
+                    continue  # changed while a snapshot was taken: look again (ranks: agreed, so step)
                 self._queue.popleft()
                 self._changed.set()  # room in the queue: the fetch side goes on
                 result = await self.in_worker(prequential_step, self.strategy, ready.batch, ready.truth, self.step,
@@ -165,6 +176,42 @@ class PrequentialLoop:
                 pass
             if self._fetcher is not None and self._fetcher.done():
                 self._fetcher.result()  # re-raise a failure of the fetch side
+
+    async def _agreed(self) -> ReadyBatch | None:
+        """The next batch once every rank has its own (all step), None once any rank stops (all stop)."""
+        while True:
+            await self._ready_or_stopped(self.agree_every_s)
+            agreed = await self.in_worker(self.ranks.agree, bool(self._queue), self.stop_reason,
+                                          self.checkpoint_wanted(), self.records_batched,
+                                          bool(self._queue) or self.batcher.ready(), self.total_records)
+            if agreed.stop_reason is not None:
+                self.stop_reason = self.stop_reason or agreed.stop_reason
+                return None
+            if agreed.go:
+                self.checkpoint_agreed, self.waiting_since = agreed.checkpoint, None
+                return self._queue[0]
+
+    async def _ready_or_stopped(self, wait_s: float) -> None:
+        """Until this rank has a batch, a stop condition holds, or `wait_s` has passed (ranks: the end of
+        the stream, total_records, is agreed, the records being spread over them)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._check_stop()
+            remaining = deadline - time.monotonic()
+            if self.stop_reason is not None or self._queue or remaining <= 0:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
+            except asyncio.TimeoutError:
+                pass
+            if self._fetcher is not None and self._fetcher.done():
+                self._fetcher.result()  # re-raise a failure of the fetch side
+
+    def submit(self, function, *args) -> asyncio.Future:
+        """`function(*args)` queued in the model's worker thread now (collectives keep their order on
+        every rank); await the returned future for its result."""
+        return asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
 
     async def in_worker(self, function, *args):
         """Run `function(*args)` in the model's worker thread, after any step in flight."""
@@ -216,7 +263,8 @@ class PrequentialLoop:
             self.stop_reason = self.stop_reason or "time_limit"
         if self.idle_timeout_s and not self._queue and now - self._last_record >= self.idle_timeout_s:
             self.stop_reason = self.stop_reason or "idle"
-        if (self.total_records and self.records_batched >= self.total_records and not self._queue
+        if (self.ranks is None  # ranks: agreed (their records add up to it)
+                and self.total_records and self.records_batched >= self.total_records and not self._queue
                 and not self.batcher.ready()):  # every record read and batched: what remains is less than a batch
             self.stop_reason = self.stop_reason or "end_of_stream"
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
+import signal
+import sys
 from pathlib import Path
 
 from streamer.cli.configs import learn_config
@@ -16,6 +19,7 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
+from streamer.settings import torchrun_environment
 
 __all__ = ["add_parser", "run"]
 
@@ -42,6 +46,11 @@ def add_parser(sub) -> None:
                    help="seed of the model and the strategy (default %(default)s)")
     p.add_argument("--idle-timeout", type=positive_float,
                    help="stop after this many seconds without records (default: wait forever, as a daemon)")
+    p.add_argument("--nproc", type=positive_int, default=1,
+                   help="ranks on this machine learning as one model (torchrun's elastic agent starts them; "
+                        "each learns streams / nproc of the --streams, from its own partitions: produce with "
+                        "--partitions <streams>; default %(default)s). Several machines: run `torchrun "
+                        "--nnodes ... -m streamer learn` on each (see the README)")
     add_model_flags(p)
     add_security_flags(p)
     add_metrics_security_flags(p)
@@ -63,6 +72,9 @@ def _manifest(args) -> tuple[Path | None, dict | None]:
 
 
 def run(args) -> int:
+    environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
+    if args.nproc > 1 and environment is None:
+        return _launch(args)
     manifest_path, manifest = _manifest(args)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
@@ -70,16 +82,39 @@ def run(args) -> int:
     run_dir = args.run_dir or Path("runs") / f"{args.topic}-{group}"  # stable: the same command continues it
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=run_dir, manifest=manifest, manifest_path=manifest_path)
+    ranks = None
+    if environment is not None and environment[1] > 1:
+        _refuse_for_ranks(config, environment[1], leader=environment[0] == 0)
+        from streamer import distributed
+
+        try:
+            ranks = distributed.start(config.device)
+        except ValueError as exc:
+            if environment[0] == 0:
+                raise UserError(str(exc)) from None
+            raise SystemExit(2) from None
+    leader = ranks is None or ranks.leader
     try:
-        with RunDirLock(run_dir):
-            state = _start_or_resume(config, args.fresh)
-            config = _resumed_span(config, state)
-            if manifest is not None:
+        with contextlib.ExitStack() as held:
+            def lock() -> None:  # rank 0 (or the one process) holds the run directory
+                try:
+                    held.enter_context(RunDirLock(run_dir))
+                except RunDirBusy as exc:
+                    raise UserError(str(exc)) from None
+
+            state = _start_or_resume(config, args.fresh, ranks, lock)
+            config = _resumed_span(config, state, leader)
+            if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
             summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
                 config, manifest=manifest, resume=state, from_beginning=args.fresh)))
-    except RunDirBusy as exc:
-        raise UserError(str(exc)) from None
+    finally:
+        if ranks is not None:
+            from streamer import distributed
+
+            distributed.stop()
+    if not leader:
+        return 0
     print_run_report(summary, config.from_fragment)
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
         raise UserError(f"Kafka at {config.bootstrap_servers} was lost for {config.broker_timeout_s:g} s "
@@ -89,18 +124,117 @@ def run(args) -> int:
     return 0
 
 
-def _resumed_span(config: LearnConfig, state: dict | None) -> LearnConfig:
+# Strategies whose state changes the model's shape or routing by what one rank sees: they cannot be
+# one model across ranks.
+NOT_DISTRIBUTED = {
+    "adapters": "adds an adapter set per distribution its detector finds, which differs between ranks",
+    "independent": "routes each batch to one model per ground-truth class, which differs between ranks' rows",
+}
+
+
+def _refusal(config: LearnConfig, world: int) -> str | None:
+    """Why `config` cannot run as `world` ranks (one line), or None."""
+    if config.streams % world:
+        return (f"--streams {config.streams} is not divisible by {world} ranks (each rank learns streams / ranks "
+                f"of them); use a multiple of {world}")
+    if config.strategy in NOT_DISTRIBUTED:
+        return f"strategy {config.strategy} {NOT_DISTRIBUTED[config.strategy]}: run it in one process"
+    if config.model_name == "hf-classifier":
+        return "the classifier's utterance batches are not split across ranks yet: run it in one process"
+    return None
+
+
+def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool) -> None:
+    """Rank 0 says why in one line (UserError); the other ranks exit quietly with the same status."""
+    reason = _refusal(config, world)
+    if reason is None:
+        return
+    if leader:
+        raise UserError(reason)
+    raise SystemExit(2)
+
+
+def _launch(args) -> int:
+    """--nproc N: torchrun's elastic agent starts N ranks of this same command on this machine."""
+    manifest_path, manifest = _manifest(args)
+    group = args.group or default_group(args.topic, args.strategy)
+    config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
+                          run_dir=args.run_dir or Path("runs") / f"{args.topic}-{group}", manifest=manifest,
+                          manifest_path=manifest_path)
+    reason = _refusal(config, args.nproc)
+    if reason is not None:
+        raise UserError(f"--nproc {args.nproc}: {reason}")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    command = _without_nproc(sys.argv[1:])
+    print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
+          f"{' '.join(command)})", flush=True)
+    try:
+        torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "-m", "streamer", *command])
+    except ChildFailedError as exc:
+        failures = exc.failures
+        codes = sorted({failure.exitcode for failure in failures.values()})
+        raise UserError(f"rank(s) {', '.join(str(rank) for rank in sorted(failures))} failed "
+                        f"(exit status {', '.join(map(str, codes))}); their own lines are above") from None
+    except SignalException as exc:  # the agent passed it on to the ranks, which stopped cleanly
+        print(f"streamer learn: {signal.Signals(exc.sigval).name}: the ranks stopped (see their lines above)",
+              file=sys.stderr, flush=True)
+        return 128 + exc.sigval
+    return 0
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    """The command line less its --nproc N (or --nproc=N): what each rank runs."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--nproc":
+            skip = True
+        elif not word.startswith("--nproc="):
+            kept.append(word)
+    return kept
+
+
+def _resumed_span(config: LearnConfig, state: dict | None, leader: bool = True) -> LearnConfig:
     """A resumed run keeps the span it started with (its live CALM tracker counts from there), said in one line."""
     saved = ((state or {}).get("config") or {}).get("from_fragment")
     if saved is None or saved == config.from_fragment:
         return config
-    print(f"--from-fragment: the run continues with the span it started with, fragments >= {saved} "
+    if leader:
+        print(f"--from-fragment: the run continues with the span it started with, fragments >= {saved} "
           f"(not {config.from_fragment}); --fresh starts over with the new one", flush=True)
     return dataclasses.replace(config, from_fragment=saved)
 
 
-def _start_or_resume(config: LearnConfig, fresh: bool) -> dict | None:
-    """The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run dir."""
+def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None) -> dict | None:
+    """The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run dir.
+    `lock()` takes the run directory first (rank 0's). Ranks: rank 0 reads it and sends it to the
+    others (who may not see the run directory); a refusal
+    is rank 0's one line, the others exit quietly."""
+    if ranks is None:
+        lock()
+        return _checkpoint_to_continue(config, fresh, 1)
+    from streamer import checkpoint
+
+    payload, failure = None, None
+    if ranks.leader:
+        try:
+            lock()
+            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world)}
+        except UserError as exc:
+            payload, failure = {"error": str(exc)}, exc
+    shared = checkpoint.from_bytes(ranks.broadcast_bytes(checkpoint.to_bytes(payload) if ranks.leader else None))
+    if failure is not None:
+        raise failure
+    if "error" in shared:
+        raise SystemExit(2)
+    return shared["state"]
+
+
+def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
     from streamer.resume import resume_state, set_aside
 
     where = f"topic {config.topic}, group {config.group_id}, run dir {config.run_dir}"
@@ -112,6 +246,10 @@ def _start_or_resume(config: LearnConfig, fresh: bool) -> dict | None:
         state = resume_state(config.run_dir, config)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    saved = world if state is None else state.get("world_size", 1)
+    if saved != world:
+        raise UserError(f"{config.run_dir} holds the checkpoint of a run of {saved} rank(s); continue it with "
+                        f"--nproc {saved} (or torchrun --nproc-per-node {saved}), or start over with --fresh")
     if state is None:
         print(f"{where}: starting fresh (no checkpoint yet)", flush=True)
     else:

@@ -67,10 +67,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from producers.kafka import ProduceError
     from producers.schedule import ScheduleError
     from streamer.broker import BrokerError
+    from streamer.checkpoint import CheckpointError
     from streamer.compare import CompareError
     from streamer.consumer import SourceError
 
-    return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
+    return (UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError,
+            CheckpointError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,7 +184,10 @@ class AdaptedLM(nn.Module):
 
 
 class Adapters(HyperparameterRepr):
-    """AdapterCL on a stream: train the current adapter set, spawn one per detected distribution."""
+    """AdapterCL on a stream: train the current adapter set, spawn one per detected distribution.
+
+    Not distributed: `streamer learn --nproc` refuses it (each rank's detector would spawn adapters
+    at its own steps, and the models would differ)."""
 
     def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1,
                  bottleneck: int = 100, max_adapters: int = 8, boundary: str = "page-hinkley",

@@ -26,6 +26,10 @@ def project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
 class AGEM(HyperparameterRepr):
     """Naive fine-tuning whose gradient is projected against a reference gradient from memory.
 
+    Ranks (streamer.distributed): the memory is kept per rank (its own rows) and each rank projects
+    its own gradient against its own reference; the projected gradients are then averaged, so the
+    model stays one (not equal to one process's A-GEM, which projects the global gradient).
+
     After the gradient g on the current batch (carried hidden state), n_ref rows are sampled from
     the reservoir memory and their gradient g_ref is computed from a zero hidden state. If
     g.g_ref < 0, g becomes g - (g.g_ref / g_ref.g_ref) g_ref over all parameters flattened; then

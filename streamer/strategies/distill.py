@@ -63,6 +63,10 @@ class Distillation:
 class _Distilling(HyperparameterRepr):
     """Replay whose replay updates add alpha * MSE(student(x), teacher(x)) on the replayed windows x.
 
+    Ranks (streamer.distributed): memory, boundary detector and teacher snapshot are kept per rank
+    (each rank snapshots at the boundaries it finds on its own loss); updates are averaged over the
+    ranks, so the student is one model.
+
     The teacher is a frozen copy of the model taken at each boundary the strategy finds on its own
     training loss (`boundary`: page-hinkley | adwin | kswin | every:N | none, as for EWC), after
     that batch's update and replays; before the first boundary there is no teacher and the

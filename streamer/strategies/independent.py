@@ -46,6 +46,8 @@ class PerClassModels(nn.ModuleDict):
 class Independent(HyperparameterRepr):
     """One naive learner per class: a copy of the initial model with its own Adam and hidden state.
 
+    Not distributed: `streamer learn --nproc` refuses it (ranks' rows may hold different classes).
+
     The model given to the constructor serves the first class routed (and any batch learned
     before the first `route`); every later class starts from a deep copy of the *initial*
     weights (kept in a private template), with a fresh optimizer and a zero hidden state.

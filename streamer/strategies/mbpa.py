@@ -21,6 +21,10 @@ __all__ = ["MbPA"]
 class MbPA(HyperparameterRepr):
     """Sparse experience replay while learning; memory-based local adaptation while predicting.
 
+    Ranks (streamer.distributed): the episodic memory and its keys are kept per rank (its own rows);
+    learning updates are averaged over the ranks (one model); each rank adapts locally from its own
+    memory when it predicts, and the recorded loss is the ranks' mean.
+
     Learning is Replay's (a `SparseReplay` component: reservoir memory, p_write, r_interval, n_replay, seeds). Each written row
     is stored with a key: the mean over its window of the top-layer features of a key network, a
     frozen copy of the model taken at construction and never trained (the paper's frozen BERT

@@ -117,7 +117,11 @@ class FisherPenalty:
 class _Consolidating(HyperparameterRepr):
     """Fine-tuning plus a penalty component in the training loss, consolidated at boundaries found
     on the strategy's own training loss (a `Boundaries` component). L2 and EWC differ only in
-    their penalty (L2Penalty, FisherPenalty)."""
+    their penalty (L2Penalty, FisherPenalty).
+
+    Ranks (streamer.distributed): the boundary detector (on the rank's own loss), the anchors and the
+    Fisher (from the rank's own gradients, before they are averaged) are kept per rank; the penalised
+    gradients are averaged over the ranks, so the model stays one."""
 
     def _build(self, model: nn.Module, lr: float, clip: float, steps: int, boundary: str, penalty) -> None:
         self.model = model

@@ -92,6 +92,10 @@ def close_segment(memory: ReservoirMemory | HerdingMemory, model: nn.Module) -> 
 class Replay(HyperparameterRepr):
     """Naive fine-tuning plus sparse replay from a bounded memory (`SparseReplay`).
 
+    Ranks (streamer.distributed): the model and optimizer are one (every update's gradient is averaged
+    over the ranks); the memory and its generators are kept per rank, filled from the rank's own rows
+    (the same seeds: the ranks make their replay updates at the same steps, each from its own memory).
+
     Replay updates start the sampled rows from a zero hidden state (they are separate
     windows); the carried state of the b streams is untouched.
 

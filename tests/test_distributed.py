@@ -1,0 +1,187 @@
+"""N ranks learn as one model (streamer.distributed): 2 gloo ranks x 5 streams give, batch for batch, the
+losses of 1 process x 10 streams on the same topic (produced with one partition per stream) and seed,
+to 1e-4 nats, for naive (started by torchrun itself) and poe (by `streamer learn --nproc 2`); a
+SIGTERM stops every rank at the same step with rank 0's checkpoint of all ranks' offsets, and the
+same command continues to the same losses; the errors a user can make are one line. Real processes
+through the embedded broker, a tiny LSTM, one torch thread per rank."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer import checkpoint
+from streamer.batching import Batcher
+from streamer.distributed import Ranks
+from producers.wire import Record
+from tests.conftest import write_corpus
+
+STREAMER = [sys.executable, "-m", "streamer"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TOPIC = "distributed"
+BATCHES = 40
+POE = ["--strategy", "poe", "--set", "n_experts=3", "--set", "gate_steps=5", "--set", "warmup_batches=5"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def stream(broker, tmp_path_factory):
+    """A topic of 10 streams, one partition each (stream i -> partition i)."""
+    root = tmp_path_factory.mktemp("distributed")
+    corpus = write_corpus(root / "corpus")
+    manifest = root / "manifest.json"
+    result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
+                             broker.bootstrap_servers, "--topic", TOPIC, "--fragments", "4", "--lambda", "2000",
+                             "--streams", "10", "--window", "10", "--seed", "0", "--partitions", "10",
+                             "--manifest", str(manifest), "--probe-tokens", "0"],
+                            capture_output=True, text=True, timeout=120, env=ENV)
+    assert result.returncode == 0, result.stderr
+    return root, manifest
+
+
+def learn_flags(broker, manifest, run_dir: Path, *extra) -> list[str]:
+    return ["learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", TOPIC, "--manifest", str(manifest),
+            "--streams", "10", "--window", "10", "--hidden", "24", "--embedding", "8", "--no-view", "--no-probe",
+            "--max-batches", str(BATCHES), "--group", run_dir.name, "--run-dir", str(run_dir), *extra]
+
+
+def run(command, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def losses(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+
+
+def worst_difference(got: list[dict], expected: list[dict]) -> float:
+    assert [line["batch"] for line in got] == list(range(len(expected)))  # each batch once, in order
+    return max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected))
+
+
+@pytest.fixture(scope="module")
+def one_process_naive(broker, stream):
+    root, manifest = stream
+    run_dir = root / "one-naive"
+    result = run([*STREAMER, *learn_flags(broker, manifest, run_dir)], root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = losses(run_dir)
+    assert len(expected) == BATCHES
+    return expected
+
+
+@pytest.fixture(scope="module")
+def two_ranks_naive(broker, stream) -> Path:
+    """The run directory of `torchrun --standalone --nproc-per-node 2 -m streamer learn ...`."""
+    root, manifest = stream
+    run_dir = root / "two-naive"
+    result = run([*TORCHRUN, "-m", "streamer", *learn_flags(broker, manifest, run_dir)], root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def committed(broker, group: str) -> dict[str, int]:
+    """Kafka's committed offsets of `group` on the topic's 10 partitions, as the checkpoint names them."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def read():
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=group,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            return {f"{TOPIC}:{p}": await consumer.committed(TopicPartition(TOPIC, p)) for p in range(10)}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
+
+
+def test_two_torchrun_ranks_give_the_losses_of_one_process_naive(broker, two_ranks_naive, one_process_naive):
+    run_dir = two_ranks_naive
+    worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+    saved = checkpoint.load(run_dir / "checkpoint.pt")  # rank 0's, with both ranks' state and offsets
+    assert saved["world_size"] == 2 and [part["loop"]["step"] for part in saved["ranks"]] == [BATCHES, BATCHES]
+    assert sorted(saved["offsets"]) == sorted(f"{TOPIC}:{p}" for p in range(10))
+    assert [sorted(part["loop"]["offsets"]) for part in saved["ranks"]] == [
+        [(TOPIC, p) for p in range(5)], [(TOPIC, p) for p in range(5, 10)]]
+    assert [part["loop"]["dead_letters"] for part in saved["ranks"]] == [{}, {}]  # each record reached its rank
+    assert committed(broker, run_dir.name) == saved["offsets"]  # each rank committed its own, after the write
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) == sorted(
+        ["checkpoint.pt", "config.json", "losses.jsonl", "manifest.json", "results.json", "loss_curve.png",
+         "status.json"])
+
+
+def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
+    root, manifest = stream
+    one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-poe", *POE)], root)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    worst = worst_difference(losses(root / "two-poe"), losses(root / "one-poe"))
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
+    root, manifest = stream
+    run_dir = root / "resumed"
+    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
+    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    try:
+        log = run_dir / "losses.jsonl"
+        while not log.exists() or log.read_text().count("\n") < BATCHES // 3:
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no batches learned"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)  # the agent passes it to both ranks
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    saved = checkpoint.load(run_dir / "checkpoint.pt")
+    step = saved["step"]
+    assert BATCHES // 3 <= step < BATCHES, step
+    assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step]  # stopped at the same step
+    assert len(losses(run_dir)) == step  # the final checkpoint covers every logged batch
+
+    again = run(command, root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from the checkpoint at batch {step}" in again.stdout
+    worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive):
+    root, manifest = stream
+    flags = learn_flags(broker, manifest, root / "odd")
+    flags[flags.index("--streams") + 1] = "9"
+    flags[flags.index("--manifest"): flags.index("--manifest") + 2] = []  # the manifest's 10 would contradict 9
+    odd = run([*STREAMER, *flags, "--nproc", "2"], root, timeout=60)
+    assert (odd.returncode, odd.stderr.strip().splitlines()) == (2, [
+        "streamer learn: error: --nproc 2: --streams 9 is not divisible by 2 ranks (each rank learns streams / ranks "
+        "of them); use a multiple of 2"])
+    assert not (root / "odd").exists()
+    # a checkpoint of 2 ranks continued by one process (it would read 10 partitions with rank 0's carry-over)
+    other_n = run([*STREAMER, *learn_flags(broker, manifest, two_ranks_naive, "--max-batches", str(BATCHES + 5))], root)
+    assert (other_n.returncode, other_n.stderr.strip().splitlines()) == (2, [
+        f"streamer learn: error: {two_ranks_naive} holds the checkpoint of a run of 2 rank(s); continue it with "
+        "--nproc 2 (or torchrun --nproc-per-node 2), or start over with --fresh"])
+
+
+def test_a_rank_owns_its_streams_and_their_partitions():
+    ranks = [Ranks(rank, 2, None) for rank in range(2)]
+    assert [r.first_stream(10) for r in ranks] == [0, 5]
+    assert [r.partitions(10)(10) for r in ranks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert [r.partitions(10)(20) for r in ranks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    with pytest.raises(ValueError, match="produce it with --partitions 10"):
+        ranks[0].partitions(10)(2)  # streams 0 and 5 of two ranks would share partition 0
+    batcher = Batcher(5, 2, first_stream=5)
+    assert [batcher.accepts(str(stream)) for stream in (4, 5, 9, 10)] == [False, True, True, False]
+    batcher.add(Record(stream="7", text="abc"))
+    assert batcher._rows == {"7": 2}  # noqa: SLF001 - stream 7 is this rank's row 2
