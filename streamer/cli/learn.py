@@ -106,8 +106,13 @@ def run(args) -> int:
             config = _resumed_span(config, state, leader)
             if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-            summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
-                config, manifest=manifest, resume=state, from_beginning=args.fresh)))
+            from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
+
+            try:
+                summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
+                    config, manifest=manifest, resume=state, from_beginning=args.fresh)))
+            except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
+                raise UserError(str(exc)) from None
     finally:
         if ranks is not None:
             from streamer import distributed

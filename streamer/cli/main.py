@@ -67,12 +67,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from producers.kafka import ProduceError
     from producers.schedule import ScheduleError
     from streamer.broker import BrokerError
-    from streamer.checkpoint import CheckpointError
     from streamer.compare import CompareError
     from streamer.consumer import SourceError
 
-    return (UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError,
-            CheckpointError)
+    return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
 
 
 def main(argv: list[str] | None = None) -> int:
