@@ -192,8 +192,11 @@ def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
 
 def test_broker_command_prints_its_address_and_stops_on_ctrl_c():
     before = tansu_pids()
+    # started with SIGINT ignored, as a script's background job is (and as a test worker may pass it on):
+    # Ctrl-C must still stop it
     process = subprocess.Popen([*STREAMER, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, MARK: "1"})
+                               env={**os.environ, MARK: "1"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     line = process.stdout.readline()
     assert line.startswith("broker listening on 127.0.0.1:")
     address = line.split()[3]

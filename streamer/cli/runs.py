@@ -21,10 +21,13 @@ __all__ = ["sigterm_as_interrupt", "corpus_dir", "ensure_corpus", "default_run_d
 
 
 def sigterm_as_interrupt() -> None:
-    """SIGTERM stops a command the way Ctrl-C does (reports are still written)."""
+    """SIGTERM stops a command the way Ctrl-C does (reports are still written), and Ctrl-C does so even
+    where the command inherited SIGINT ignored (a background job of a script, some test runners'
+    workers): Python keeps an inherited SIG_IGN, and `streamer broker` then ran on after a SIGINT."""
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def corpus_dir(name_or_dir: str, cache: Path | None) -> Path:
