@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 __all__ = ["PROBE_MAX_BYTES", "ProbeSet", "ProbeScheduler", "load_probe_set"]
 
-PROBE_MAX_BYTES = 1500  # tokens per class scored at each probe (the first of the held-out split)
+PROBE_MAX_BYTES = 1200  # tokens per class scored at each probe (the first of the held-out split)
 
 
 class ProbeSet:
