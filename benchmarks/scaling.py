@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streamer.threads import pin_to_first_cpus  # noqa: E402
+
 WINDOW = 20
 MEAN_TOKENS = 10_000  # --lambda: mean bytes of a fragment per stream
 PARTS = ("length", "streams", "hidden", "ranks")
@@ -155,17 +157,6 @@ def row(label: str, measured: Measured) -> str:
             f"{measured.span_s:7.1f} s learning  {measured.wall_s:7.1f} s wall  {measured.peak_rss_mb:6.0f} MB peak RSS")
 
 
-def has_nproc() -> bool:
-    shown = subprocess.run(streamer("learn", "--help"), capture_output=True, text=True).stdout
-    return "--nproc" in shown
-
-
-def pin(cpus: int) -> list[int]:
-    allowed = sorted(os.sched_getaffinity(0))
-    if cpus > len(allowed):
-        raise SystemExit(f"scaling: --cpus {cpus}, but this process may use only {len(allowed)} CPUs")
-    os.sched_setaffinity(0, allowed[:cpus])
-    return allowed[:cpus]
 
 
 def main() -> None:
@@ -177,7 +168,7 @@ def main() -> None:
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts takes {', '.join(PARTS)}, comma-separated")
-    cpus = pin(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
+    cpus = pin_to_first_cpus(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
     from streamer.broker import EmbeddedBroker
 
     started = time.monotonic()
@@ -212,14 +203,11 @@ def main() -> None:
                 print(row(f"hidden {hidden}", learn(bootstrap, base, root / f"hidden-{hidden}", hidden=hidden,
                                                     batches=one)), flush=True)
         if "ranks" in parts:
-            if not has_nproc():
-                print("ranks: skipped (`streamer learn` has no --nproc here)", flush=True)
-            else:
-                print("ranks (lstm-char 2x256, b 10 over 10 partitions, 1x; peak RSS of all processes):", flush=True)
-                parted = produce(bootstrap, root, "scale-b10-p10", fragments_for(args.batches), 10, partitions=10)
-                for nproc in (1, 2):
-                    print(row(f"--nproc {nproc}", learn(bootstrap, parted, root / f"ranks-{nproc}",
-                                                        batches=min(one, parted.batches), nproc=nproc)), flush=True)
+            print("ranks (lstm-char 2x256, b 10 over 10 partitions, 1x; peak RSS of all processes):", flush=True)
+            parted = produce(bootstrap, root, "scale-b10-p10", fragments_for(args.batches), 10, partitions=10)
+            for nproc in (1, 2):
+                print(row(f"--nproc {nproc}", learn(bootstrap, parted, root / f"ranks-{nproc}",
+                                                    batches=min(one, parted.batches), nproc=nproc)), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - started:.0f} s in all")
     if headline:
         print(f"10x stream: {headline[0]:.2f}x the time, {headline[1]:.2f}x the peak RSS "

@@ -51,6 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streamer.threads import pin_to_first_cpus  # noqa: E402
+
 PATHS = ("memory", "kafka", "baseline")
 SCHEDULE = dict(n_fragments=40, mean_tokens=10_000, streams=10, window=20, record_tokens=20, seed=0)
 
@@ -184,13 +186,6 @@ def run_child(args, model: str, path: str, batches: int, bootstrap: str, group: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def pin(cpus: int) -> list[int]:
-    allowed = sorted(os.sched_getaffinity(0))
-    if cpus > len(allowed):
-        raise SystemExit(f"throughput: --cpus {cpus}, but this process may use only {len(allowed)} CPUs")
-    os.sched_setaffinity(0, allowed[:cpus])
-    return allowed[:cpus]
-
 
 def benchmark_model(args, model: str, batches: int, bootstrap: str) -> dict:
     rates, stepping, cpu = ({path: [] for path in PATHS} for _ in range(3))
@@ -251,7 +246,7 @@ def main() -> None:
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     if not models or set(models) - {"lstm", "poe"}:
         parser.error("--models takes lstm, poe or both, comma-separated")
-    cpus = pin(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
+    cpus = pin_to_first_cpus(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
     load = os.getloadavg()[0]
     started = time.monotonic()
 

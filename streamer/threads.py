@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy"]
+__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy", "pin_to_first_cpus"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,16 @@ def available_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def pin_to_first_cpus(cpus: int) -> list[int]:
+    """Pin this process (and what it starts later) to the first `cpus` CPUs it may use; returns them.
+    ValueError (one line) when it may use fewer. Linux only (sched_setaffinity)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpus > len(allowed):
+        raise ValueError(f"--cpus {cpus}, but this process may use only {len(allowed)} CPUs")
+    os.sched_setaffinity(0, allowed[:cpus])
+    return allowed[:cpus]
 
 
 def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
