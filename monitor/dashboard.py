@@ -240,13 +240,14 @@ def _pushed_annotation(name: str, kind: str, colour: str) -> dict:
 
 
 def switch_marker_query(kind: str) -> str:
-    """The latest switch's time in ms (Grafana's "series value as timestamp" reads ms): each value is one marker."""
-    selector = _m("last_switch_timestamp_seconds", f'kind="{kind}"')
+    """The latest switches' times in ms, one series per slot (Grafana's "series value as timestamp"
+    reads ms): each distinct value is one marker, and switches closer than a scrape keep theirs."""
+    selector = _m("switch_timestamp_seconds", f'kind="{kind}"')
     return f"{selector} * 1000"
 
 
 def _switch_annotation(name: str, kind: str, colour: str) -> dict:
-    """Switch markers from Prometheus: one per distinct value of the last-switch gauge."""
+    """Switch markers from Prometheus: one per distinct value of the switch-time gauges."""
     expr = switch_marker_query(kind)
     return {"name": name, "datasource": PROMETHEUS, "enable": True, "hide": False, "iconColor": colour,
             # step: Grafana merges markers closer than it into a region; 5 s is the provisioned scrape interval

@@ -19,7 +19,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from monitor.web_security import MetricsSecurity, read_credentials, require_basic_auth, server_context
 
-__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "UNITS", "NAMESPACE", "LOSS_BUCKETS"]
+__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "UNITS", "NAMESPACE", "LOSS_BUCKETS", "SWITCH_SLOTS"]
 
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
@@ -28,6 +28,8 @@ RUN_PARTITION = ("run", "strategy", "partition")
 RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see producers/wire.py)
 RUN_CLASS_PHASE = ("run", "strategy", "class", "phase")  # phase: "after_switch" (first k batches) or "steady"
 RUN_KIND = ("run", "strategy", "kind")  # kind: "true" (from the truth headers) or "detected" (the drift detector)
+RUN_KIND_SLOT = ("run", "strategy", "kind", "slot")  # slot: "0" to SWITCH_SLOTS - 1, the switch's number modulo it
+SWITCH_SLOTS = 8  # switch times kept: every switch keeps its marker unless more than this many fall between two scrapes
 # class values come from monitor.tracker.RunTracker.class_label: the manifest's classes, else "other"
 # batch loss in nats: 0.1 to 10 in steps of about 8%, so a 10% rise always crosses a bucket boundary
 LOSS_BUCKETS = tuple(round(0.1 * 1.08 ** i, 3) for i in range(61))
@@ -39,7 +41,7 @@ CATALOGUE = [
     ("loss_nats_total", "counter", RUN_CLASS_PHASE, "Summed recorded loss, nats (batch mean loss x tokens); exp(increase of it / increase of scored_tokens_total) is the perplexity of any window"),
     ("scored_tokens_total", "counter", RUN_CLASS_PHASE, "Tokens whose recorded loss loss_nats_total sums"),
     ("batch_loss_nats", "histogram", RUN_CLASS, "Recorded (pre-update) loss of each batch, nats"),
-    ("last_switch_timestamp_seconds", "gauge", RUN_KIND, "Unix time of the latest switch, held until the next one"),
+    ("switch_timestamp_seconds", "gauge", RUN_KIND_SLOT, f"Unix time of each of the latest {SWITCH_SLOTS} switches, one slot each (the switch's number modulo {SWITCH_SLOTS}), held until that slot's next switch: switches closer than a scrape keep their own markers"),
     ("last_switch_spike_nats", "gauge", RUN_KIND, "Worst batch loss of the first k batches after the latest switch, nats, held until the next one"),
     ("previous_fragment_loss_nats", "gauge", RUN_CLASS, "Mean loss of the class's previous fragment, nats, set when the class is revisited: what its spike is measured against (CALM's rec reference)"),
     ("batch_loss", "gauge", RUN_CLASS, "Recorded (pre-update) loss of the latest batch, nats"),
@@ -81,7 +83,7 @@ CATALOGUE = [
 # ("ratio": 0 to 1; "0/1": a boolean state; "Unix s": seconds since the epoch)
 UNITS = {
     "loss_nats_total": "nats", "scored_tokens_total": "tokens", "batch_loss_nats": "nats",
-    "last_switch_timestamp_seconds": "Unix s", "last_switch_spike_nats": "nats",
+    "switch_timestamp_seconds": "Unix s", "last_switch_spike_nats": "nats",
     "previous_fragment_loss_nats": "nats", "batch_loss": "nats",
     "rolling_perplexity": "ppl", "loss_after_switch_last": "nats", "loss_after_switch_mean": "nats",
     "recovery_batches_last": "batches", "recovery_batches_mean": "batches", "class_loss_mean": "nats",

@@ -2,7 +2,7 @@
 
 The dashboard needs neither: in the compose stack Grafana provisions it from
 deploy/grafana/, and its switch markers come from Prometheus annotation queries on
-streamer_last_switch_timestamp_seconds (monitor/dashboard.py), with no extra process and
+streamer_switch_timestamp_seconds (monitor/dashboard.py), with no extra process and
 no credentials. `streamer monitor push` is for a Grafana outside the stack: it uploads
 the dashboard (POST /api/dashboards/db, overwrite) through grafana-client, after GET
 /api/health so an unreachable Grafana is one clear line. With a run directory it also

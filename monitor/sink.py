@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 
-from monitor.exporter import NAMESPACE, Metrics
+from monitor.exporter import NAMESPACE, SWITCH_SLOTS, Metrics
 from monitor.tracker import Observation, RunTracker
 
 __all__ = ["PrometheusSink"]
@@ -33,6 +33,7 @@ class PrometheusSink:
         self.metrics = metrics
         self.labels = (run, strategy)
         self._spikes: dict[str, float] = {}  # kind -> worst loss so far of the latest switch's first k batches
+        self._switches: dict[str, int] = {}  # kind -> switches so far: the next one's slot is this modulo SWITCH_SLOTS
         metrics.skipped_updates_total.labels(run, strategy)  # exported at 0 from the start: increase() sees the first
 
     def step(self, result, seen: Observation, tracker: RunTracker) -> None:
@@ -83,14 +84,18 @@ class PrometheusSink:
         m.batch_loss_nats.labels(*labels, name).observe(result.loss)
 
     def _last_switch(self, result, seen: Observation, tracker: RunTracker) -> None:
-        """The latest true and detected switch: its time, and its worst batch among the first k."""
+        """Each true and detected switch's time, in the next of SWITCH_SLOTS slots (a switch that
+        follows within a scrape takes another slot, so the markers drawn from them keep both), and
+        the latest one's worst batch among its first k."""
         k = tracker.calm.k
         spans = (("true", seen.switched, tracker.batches_since_switch < k),
                  ("detected", seen.detected, tracker.batches_since_detected < k))
         for kind, starts, within in spans:
             if starts:
                 at = getattr(result, "finished_at", None) or time.time()
-                self.metrics.last_switch_timestamp_seconds.labels(*self.labels, kind).set(at)
+                slot = self._switches.get(kind, 0)
+                self.metrics.switch_timestamp_seconds.labels(*self.labels, kind, str(slot % SWITCH_SLOTS)).set(at)
+                self._switches[kind] = slot + 1
                 self._spikes[kind] = -math.inf
             if within and kind in self._spikes and math.isfinite(result.loss):
                 self._spikes[kind] = max(self._spikes[kind], result.loss)
@@ -165,11 +170,17 @@ class PrometheusSink:
     def load_state_dict(self, state: dict) -> None:
         """Set the gauges; raise the counters to their saved totals (a counter never goes down)."""
         current = {(name, tuple(extra)): value for name, kind, extra, value in self._series() if kind == "counter"}
+        latest: dict[str, tuple[float, int]] = {}  # kind -> (time, slot) of its latest switch
         for name, kind, extra, value in state["series"]:
+            if name not in self.metrics.families:  # a metric this version no longer exports (an older checkpoint)
+                continue
             child = self.metrics.families[name].labels(*self.labels, *extra)
             if kind == "gauge":
                 child.set(value)
                 if name == "last_switch_spike_nats":
                     self._spikes[extra[0]] = value
+                if name == "switch_timestamp_seconds":
+                    latest[extra[0]] = max(latest.get(extra[0], (-math.inf, 0)), (value, int(extra[1])))
             elif value > current.get((name, tuple(extra)), 0.0):
                 child.inc(value - current.get((name, tuple(extra)), 0.0))
+        self._switches.update({kind: slot + 1 for kind, (_, slot) in latest.items()})

@@ -57,13 +57,13 @@ def test_dashboard_identity_variables_and_switch_annotations():
         assert variable["datasource"]["uid"] == "prometheus"
         assert variable["definition"].startswith("label_values(streamer_batches_learned_total")
         assert variable["definition"].endswith(f", {name})")
-    # markers from the data: Prometheus queries on the last-switch gauges, on by default, two colours
+    # markers from the data: Prometheus queries on the switch-time gauges, on by default, two colours
     markers = [a for a in dashboard["annotations"]["list"] if a["datasource"]["uid"] == "prometheus"]
     assert [a["name"] for a in markers] == ["True switches", "Detected switches"]
     assert all(a["enable"] and a["useValueForTime"] and a["target"]["expr"] == a["expr"] for a in markers)
     assert len({a["iconColor"] for a in markers}) == 2
     assert [re.search(r'kind="(\w+)"', a["expr"]).group(1) for a in markers] == ["true", "detected"]
-    assert all(a["expr"].startswith("streamer_last_switch_timestamp_seconds{") and a["expr"].endswith("* 1000")
+    assert all(a["expr"].startswith("streamer_switch_timestamp_seconds{") and a["expr"].endswith("* 1000")
                for a in markers)
     # what `streamer monitor push` posts stays reachable, off by default
     pushed = [a for a in dashboard["annotations"]["list"] if a["datasource"]["uid"] == "-- Grafana --" and not a.get("builtIn")]

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from monitor.exporter import CATALOGUE, LOSS_BUCKETS, UNITS, create_metrics
 from monitor.live import LiveMonitor
 
-LABELS = {"run", "strategy", "class", "partition", "reason", "phase", "kind"}
+LABELS = {"run", "strategy", "class", "partition", "reason", "phase", "kind", "slot"}  # slot: at most SWITCH_SLOTS values
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -143,8 +143,9 @@ def test_loss_counters_histogram_and_last_switch_gauges_count_every_batch():
     one = next(b for b in LOSS_BUCKETS if b >= 1.0)  # 1.006: the bucket of a's two losses of 1
     assert value("streamer_batch_loss_nats_bucket", **{"class": "a", "le": str(one)}) == 2
     assert value("streamer_batch_loss_nats_bucket", **{"class": "b", "le": "+Inf"}) == 3
-    # the latest true switch: batch 7 (finished at 1007), its first batch so far 6 nats
-    assert value("streamer_last_switch_timestamp_seconds", kind="true") == 1007.0
+    # every true switch keeps its time in a slot of its own (batches 2, 4 and 7, finished at 1002, 1004,
+    # 1007), however close they are; the latest one's first batch so far: 6 nats
+    assert [value("streamer_switch_timestamp_seconds", kind="true", slot=str(i)) for i in range(3)] == [1002.0, 1004.0, 1007.0]
     assert value("streamer_last_switch_spike_nats", kind="true") == 6.0
     # set at each revisit: the mean loss of the class's previous fragment (a: 3, 1; b: 5, 4), held
     assert value("streamer_previous_fragment_loss_nats", **{"class": "a"}) == 2.0
@@ -159,8 +160,8 @@ def test_last_switch_spike_holds_the_worst_of_the_first_k_batches_until_the_next
     got = _values(metrics)
     # b's first k=3 batches: 3, 5, 4 -> 5; the 9 of the fourth batch is mid-fragment
     assert got[("streamer_last_switch_spike_nats", frozenset({("kind", "true")}))] == 5.0
-    assert got[("streamer_last_switch_timestamp_seconds", frozenset({("kind", "true")}))] == 1001.0
-    assert ("streamer_last_switch_timestamp_seconds", frozenset({("kind", "detected")})) not in got
+    assert got[("streamer_switch_timestamp_seconds", frozenset({("kind", "true"), ("slot", "0")}))] == 1001.0
+    assert not [key for key in got if key[0] == "streamer_switch_timestamp_seconds" and ("kind", "detected") in key[1]]
 
 
 def test_class_labels_are_the_manifests_classes_or_other():
