@@ -30,7 +30,7 @@ import torch.distributed as dist
 from streamer.settings import torchrun_environment
 
 __all__ = ["Ranks", "Agreement", "start", "current", "stop", "average_gradients", "mean_over_ranks", "ranks_count",
-           "STOP_REASONS"]
+           "true_on_every_rank", "STOP_REASONS"]
 
 # The stop reason all ranks take when several differ in one round: the later in this tuple wins.
 STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "signal")
@@ -180,6 +180,12 @@ def stop() -> None:
 def ranks_count() -> int:
     """The ranks of this learner (1 in one process)."""
     return _current.world if _current is not None else 1
+
+
+def true_on_every_rank(value: bool) -> bool:
+    """Whether `value` holds on every rank (one all-reduce, so every rank must ask at the same point);
+    `value` itself in one process."""
+    return value if _current is None else _current.all_true(value)
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from streamer.distributed import average_gradients
+from streamer.distributed import average_gradients, true_on_every_rank
 from streamer.strategies.base import Batch, LearnStats, Prediction
 
 __all__ = ["OnlineTrainer", "all_finite", "batch_rows_changed", "fine_tune", "forward_is_mode_free"]
@@ -56,10 +56,13 @@ def forward_is_mode_free(model: nn.Module) -> bool:
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
-    """True when every value of every tensor is finite (no NaN, no infinity).
+    """True when every value of every tensor is finite (no NaN, no infinity), on every rank.
 
-    GPU sync point: whether an update may be applied is decided on the host."""
-    return bool(torch.stack([torch.isfinite(t.detach()).all() for t in tensors]).all())
+    GPU sync point: whether an update may be applied is decided on the host. Ranks
+    (streamer.distributed): decided together (one all-reduce), so a rank whose own loss is not
+    finite skips with the others instead of leaving them waiting in the next collective; every
+    rank must ask at the same point."""
+    return true_on_every_rank(bool(torch.stack([torch.isfinite(t.detach()).all() for t in tensors]).all()))
 
 
 def batch_rows_changed(state, rows: int, dim: int = 1) -> bool:

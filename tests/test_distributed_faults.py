@@ -1,0 +1,63 @@
+"""A rank whose own loss is not finite skips the update together with the others (streamer.distributed):
+without the agreement, A-GEM's rank returned early while the other waited in the gradient all-reduce,
+and the learner hung. Two real gloo ranks under torchrun, a tiny LSTM, one torch thread each; rank 0's
+second batch is made infinite by wrapping its loss."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RANK = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+from streamer import distributed
+from streamer.models import LSTMLanguageModel
+from streamer.models.catalog import LSTMConfig
+from streamer.strategies import STRATEGIES
+from streamer.strategies.base import Batch
+
+ranks = distributed.start("cpu", timeout_s=30)  # a regression fails in 30 s instead of hanging
+torch.manual_seed(0)
+strategy = STRATEGIES[{strategy!r}](LSTMLanguageModel(LSTMConfig(embedding=8, hidden=16)), lr=1e-2)
+trainer = strategy._trainer
+loss_of = trainer.loss
+batch_number = [0]
+
+def loss(batch, state):  # rank 0's second batch: an infinite loss on that rank alone
+    value, next_state = loss_of(batch, state)
+    return (value * float("inf"), next_state) if ranks.rank == 0 and batch_number[0] == 1 else (value, next_state)
+
+trainer.loss = loss
+generator = torch.Generator().manual_seed(ranks.rank)
+skipped = []
+for number in range(4):
+    batch_number[0] = number
+    tokens = torch.randint(0, 256, (2, 9), generator=generator)
+    skipped.append(bool(strategy.learn(Batch(tokens[:, :-1], tokens[:, 1:])).skipped))
+checksum = sum(float(p.detach().double().sum()) for p in strategy.model.parameters())
+print(json.dumps({{"rank": ranks.rank, "skipped": skipped, "checksum": checksum}}), flush=True)
+distributed.stop()
+"""
+
+
+@pytest.mark.parametrize("strategy", ["agem", "naive"])
+def test_a_rank_with_a_non_finite_loss_skips_with_the_others(tmp_path, strategy):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(root=str(ROOT), strategy=strategy))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                     key=lambda report: report["rank"])
+    assert [report["rank"] for report in reports] == [0, 1]
+    # both ranks skip the second batch, learn the others, and stay one model
+    assert all(report["skipped"] == [False, True, False, False] for report in reports)
+    assert reports[0]["checksum"] == pytest.approx(reports[1]["checksum"], abs=1e-9)
