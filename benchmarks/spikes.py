@@ -37,7 +37,7 @@ from monitor.dashboard import annotation_queries, build_dashboard, panel_queries
 from streamer.broker import EmbeddedBroker  # noqa: E402
 from tests.prometheus_util import query_range, start_prometheus, stop  # noqa: E402
 from tests.spike_check import (  # noqa: E402
-    alert_figures, counters_perplexity, first_timeseries_panel, grafana_substitute, markers_cover, marker_times, panel_series,
+    ALERT_RATIO, K, alert_figures, counters_perplexity, first_timeseries_panel, grafana_substitute, markers_cover, marker_times, panel_series,
     read_loss_log, report_perplexity, spike_figures, switches)
 
 
@@ -161,7 +161,9 @@ def show(figures: dict, scrape: float) -> None:
           f"true switches without a marker: {figures['true_unmarked']}/{figures['true']}")
     print(f"StreamerSwitchSpike fired at {share(figures['alert_fired'], figures['alert_revisits'])} revisits "
           f"(first firing {figures['alert_delay_s']} s after the switch), and at "
-          f"{figures['alert_stray_evaluations']} evaluations away from any")
+          f"{figures['alert_stray_evaluations']} evaluations away from any; at "
+          f"{share(figures['alert_due_fired'], figures['alert_due'])} of the revisits whose first {K} batches average "
+          f"over {ALERT_RATIO:g}x the class's previous fragment in the loss log (its rule)")
     print(f"panels without data: {figures['empty_panels'] or 'none'}")
     print(f"perplexity: counters {figures['ppl_counters']:.4f}, report {figures['ppl_report']:.4f} ({ratio:+.3%})")
     if figures["missed"]:

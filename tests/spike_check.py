@@ -23,7 +23,7 @@ from tests.prometheus_util import query, query_range
 
 __all__ = ["RISE", "K", "grafana_substitute", "first_timeseries_panel", "read_loss_log", "switches",
            "panel_series", "rises_at", "spike_figures", "marker_times", "counters_perplexity",
-           "report_perplexity", "markers_cover", "alert_expression", "alert_figures"]
+           "report_perplexity", "markers_cover", "alert_expression", "alert_figures", "ALERT_RATIO"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RISE = 1.10  # "rises by more than 10%"
@@ -58,7 +58,8 @@ def switches(lines: list[dict]) -> list[dict]:
         if i and line["sequence"] != lines[i - 1]["sequence"]:
             spike = max(x["loss"] for x in lines[i:i + K]) / max(x["loss"] for x in lines[max(0, i - 5):i])
             found.append({"time": line["time"], "class": line["domain_name"], "revisit": line["domain_name"] in seen,
-                          "spike": spike})
+                          "spike": spike, "head_mean": _mean(lines[i:i + K]),
+                          "previous_mean": _previous_fragment_mean(lines, i)})
             starts.append(i)
         seen.add(line["domain_name"])
     edges = [lines[0]["time"]] + [s["time"] for s in found] + [lines[-1]["time"]]
@@ -67,6 +68,25 @@ def switches(lines: list[dict]) -> list[dict]:
         head_end = lines[min(starts[i] + K, starts[i + 1] - 1)]["time"]
         switch["settled_s"] = switch["time"] - head_end
     return found
+
+
+def _mean(lines: list[dict]) -> float:
+    """Mean loss per token of these batches (what the loss counters give)."""
+    return sum(x["loss"] * x["tokens"] for x in lines) / sum(x["tokens"] for x in lines)
+
+
+def _previous_fragment_mean(lines: list[dict], i: int) -> float | None:
+    """The mean loss of the latest earlier fragment of line i's class (CALM's rec reference, what
+    streamer_previous_fragment_loss_nats holds at a revisit); None at a first visit."""
+    cls, fragment = lines[i]["domain_name"], []
+    for x in reversed(lines[:i]):
+        if x["domain_name"] == cls:
+            if fragment and x["sequence"] != fragment[-1]["sequence"]:
+                break
+            fragment.append(x)
+        elif fragment:
+            break
+    return _mean(fragment) if fragment else None
 
 
 def panel_series(base: str, panel: dict, start: float, end: float, scrape_s: float) -> list[list[tuple[float, float]]]:
@@ -158,6 +178,11 @@ def alert_expression(name: str, rules: Path = ROOT / "deploy/prometheus/rules.ym
     return " ".join(line.strip() for line in match.group(2).splitlines()) if match.group(2) else match.group(3)
 
 
+# StreamerSwitchSpike's threshold over the class's previous fragment, as rules.yml says it
+ALERT_RATIO = float(re.search(r">\s*([\d.]+)\s*\*\s*streamer_previous_fragment_loss_nats",
+                              alert_expression("StreamerSwitchSpike")).group(1))
+
+
 def alert_figures(base: str, switch_list: list[dict], start: float, end: float, scrape_s: float,
                   alert: str = "StreamerSwitchSpike", span_s: float = 60) -> dict:
     """Where `alert` (of rules.yml as it is now, evaluated at every scrape: it has no `for`) fires:
@@ -178,6 +203,8 @@ def alert_figures(base: str, switch_list: list[dict], start: float, end: float, 
             first.setdefault(s["time"], t - s["time"])
     delays = list(first.values())
     stray = [t for t, cls in firings if revisit_of(t, cls) is None]
+    due = [s for s in revisits if s["head_mean"] > ALERT_RATIO * s["previous_mean"]]
     return {"alert_revisits": len(revisits), "alert_fired": len(delays),
+            "alert_due": len(due), "alert_due_fired": len([s for s in due if s["time"] in first]),
             "alert_delay_s": (round(min(delays)), round(max(delays))) if delays else None,
             "alert_stray_evaluations": len(stray)}
