@@ -160,7 +160,8 @@ def show(figures: dict, scrape: float) -> None:
     print(f"detected switches without a marker: {figures['detected_unmarked']}/{figures['detected']}; "
           f"true switches without a marker: {figures['true_unmarked']}/{figures['true']}")
     print(f"StreamerSwitchSpike fired at {share(figures['alert_fired'], figures['alert_revisits'])} revisits "
-          f"(first firing {figures['alert_delay_s']} s after the switch), and at "
+          f"(first firing {figures['alert_delay_s']} s after the switch, {figures['alert_after_scrape_s']} s after "
+          f"the first scrape holding its first batch), and at "
           f"{figures['alert_stray_evaluations']} evaluations away from any; at "
           f"{share(figures['alert_due_fired'], figures['alert_due'])} of the revisits whose first {K} batches average "
           f"over {ALERT_RATIO:g}x the class's previous fragment in the loss log (its rule)")

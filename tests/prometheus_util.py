@@ -100,9 +100,11 @@ def stop(process: subprocess.Popen, timeout_s: float = 10) -> None:
             process.wait()
 
 
-def query(base_url: str, expr: str, timeout_s: float = 5) -> list[dict]:
-    """Instant query; returns the API's `data.result` list (each with `metric` and `value`)."""
-    url = f"{base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+def query(base_url: str, expr: str, timeout_s: float = 5, at: float | None = None) -> list[dict]:
+    """Instant query (at Unix time `at`, default now); returns the API's `data.result` list (each with
+    `metric` and `value`, or `values` for a range vector)."""
+    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    url = f"{base_url}/api/v1/query?{urllib.parse.urlencode(params)}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             body = json.load(response)

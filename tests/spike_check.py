@@ -23,7 +23,7 @@ from tests.prometheus_util import query, query_range
 
 __all__ = ["RISE", "K", "grafana_substitute", "first_timeseries_panel", "read_loss_log", "switches",
            "panel_series", "rises_at", "spike_figures", "marker_times", "counters_perplexity",
-           "report_perplexity", "markers_cover", "alert_expression", "alert_figures", "ALERT_RATIO"]
+           "report_perplexity", "markers_cover", "alert_expression", "alert_figures", "ALERT_RATIO", "scrape_times"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RISE = 1.10  # "rises by more than 10%"
@@ -57,7 +57,8 @@ def switches(lines: list[dict]) -> list[dict]:
     for i, line in enumerate(lines):
         if i and line["sequence"] != lines[i - 1]["sequence"]:
             spike = max(x["loss"] for x in lines[i:i + K]) / max(x["loss"] for x in lines[max(0, i - 5):i])
-            found.append({"time": line["time"], "class": line["domain_name"], "revisit": line["domain_name"] in seen,
+            found.append({"time": line["time"], "batch": line["batch"], "class": line["domain_name"],
+                          "revisit": line["domain_name"] in seen,
                           "spike": spike, "head_mean": _mean(lines[i:i + K]),
                           "previous_mean": _previous_fragment_mean(lines, i)})
             starts.append(i)
@@ -178,6 +179,14 @@ def alert_expression(name: str, rules: Path = ROOT / "deploy/prometheus/rules.ym
     return " ".join(line.strip() for line in match.group(2).splitlines()) if match.group(2) else match.group(3)
 
 
+def scrape_times(base: str, start: float, end: float) -> list[tuple[float, float]]:
+    """(scrape time, batches learned then) of every scrape of the run, from the raw samples of
+    streamer_batches_learned_total (a range vector: its samples carry their scrape timestamps)."""
+    window = max(60, int(end - start) + 60)
+    results = query(base, f"streamer_batches_learned_total[{window}s]", at=end)
+    return sorted((float(t), float(v)) for result in results for t, v in result["values"])
+
+
 # StreamerSwitchSpike's threshold over the class's previous fragment, as rules.yml says it
 ALERT_RATIO = float(re.search(r">\s*([\d.]+)\s*\*\s*streamer_previous_fragment_loss_nats",
                               alert_expression("StreamerSwitchSpike")).group(1))
@@ -204,7 +213,17 @@ def alert_figures(base: str, switch_list: list[dict], start: float, end: float, 
     delays = list(first.values())
     stray = [t for t, cls in firings if revisit_of(t, cls) is None]
     due = [s for s in revisits if s["head_mean"] > ALERT_RATIO * s["previous_mean"]]
+    # how long after the first scrape that holds the revisit's first batch (the rule cannot see it before)
+    scraped = scrape_times(base, start, end)
+    after_scrape = []
+    for s in revisits:
+        holding = next((t for t, learned in scraped if learned > s["batch"]), None)
+        fired = [t for t, cls in firings if cls == s["class"] and holding is not None
+                 and holding <= t <= s["time"] + span_s + scrape_s]
+        if fired:
+            after_scrape.append(min(fired) - holding)
     return {"alert_revisits": len(revisits), "alert_fired": len(delays),
             "alert_due": len(due), "alert_due_fired": len([s for s in due if s["time"] in first]),
+            "alert_after_scrape_s": (round(min(after_scrape), 1), round(max(after_scrape), 1)) if after_scrape else None,
             "alert_delay_s": (round(min(delays)), round(max(delays))) if delays else None,
             "alert_stray_evaluations": len(stray)}
