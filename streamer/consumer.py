@@ -211,13 +211,7 @@ class KafkaSource:
         await self._joined()
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
-        known = self._seek_positions()
-        for tp in assigned:
-            position = known.get((tp.topic, tp.partition))
-            if position is not None:
-                self._consumer.seek(tp, position)
-            elif self._from_beginning:
-                await self._consumer.seek_to_beginning(tp)
+        await seek_to_own(self._consumer, assigned, self._seek_positions(), self._from_beginning)
 
     async def _joined(self) -> None:
         """Start the consumer: bootstrap and the group's JoinGroup (a member killed before us expires
@@ -386,6 +380,18 @@ class KafkaSource:
         return lags
 
 
+async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, from_beginning: bool) -> None:
+    """Seek each assigned partition to the learner's own next offset in `known` ({(topic, partition):
+    offset}); one it has none for stays at the group's committed offset, or goes to the earliest
+    with `from_beginning`."""
+    for tp in assigned:
+        position = known.get((tp.topic, tp.partition))
+        if position is not None:
+            consumer.seek(tp, position)
+        elif from_beginning:
+            await consumer.seek_to_beginning(tp)
+
+
 class SeekOnAssign(ConsumerRebalanceListener):
     """The learner's offsets, not the group's, decide where each assigned partition is read from
     (aiokafka's local-state consumer example). Never raises: a rebalance must not crash a learner."""
@@ -407,13 +413,7 @@ class SeekOnAssign(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned) -> None:
         try:
-            known = self.positions()
-            for tp in assigned:
-                position = known.get((tp.topic, tp.partition))
-                if position is not None:
-                    self.consumer.seek(tp, position)
-                elif self.from_beginning:
-                    await self.consumer.seek_to_beginning(tp)
+            await seek_to_own(self.consumer, assigned, self.positions(), self.from_beginning)
         except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
             self.log(f"seek after a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
                      "reading from the committed offsets")
