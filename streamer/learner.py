@@ -248,12 +248,21 @@ class _StopOnSignals:
         name = signal.Signals(signum).name
         if self.loop.stop_reason == "signal":
             if signum == signal.SIGINT:
-                print(f"streamer: {name} again: exiting now, without a final checkpoint", file=sys.stderr, flush=True)
-                os._exit(130)
+                _abort(signum)
             return
         self.log(f"{name}: stopping after the step in flight (checkpoint, commit, leave the group); "
                  + ("Ctrl-C again aborts" if signum == signal.SIGINT else "SIGINT aborts"))
         self.loop.stop("signal")
+        # From now on SIGINT aborts in Python's own handler, which runs between two bytecodes of the
+        # main thread: the event loop's handler would wait for whatever the shutdown is doing
+        # (the last checkpoint, the report), which under load took over 2 s.
+        signal.signal(signal.SIGINT, lambda signum, frame: _abort(signum))
+
+
+def _abort(signum) -> None:
+    print(f"streamer: {signal.Signals(signum).name} again: exiting now, without a final checkpoint",
+          file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path | None, view,
