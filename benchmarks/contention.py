@@ -3,7 +3,7 @@
     python benchmarks/contention.py [--seconds 20] [--threads N]
 
 Runs the default naive step (lstm-char, b 10, w 20, predict then learn) in a loop for --seconds,
-each run in its own process started the way the `streamer` command starts (OpenMP's passive wait,
+each run in its own process started the way the `streamer` command starts (OpenMP's short spin,
 streamer.threads' policy): alone, beside a second learner with the same policy, and beside a plain
 torch job with torch's own defaults (all cores, OpenMP's default wait). Prints steps/s and the
 slowdown of each against the alone run measured in the same invocation (the daemon issue's bound:
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LEARNER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from streamer.settings import prefer_passive_openmp
-prefer_passive_openmp()
+from streamer.settings import bound_openmp_spin
+bound_openmp_spin()
 from streamer.threads import apply_thread_policy
 policy = apply_thread_policy({threads})
 import torch

@@ -15,9 +15,12 @@
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: set by ``torchrun`` (and ``streamer learn --nproc``) for each
   rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
   ``MASTER_ADDR`` and ``MASTER_PORT``.
-- ``OMP_WAIT_POLICY``: written, not read for a decision: the learning commands set it to
-  ``PASSIVE`` before torch loads its OpenMP runtime, unless the user set it
-  (``prefer_passive_openmp``), so idle OpenMP threads sleep instead of spinning.
+- ``GOMP_SPINCOUNT``: written, not read for a decision: the learning commands set it to
+  ``500`` before torch loads its OpenMP runtime (GNU libgomp, torch's on Linux) unless the user
+  set it or ``OMP_WAIT_POLICY`` (``bound_openmp_spin``): an OpenMP thread with nothing to do
+  spins about 5 microseconds, long enough to catch the step's next parallel region, then sleeps.
+  libgomp's own default spins about 3 ms, so a second torch job on the same CPUs waits on spinning
+  threads; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -29,7 +32,7 @@ import os
 from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment",
-           "omp_num_threads", "prefer_passive_openmp", "forbid_model_hub", "kafka_client_options",
+           "omp_num_threads", "bound_openmp_spin", "forbid_model_hub", "kafka_client_options",
            "secret_variable", "torchrun_environment"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
@@ -69,13 +72,15 @@ def torchrun_environment() -> tuple[int, int, int] | None:
     return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
 
 
-def prefer_passive_openmp() -> bool:
-    """Set OMP_WAIT_POLICY=PASSIVE unless the user set it; True when this call set it.
+OPENMP_SPINS = 500  # benchmarks/contention.py: 1,000 let two learners fight (2.5-2.9x), 500 did not (1.9-2.2x)
 
-    Only effective before torch (and its OpenMP runtime) is imported."""
-    if "OMP_WAIT_POLICY" in os.environ:
+
+def bound_openmp_spin() -> bool:
+    """Set GOMP_SPINCOUNT (see above) unless the user set it or OMP_WAIT_POLICY; True when this
+    call set it. Only effective before torch (and its OpenMP runtime) is imported."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPINS)
     return True
 
 

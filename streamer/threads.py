@@ -3,8 +3,9 @@
 Default: the CPUs this process may use (its affinity mask, not the machine's count), less one
 for the asyncio loop that fetches and decodes records when there are more than 2; an
 ``OMP_NUM_THREADS`` the user set wins over that default, ``--threads`` over both. OpenMP's
-idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, set by the command line before torch
-loads), so a second torch job on the same CPUs slows the learner instead of starving it.
+idle threads spin about 5 microseconds and then sleep (``GOMP_SPINCOUNT=500``, set by the command
+line before torch loads; streamer.settings): the step's back-to-back parallel regions keep both
+threads busy, and a second torch job on the same CPUs slows the learner instead of starving it.
 """
 
 from __future__ import annotations

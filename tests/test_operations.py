@@ -18,7 +18,7 @@ from monitor.exporter import create_metrics, serve
 from monitor.losslog import LossLogWriter, iter_loss_log, loss_log_files, read_loss_log, trim_loss_log
 from monitor.report import build_report
 from streamer.broker import BrokerError, EmbeddedBroker
-from streamer.settings import omp_num_threads, prefer_passive_openmp
+from streamer.settings import omp_num_threads, bound_openmp_spin
 from streamer.threads import ThreadPolicy, default_threads
 
 
@@ -171,11 +171,15 @@ def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_openmp_waits_passively_unless_the_user_chose(monkeypatch):
+def test_openmp_spins_briefly_unless_the_user_chose(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert prefer_passive_openmp() and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert not prefer_passive_openmp() and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert bound_openmp_spin() and os.environ["GOMP_SPINCOUNT"] == "500" and "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("GOMP_SPINCOUNT", "20")  # the user's spin count is kept
+    assert not bound_openmp_spin() and os.environ["GOMP_SPINCOUNT"] == "20"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # so is the user's wait policy, without a spin count beside it
+    assert not bound_openmp_spin() and os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert omp_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "lots")

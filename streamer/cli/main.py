@@ -11,7 +11,7 @@ from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, 
 from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError
 from streamer.cli.flags import Parser
-from streamer.settings import forbid_model_hub, omp_num_threads, prefer_passive_openmp
+from streamer.settings import forbid_model_hub, omp_num_threads, bound_openmp_spin
 
 __all__ = ["build_parser", "parse", "main"]
 
@@ -74,7 +74,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prefer_passive_openmp()  # before torch loads its OpenMP runtime (nothing above imports torch)
+    bound_openmp_spin()  # before torch loads its OpenMP runtime (nothing above imports torch)
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
