@@ -34,54 +34,64 @@ class PrometheusSink:
         self.labels = (run, strategy)
         self._spikes: dict[str, float] = {}  # kind -> worst loss so far of the latest switch's first k batches
         self._switches: dict[str, int] = {}  # kind -> switches so far: the next one's slot is this modulo SWITCH_SLOTS
+        self._children: dict = {}  # (metric, extra label values) -> its series: each batch writes ~20
         metrics.skipped_updates_total.labels(run, strategy)  # exported at 0 from the start: increase() sees the first
+
+    def _child(self, metric, *extra):
+        """This run's series of `metric` with the `extra` label values (prometheus_client's labels()
+        takes a lock and checks every value; the learner writes about twenty a batch)."""
+        key = (metric, extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*self.labels, *extra)
+        return child
 
     def step(self, result, seen: Observation, tracker: RunTracker) -> None:
         """After the tracker observed `result`: update what that batch changed."""
-        m, labels, name = self.metrics, self.labels, seen.class_label
-        m.batch_loss.labels(*labels, name).set(result.loss)
+        m, name = self.metrics, seen.class_label
+        self._child(m.batch_loss, name).set(result.loss)
         self._loss_counters(result, seen)
         self._last_switch(result, seen, tracker)
-        m.class_loss_mean.labels(*labels, name).set(tracker.class_loss_mean(seen.class_name))
-        m.batches_since_detected_switch.labels(*labels).set(tracker.batches_since_detected)
+        self._child(m.class_loss_mean, name).set(tracker.class_loss_mean(seen.class_name))
+        self._child(m.batches_since_detected_switch).set(tracker.batches_since_detected)
         if seen.detected:
-            m.switches_detected_total.labels(*labels).inc()
+            self._child(m.switches_detected_total).inc()
         gpu_memory = getattr(result, "gpu_memory_bytes", None)
         if gpu_memory is not None:
-            m.gpu_memory_bytes.labels(*labels).set(gpu_memory)
+            self._child(m.gpu_memory_bytes).set(gpu_memory)
         if seen.switched or seen.detected:  # precision, recall and delay change only then
             snap = tracker.detection.snapshot()
             for gauge, key in ((m.detection_precision, "precision"), (m.detection_recall, "recall"),
                                (m.detection_delay_batches, "mean_delay_batches")):
                 if snap[key] is not None:
-                    gauge.labels(*labels).set(snap[key])
-        m.rolling_perplexity.labels(*labels).set(tracker.rolling_perplexity())
-        m.tokens_per_second.labels(*labels).set(tracker.tokens_per_second())
-        m.tokens_total.labels(*labels).inc(result.tokens)
-        m.batches_learned_total.labels(*labels).inc()
-        m.skipped_updates_total.labels(*labels).inc(int(getattr(result, "skipped", False)))
-        m.predict_seconds.labels(*labels).observe(result.predict_s)
+                    self._child(gauge).set(snap[key])
+        self._child(m.rolling_perplexity).set(tracker.rolling_perplexity())
+        self._child(m.tokens_per_second).set(tracker.tokens_per_second())
+        self._child(m.tokens_total).inc(result.tokens)
+        self._child(m.batches_learned_total).inc()
+        self._child(m.skipped_updates_total).inc(int(getattr(result, "skipped", False)))
+        self._child(m.predict_seconds).observe(result.predict_s)
         if tracker.accuracy.utterances and getattr(result, "predicted", None) is not None:
             self._accuracy(tracker, seen.class_name, name)
-        m.learn_seconds.labels(*labels).observe(result.learn_s)
+        self._child(m.learn_seconds).observe(result.learn_s)
         if seen.switched:
-            m.switches_total.labels(*labels).inc()
+            self._child(m.switches_total).inc()
             self._switch_metrics(tracker)
         if seen.reference is not None:  # a revisit: what StreamerSwitchSpike compares its first batches with
-            m.previous_fragment_loss_nats.labels(*labels, name).set(seen.reference)
+            self._child(m.previous_fragment_loss_nats, name).set(seen.reference)
 
     def _loss_counters(self, result, seen: Observation) -> None:
         """Loss and tokens per class and phase, and the batch-loss histogram: every batch counts."""
-        m, labels, name = self.metrics, self.labels, seen.class_label
+        m, name = self.metrics, seen.class_label
         for phase in PHASES:  # both phases exist from the class's first batch, so increase() sees every step
-            m.loss_nats_total.labels(*labels, name, phase)
-            m.scored_tokens_total.labels(*labels, name, phase)
+            self._child(m.loss_nats_total, name, phase)
+            self._child(m.scored_tokens_total, name, phase)
         if not math.isfinite(result.loss):
             return
         phase = "after_switch" if seen.after_switch else "steady"
-        m.loss_nats_total.labels(*labels, name, phase).inc(result.loss * result.tokens)
-        m.scored_tokens_total.labels(*labels, name, phase).inc(result.tokens)
-        m.batch_loss_nats.labels(*labels, name).observe(result.loss)
+        self._child(m.loss_nats_total, name, phase).inc(result.loss * result.tokens)
+        self._child(m.scored_tokens_total, name, phase).inc(result.tokens)
+        self._child(m.batch_loss_nats, name).observe(result.loss)
 
     def _last_switch(self, result, seen: Observation, tracker: RunTracker) -> None:
         """Each true and detected switch's time, in the next of SWITCH_SLOTS slots (a switch that
@@ -94,12 +104,12 @@ class PrometheusSink:
             if starts:
                 at = getattr(result, "finished_at", None) or time.time()
                 slot = self._switches.get(kind, 0)
-                self.metrics.switch_timestamp_seconds.labels(*self.labels, kind, str(slot % SWITCH_SLOTS)).set(at)
+                self._child(self.metrics.switch_timestamp_seconds, kind, str(slot % SWITCH_SLOTS)).set(at)
                 self._switches[kind] = slot + 1
                 self._spikes[kind] = -math.inf
             if within and kind in self._spikes and math.isfinite(result.loss):
                 self._spikes[kind] = max(self._spikes[kind], result.loss)
-                self.metrics.last_switch_spike_nats.labels(*self.labels, kind).set(self._spikes[kind])
+                self._child(self.metrics.last_switch_spike_nats, kind).set(self._spikes[kind])
 
     def _accuracy(self, tracker: RunTracker, class_name: str, name: str) -> None:
         """Classifiers: prequential accuracy and macro-F1, overall, rolling and of this batch's class."""

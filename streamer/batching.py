@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from monitor.results import BatchTruth
@@ -119,6 +120,9 @@ class Batcher:
     def _row(self, stream: str) -> int | None:
         """Stream id first_stream + n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an
         id outside them and for a key that is not a stream id (never a row taken from another stream)."""
+        known = self._rows.get(stream)  # the ids seen so far (checked once, when first seen)
+        if known is not None:
+            return known
         row = stream_id(stream)
         if row is None:
             return None
@@ -146,20 +150,23 @@ class Batcher:
         return len(self._rows) == self.streams and all(len(b.data) >= need for b in self._buffers)
 
     def pop(self) -> ReadyBatch:
-        """Cut one b x w batch; call only when `ready()`."""
+        """Cut one b x w batch; call only when `ready()`. The grid is cut with numpy: on the fetch side,
+        every torch call hands the GIL to the step thread and waits to get it back."""
         w = self.window
         if self._bytes:
-            rows = [bytes(b.data[: w + 1]) for b in self._buffers]
-            flat = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8)
-            grid = flat.view(self.streams, w + 1).long()
+            grid = np.frombuffer(b"".join([b.data[: w + 1] for b in self._buffers]), dtype=np.uint8)
         else:
-            grid = torch.tensor([b.data[: w + 1] for b in self._buffers], dtype=torch.long)
+            grid = np.array([b.data[: w + 1] for b in self._buffers], dtype=np.int64)
+        grid = grid.reshape(self.streams, w + 1)
         truth = self._majority_truth()
         for buf in self._buffers:
             del buf.data[:w]
             buf.base += w
             self._release(buf)
-        batch = Batch(inputs=grid[:, :w].to(self.device), targets=grid[:, 1:].to(self.device))
+        inputs, targets = torch.from_numpy(grid[:, :w].astype(np.int64)), torch.from_numpy(grid[:, 1:].astype(np.int64))
+        if self.device.type != "cpu":
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+        batch = Batch(inputs=inputs, targets=targets)
         return ReadyBatch(batch=batch, truth=truth, commit=self.offsets.commit_positions())
 
     def state_dict(self) -> dict:
