@@ -8,7 +8,7 @@ pins this process to the first N of them (os.sched_setaffinity; the children inh
 torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machine:
 
 - memory: the strategy fed from memory (batcher, prequential step) under the learner's thread policy
-  (streamer.threads, OMP_WAIT_POLICY=PASSIVE), or --threads;
+  (streamer.threads, OpenMP's short spin GOMP_SPINCOUNT=500), or --threads;
 - kafka: the learner's whole path (streamer.learner.run: aiokafka consumer, decode, dead-letter
   checks, batching, metrics, loss log, status file) reading the same stream from one embedded
   broker, each time with a consumer group of its own; same thread policy;
@@ -24,7 +24,9 @@ timings): what is left is the hand-over between batches (for kafka: the worker t
 the event loop takes in the result, writes the loss line and metrics, and hands it the next batch),
 and the process's CPU time per 1,000 tokens (all its threads; the broker is a process of its own):
 kafka's extra CPU per token over memory's is the fetch side's and the bookkeeping's cost, which a
-loaded machine inflates less than it does wall time.
+loaded machine inflates less than it does wall time. Kafka's line under them gives the event-loop
+thread's own CPU time per batch: on 2 cores with 2 torch threads it is time the step loses (the
+event loop's Python holds the GIL the step's Python needs, and takes a core from its threads).
 On a loaded machine the ratios mean little: a process with more runnable threads (kafka's event
 loop, worker and broker) gets a larger share of contended CPUs, and the baseline's spinning OpenMP
 threads collapse; compare the figures of a quiet machine.
@@ -125,7 +127,8 @@ def memory_path(config, records, batches: int) -> dict:
 
 def kafka_path(config) -> dict:
     """As memory_path, through the learner: times from its loss log, CPU time (all of the process's
-    threads; the broker is another process) read as the monitor takes in each result."""
+    threads; the broker is another process) read as the monitor takes in each result, and the
+    event-loop thread's own CPU time per batch (fetch, decode, batching, metrics, loss log)."""
     from monitor.exporter import create_metrics
     from monitor.live import LiveMonitor
     from monitor.view import LiveView
@@ -133,7 +136,8 @@ def kafka_path(config) -> dict:
 
     class CpuClock(LiveMonitor):
         def observe(self, result) -> dict:
-            self.cpu[1:] = [time.process_time()]  # [at the first result, at the latest]
+            # (process CPU, event-loop thread CPU) at the first result, at the latest
+            self.cpu[1:] = [(time.process_time(), time.thread_time())]
             return super().observe(result)
 
     monitor = CpuClock(run="bench", strategy=config.strategy, metrics=create_metrics())
@@ -142,16 +146,18 @@ def kafka_path(config) -> dict:
     lines = [json.loads(line) for line in (config.run_dir / "losses.jsonl").read_text().splitlines()]
     tokens = sum(line["tokens"] for line in lines[1:])
     stepping = sum(line["predict_s"] + line["learn_s"] for line in lines[1:])
-    return figures(tokens, lines[-1]["time"] - lines[0]["time"], stepping, monitor.cpu[-1] - monitor.cpu[0])
+    (process_0, loop_0), (process_1, loop_1) = monitor.cpu
+    return {**figures(tokens, lines[-1]["time"] - lines[0]["time"], stepping, process_1 - process_0),
+            "event_loop_ms_per_batch": 1e3 * (loop_1 - loop_0) / (len(lines) - 1)}
 
 
 def measure(args) -> None:
     """One path in this process; prints one JSON line. The policy's paths set OpenMP's wait policy
     before torch loads, as the streamer command does; the baseline leaves OpenMP and torch alone."""
     if args.path != "baseline":
-        from streamer.settings import prefer_passive_openmp
+        from streamer.settings import bound_openmp_spin
 
-        prefer_passive_openmp()
+        bound_openmp_spin()
     import torch
 
     if args.path == "baseline":
@@ -164,7 +170,8 @@ def measure(args) -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)
         measured = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1], args.batches)
-    print(json.dumps({**measured, "threads": threads, "wait": os.environ.get("OMP_WAIT_POLICY", "default")}))
+    print(json.dumps({**measured, "threads": threads, "wait": os.environ.get("OMP_WAIT_POLICY") or (
+        f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "default")}))
 
 
 # ---------------------------------------------------------------- the benchmark (the parent)
@@ -179,6 +186,7 @@ def run_child(args, model: str, path: str, batches: int, bootstrap: str, group: 
     environment = dict(os.environ)
     if path == "baseline":  # torch's and OpenMP's own defaults, as before the thread policy
         environment.pop("OMP_WAIT_POLICY", None)
+        environment.pop("GOMP_SPINCOUNT", None)
         environment.pop("OMP_NUM_THREADS", None)
     done = subprocess.run(command, env=environment, capture_output=True, text=True)
     if done.returncode != 0:
@@ -189,7 +197,7 @@ def run_child(args, model: str, path: str, batches: int, bootstrap: str, group: 
 
 def benchmark_model(args, model: str, batches: int, bootstrap: str) -> dict:
     rates, stepping, cpu = ({path: [] for path in PATHS} for _ in range(3))
-    threads = {}
+    threads, loop_ms = {}, []
     for round_ in range(args.rounds):
         order = PATHS[round_ % 3:] + PATHS[:round_ % 3]
         for path in order:
@@ -198,10 +206,13 @@ def benchmark_model(args, model: str, batches: int, bootstrap: str) -> dict:
             stepping[path].append(measured["stepping"])
             cpu[path].append(measured["cpu_ms_per_ktoken"])
             threads[path] = (measured["threads"], measured["wait"])
+            if path == "kafka":
+                loop_ms.append(measured["event_loop_ms_per_batch"])
     kafka = [k / m for k, m in zip(rates["kafka"], rates["memory"])]
     kept = [m / b for m, b in zip(rates["memory"], rates["baseline"])]
     return {"rates": rates, "stepping": stepping, "cpu": cpu, "threads": threads, "kafka": statistics.median(kafka),
-            "kafka_rounds": kafka, "kept": statistics.median(kept), "kept_rounds": kept}
+            "kafka_rounds": kafka, "kept": statistics.median(kept), "kept_rounds": kept,
+            "loop_ms": statistics.median(loop_ms)}
 
 
 def show(model: str, label: str, batches: int, result: dict) -> None:
@@ -215,6 +226,7 @@ def show(model: str, label: str, batches: int, result: dict) -> None:
         inside, cpu = statistics.median(result["stepping"][path]), statistics.median(result["cpu"][path])
         print(f"  {path:8s} {median[path]:9,.0f} tokens/s, {inside:4.0%} of it inside the step, {cpu:6.1f} CPU ms "
               f"per 1k tokens  ({count} torch threads, OpenMP wait {wait}; rounds {rounds})")
+    print(f"  kafka's event loop (fetch, decode, batching, metrics, loss log): {result['loop_ms']:.2f} CPU ms per batch")
     print(f"  {model}: kafka/memory {result['kafka']:.3f} (rounds "
           + " ".join(f"{value:.3f}" for value in result["kafka_rounds"])
           + f"), memory/baseline {result['kept']:.3f} (rounds "
