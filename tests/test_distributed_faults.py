@@ -42,7 +42,10 @@ for number in range(4):
     tokens = torch.randint(0, 256, (2, 9), generator=generator)
     skipped.append(bool(strategy.learn(Batch(tokens[:, :-1], tokens[:, 1:])).skipped))
 checksum = sum(float(p.detach().double().sum()) for p in strategy.model.parameters())
-print(json.dumps({{"rank": ranks.rank, "skipped": skipped, "checksum": checksum}}), flush=True)
+# one write of the whole line: both ranks share the stdout pipe, and print's text and newline are two
+# writes when Python runs unbuffered (PYTHONUNBUFFERED), so two ranks' lines could interleave
+sys.stdout.write(json.dumps({{"rank": ranks.rank, "skipped": skipped, "checksum": checksum}}) + "\\n")
+sys.stdout.flush()
 distributed.stop()
 """
 
