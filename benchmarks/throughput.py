@@ -8,12 +8,14 @@ pins this process to the first N of them (os.sched_setaffinity; the children inh
 torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machine:
 
 - memory: the strategy fed from memory (batcher, prequential step) under the learner's thread policy
-  (streamer.threads, OpenMP's short spin GOMP_SPINCOUNT=500), or --threads;
+  (streamer.threads, OpenMP's short spin GOMP_SPINCOUNT=500), or --threads, and its allocator
+  policy (streamer.allocator);
 - kafka: the learner's whole path (streamer.learner.run: aiokafka consumer, decode, dead-letter
   checks, batching, metrics, loss log, status file) reading the same stream from one embedded
   broker, each time with a consumer group of its own; same thread policy;
-- baseline: the memory path with the setting of the issue's time: torch's default threads and
-  OpenMP's default (spinning) wait, so a slower memory path cannot raise the ratio unseen.
+- baseline: the memory path with the setting of the issue's time: torch's default threads,
+  OpenMP's default (spinning) wait and malloc's defaults, so a slower memory path cannot raise the
+  ratio unseen.
 
 Throughput counts from the first learned batch to the last (process start, torch import, the
 consumer group's join and the final checkpoint excluded). The three run in turn, --rounds times,
@@ -163,9 +165,11 @@ def measure(args) -> None:
     if args.path == "baseline":
         threads = torch.get_num_threads()
     else:
+        from streamer.allocator import keep_freed_memory
         from streamer.settings import omp_num_threads
         from streamer.threads import apply_thread_policy
 
+        keep_freed_memory()
         threads = apply_thread_policy(args.threads, omp_num_threads()).threads
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)

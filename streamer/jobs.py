@@ -14,6 +14,8 @@ from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from streamer.allocator import keep_freed_memory
+
 __all__ = ["Outcome", "one_line", "run_jobs"]
 
 @dataclass(frozen=True)
@@ -30,9 +32,10 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def _child(function: Callable, task: tuple, threads: int, conn) -> None:
-    """A job process: the parent stops us on Ctrl-C (SIGINT ignored here); torch gets `threads` threads;
-    the outcome goes back through `conn`."""
+    """A job process: the parent stops us on Ctrl-C (SIGINT ignored here); torch gets `threads` threads
+    and the allocator the learner's policy (streamer.allocator); the outcome goes back through `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()
     import torch
 
     torch.set_num_threads(threads)
