@@ -25,9 +25,7 @@ import sys, time
 sys.path.insert(0, {root!r})
 from streamer.settings import bound_openmp_spin
 bound_openmp_spin()
-from streamer.allocator import keep_freed_memory
 from streamer.threads import apply_thread_policy
-keep_freed_memory()
 policy = apply_thread_policy({threads})
 import torch
 from streamer.models import LSTMLanguageModel

@@ -165,11 +165,9 @@ def measure(args) -> None:
     if args.path == "baseline":
         threads = torch.get_num_threads()
     else:
-        from streamer.allocator import keep_freed_memory
         from streamer.settings import omp_num_threads
         from streamer.threads import apply_thread_policy
 
-        keep_freed_memory()
         threads = apply_thread_policy(args.threads, omp_num_threads()).threads
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)

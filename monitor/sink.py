@@ -66,7 +66,6 @@ class PrometheusSink:
                 if snap[key] is not None:
                     self._child(gauge).set(snap[key])
         self._child(m.rolling_perplexity).set(tracker.rolling_perplexity())
-        self._child(m.tokens_per_second).set(tracker.tokens_per_second())
         self._child(m.tokens_total).inc(result.tokens)
         self._child(m.batches_learned_total).inc()
         self._child(m.skipped_updates_total).inc(int(getattr(result, "skipped", False)))

@@ -14,7 +14,7 @@ from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from streamer.allocator import keep_freed_memory
+from streamer.threads import apply_thread_policy
 
 __all__ = ["Outcome", "one_line", "run_jobs"]
 
@@ -33,16 +33,9 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _child(function: Callable, task: tuple, threads: int, conn) -> None:
     """A job process: the parent stops us on Ctrl-C (SIGINT ignored here); torch gets `threads` threads
-    and the allocator the learner's policy (streamer.allocator); the outcome goes back through `conn`."""
+    (streamer.threads' policy, the allocator's with it); the outcome goes back through `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keep_freed_memory()
-    import torch
-
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(threads)
-    except RuntimeError:
-        pass
+    apply_thread_policy(threads)
     try:
         outcome = Outcome(value=function(*task))
     except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)

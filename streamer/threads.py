@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from streamer.allocator import keep_freed_memory
+
 __all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy", "pin_to_first_cpus"]
 
 
@@ -53,8 +55,12 @@ def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
 
 
 def apply_thread_policy(threads: int | None, omp_threads: int | None = None) -> ThreadPolicy:
-    """Set torch's thread counts once (imports torch) and return the policy applied."""
+    """Set torch's thread counts once (imports torch) and the allocator's policy beside them
+    (streamer.allocator: the step's memory is reused, not faulted in anew every batch); return the
+    thread policy applied."""
     import torch
+
+    keep_freed_memory()
 
     cpus = available_cpus()
     policy = ThreadPolicy(threads, cpus, "--threads") if threads else default_threads(cpus, omp_threads)

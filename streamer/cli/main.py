@@ -84,10 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)  # before any work: nothing is created for flags that cannot run
         if args.command in THREADED:
-            from streamer.allocator import keep_freed_memory
             from streamer.threads import apply_thread_policy
 
-            keep_freed_memory()  # before the model's first tensors: its heap is then reused, step after step
             print(apply_thread_policy(args.threads, omp_num_threads()).describe(), flush=True)
         return COMMANDS[args.command](args) or 0
     except KeyboardInterrupt:
