@@ -210,20 +210,23 @@ class Checkpointer:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-checkpoint")
         self.ranks = getattr(loop, "ranks", None)  # distributed: rank 0 decides, every rank takes part
         if self.ranks is not None:
-            loop.checkpoint_wanted = self._time_due
+            loop.checkpoint_wanted = self.time_due
 
     @property
     def writing(self) -> bool:
         return self._in_flight is not None and not self._in_flight.done()
 
     def due(self) -> bool:
-        """Time for the next checkpoint (ranks: rank 0's decision, agreed before this step)."""
+        """Time for the next checkpoint (ranks: rank 0's decision, agreed before this step); never while
+        a step runs ahead of its result (the loop asked `snapshot_wanted` before it, and the checkpoint
+        was not due then: it is taken after that step)."""
         if self.ranks is not None:
             agreed, self.loop.checkpoint_agreed = self.loop.checkpoint_agreed, False
             return agreed
-        return self._time_due()
+        return self.loop.at_snapshot and self.time_due()
 
-    def _time_due(self) -> bool:
+    def time_due(self) -> bool:
+        """Whether the time for the next checkpoint has come (and none is being written)."""
         return not self.writing and time.monotonic() - self.written_at >= self.every_s
 
     def state(self) -> dict:

@@ -6,6 +6,8 @@
                                                  the end, written in the background; then commits the
                                                  offsets it covers to Kafka)
                                --> ProbeScheduler (probes.jsonl)
+    The next step runs ahead of these consumers (streamer.loop's snapshot_wanted) unless a checkpoint or
+    a probe is due after the step in flight: they take in result k while the worker learns batch k + 1.
     loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
         --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 
@@ -153,6 +155,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                 config=config, loop=loop, monitor=monitor, labels=labels)
     source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
+    loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
+        checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
     if resume is not None:
         restore(resume, loop, monitor, ranks)
         if leader and checkpointer.path.exists():  # the console shows its age until the next one

@@ -135,8 +135,16 @@ class ProbeScheduler:
             return "periodic"
         return None
 
+    def wants(self, index: int, upcoming, previous) -> bool:
+        """Whether to score before batch `index` (a ReadyBatch) after truth `previous`: the loop's
+        `snapshot_wanted` asks it before running that batch ahead of the consumer."""
+        return self.trigger(index, upcoming.truth, previous) is not None
+
     async def before_next(self, loop) -> dict | None:
-        """Score before the loop learns its next batch when a trigger says so; the row written, or None."""
+        """Score before the loop learns its next batch when a trigger says so; the row written, or None.
+        Nothing while the next batch runs ahead (the loop asked `wants` before it: no trigger)."""
+        if not loop.at_snapshot:
+            return None
         upcoming = await loop.peek()
         if upcoming is None:
             return None

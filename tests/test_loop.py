@@ -143,3 +143,87 @@ def test_stop_ends_the_loop_after_the_step_in_flight_and_dead_letters_survive_a_
     again = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records))
     again.load_state_dict(saved)
     assert again.dead_letters == loop.dead_letters and again.step == 5
+
+
+def counting(strategy):
+    """The strategy, with a list that grows by one each time it learns a batch (in the worker thread)."""
+    learned, learn = [], strategy.learn
+    strategy.learn = lambda batch: (learned.append(batch), learn(batch))[1]
+    return strategy, learned
+
+
+async def until(condition, timeout_s=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.002)
+
+
+def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(stream):
+    """With `snapshot_wanted` set, the worker learns batch k + 1 while the consumer still holds result k
+    (never further ahead), the results are the in-memory run's, and a result whose next batch was
+    wanted is a snapshot point: the strategy has learned exactly the batches taken in."""
+    records, _ = stream
+    batches = batches_from_records(records, 2, 10)
+    expected = list(run(naive(), batches))
+    wanted = {7, 8, 20}
+    strategy, learned = counting(naive())
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
+                           queue_size=len(batches))  # every batch queued before the first step
+    asked = []
+    loop.snapshot_wanted = lambda index, upcoming, previous: asked.append(index) or index in wanted
+
+    async def go():
+        results = []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                following = result.index + 1
+                if following in wanted:
+                    await asyncio.sleep(0.05)  # time enough for a step that wrongly ran ahead
+                    assert loop.at_snapshot and len(learned) == following
+                    reference = naive()
+                    list(run(reference, batches[:following]))
+                    for name, value in reference.model.state_dict().items():
+                        assert torch.equal(value, loop.strategy.model.state_dict()[name]), name
+                elif following < len(batches):
+                    await until(lambda: len(learned) == following + 1)
+                    await asyncio.sleep(0.02)
+                    assert not loop.at_snapshot and len(learned) == following + 1
+        return results
+    results = asyncio.run(go())
+    assert [r.loss for r in results] == [r.loss for r in expected]
+    assert [r.index for r in results] == list(range(len(expected))) and loop.step == len(learned) == len(expected)
+    assert sorted(asked) == list(range(1, len(expected)))  # asked once for every batch after the first
+
+
+def test_a_snapshot_point_and_a_stop_wait_for_the_step_running_ahead(stream):
+    """A rebalance's snapshot_point() gets the state after the last result taken in, with no step in
+    flight; a stop learns and yields the step already running ahead, then ends."""
+    records, _ = stream
+    strategy, learned = counting(naive())
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64)
+    loop.snapshot_wanted = lambda index, upcoming, previous: False
+    seen = []
+
+    async def rebalance():
+        async with loop.snapshot_point():
+            seen.append((loop.at_snapshot, loop.step, len(learned)))
+
+    async def go():
+        results, grab = [], None
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                await asyncio.sleep(0.005)
+                if result.index == 5:
+                    grab = asyncio.create_task(rebalance())
+                if result.index == 12:
+                    await until(lambda: len(learned) == 14)  # batch 13 learned ahead of its result
+                    loop.stop()
+            await grab
+        return results
+    results = asyncio.run(go())
+    at_snapshot, step, learned_then = seen[0]
+    assert len(seen) == 1 and at_snapshot and step == learned_then and 6 <= step <= 9  # at once, not at the end
+    assert [r.index for r in results] == list(range(14)) and loop.stop_reason == "signal"
+    assert loop.step == len(learned) == 14 and loop.state_dict()["step"] == 14
