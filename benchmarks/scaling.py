@@ -16,7 +16,10 @@ log, the thread policy), so its memory is its own. For each run:
 
 Parts (--parts, all by default):
   length   the 1x stream (--batches of b 10 x w 20 bytes) and a 10x one (10 times the fragments,
-           the same mean length), learned to exactly 1x and 10x the batches: the headline
+           the same mean length), learned to exactly 1x and 10x the batches: the headline. The 1x
+           run goes before and after the 10x one and the 10x time is compared with their mean (a
+           host whose speed drifts within the minutes of the 10x run moves both); the 10x run's
+           tokens/s by blocks of 1x batches shows whether it slows as it goes
   streams  b 10, 20, 40 on a stream of the 1x tokens (so fewer, larger batches)
   hidden   128, 256, 512 on the 1x stream
   ranks    --nproc 1 and 2 on the 1x stream written to 10 partitions (skipped, with one line, when
@@ -65,6 +68,7 @@ class Measured:
     span_s: float  # first learned batch to last
     wall_s: float  # the whole process
     peak_rss_mb: float
+    block_rates: tuple = ()  # tokens/s of each run of `block` batches, in order (a trend shows here)
 
 
 def streamer(*args: str) -> list[str]:
@@ -118,7 +122,7 @@ def tree_rss_mb(root: int) -> float:
 
 
 def learn(bootstrap: str, stream: Stream, run_dir: Path, *, hidden: int = 256, batches: int | None = None,
-          nproc: int = 1) -> Measured:
+          nproc: int = 1, block: int | None = None) -> Measured:
     command = streamer("learn", "--bootstrap-servers", bootstrap, "--topic", stream.topic,
                        "--manifest", str(stream.manifest), "--run-dir", str(run_dir), "--group", run_dir.name,
                        "--fresh", "--no-view", "--hidden", str(hidden))
@@ -149,7 +153,9 @@ def learn(bootstrap: str, stream: Stream, run_dir: Path, *, hidden: int = 256, b
     span = lines[-1]["time"] - lines[0]["time"]
     tokens = sum(line["tokens"] for line in lines[1:])
     peak = max(peak_tree[0], usage.ru_maxrss / 1024) if nproc > 1 else usage.ru_maxrss / 1024
-    return Measured(len(lines), tokens / span, span, wall, peak)
+    blocks = [lines[start:start + block + 1] for start in range(0, len(lines) - block, block)] if block else []
+    rates = tuple(sum(line["tokens"] for line in part[1:]) / (part[-1]["time"] - part[0]["time"]) for part in blocks)
+    return Measured(len(lines), tokens / span, span, wall, peak, rates)
 
 
 def row(label: str, measured: Measured) -> str:
@@ -183,12 +189,20 @@ def main() -> None:
             long = produce(bootstrap, root, "scale-b10-10x", fragments_for(10 * args.batches), 10)
             ten = min(10 * one, long.batches)
             print("stream length (lstm-char 2x256, b 10):", flush=True)
-            short_run = learn(bootstrap, base, root / "length-1x", batches=one)
-            print(row("1x", short_run), flush=True)
-            long_run = learn(bootstrap, long, root / "length-10x", batches=ten)
+            # the 1x run before and after the 10x one: a host whose speed drifts over the minutes
+            # the 10x run takes moves both alike, and their mean is the reference
+            before = learn(bootstrap, base, root / "length-1x", batches=one)
+            print(row("1x", before), flush=True)
+            long_run = learn(bootstrap, long, root / "length-10x", batches=ten, block=one)
             print(row(f"{ten / one:.1f}x", long_run), flush=True)
-            time_ratio = long_run.span_s / short_run.span_s * (10 * one / ten)  # per 10x the batches
-            headline = (time_ratio, long_run.peak_rss_mb / short_run.peak_rss_mb)
+            after = learn(bootstrap, base, root / "length-1x-again", batches=one)
+            print(row("1x again", after), flush=True)
+            rates = long_run.block_rates
+            print(f"  the {ten / one:.1f}x run by 1x blocks: " + " ".join(f"{rate:,.0f}" for rate in rates)
+                  + f" tokens/s (last/first {rates[-1] / rates[0]:.3f})", flush=True)
+            short_span = (before.span_s + after.span_s) / 2
+            time_ratio = long_run.span_s / short_span * (10 * one / ten)  # per 10x the batches
+            headline = (time_ratio, long_run.peak_rss_mb / max(before.peak_rss_mb, after.peak_rss_mb))
         if "streams" in parts:
             print("streams b (lstm-char 2x256, the 1x tokens):", flush=True)
             for streams in (10, 20, 40):
