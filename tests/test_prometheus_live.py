@@ -22,9 +22,27 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 class SlowMonitor(LiveMonitor):
-    def observe(self, result):  # stretch the run (266 batches) over several 1-s scrapes
+    """Stretches the run (266 batches) over several 1-s scrapes, and at the `hold_at` counts of
+    learned batches holds until Prometheus has scraped that count: a scrape that comes late or
+    times out on a loaded host (the exporter shares the learner's GIL) cannot merge the run's
+    values into one or two samples."""
+
+    def __init__(self, *, base: str, hold_at=(), **kwargs):
+        super().__init__(**kwargs)
+        self.base, self.hold_at, self.seen = base, set(hold_at), 0
+
+    def observe(self, result):
         time.sleep(0.01)
-        return super().observe(result)
+        line = super().observe(result)
+        self.seen += 1
+        if self.seen in self.hold_at:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                scraped = query(self.base, 'streamer_batches_learned_total{run="live"}')
+                if scraped and float(scraped[0]["value"][1]) >= self.seen:
+                    break
+                time.sleep(0.1)
+        return line
 
 
 def _substitute(expr: str) -> str:
@@ -64,7 +82,9 @@ scrape_configs:
             bootstrap_servers=broker.bootstrap_servers, topic="scraped-live", group_id="scraped-live-g",
             run_dir=tmp_path / "run", run_name="live", streams=3, window=10, model=TINY, device="cpu",
             total_batches=manifest["total_batches"], classes=tuple(manifest["classes"]), idle_timeout_s=30)
-        monitor = SlowMonitor(run="live", strategy="naive", classes=learn_config.classes, metrics=metrics)
+        total = manifest["total_batches"]
+        monitor = SlowMonitor(run="live", strategy="naive", classes=learn_config.classes, metrics=metrics,
+                              base=base, hold_at=(total // 3, 2 * total // 3))
         started = time.time()
         thread = threading.Thread(target=lambda: asyncio.run(run_learner(learn_config, monitor=monitor)))
         thread.start()
