@@ -21,6 +21,13 @@
   spins about 5 microseconds, long enough to catch the step's next parallel region, then sleeps.
   libgomp's own default spins about 3 ms, so a second torch job on the same CPUs waits on spinning
   threads; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
+- ``OMP_WAIT_POLICY``: written beside it as ``ACTIVE`` when torch's runtime is libgomp. With a spin
+  count set, ACTIVE changes one thing there: libgomp spins 100 times (not the 500) once it manages
+  more threads than CPUs, which it does for good as soon as a second thread runs a parallel torch op
+  (the checkpoint's copy on the event loop, a resume's load) beside the step's; ACTIVE makes that
+  min(1000, GOMP_SPINCOUNT), the same 500. Without it the default LSTM's step went from 9 to 20-26 ms
+  after the first checkpoint and stayed there. Not written for LLVM's or Intel's OpenMP runtime
+  (there ACTIVE means spinning without end).
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -28,11 +35,13 @@ this module look at the environment.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment",
-           "omp_num_threads", "bound_openmp_spin", "forbid_model_hub", "kafka_client_options",
+           "omp_num_threads", "bound_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
            "secret_variable", "torchrun_environment"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
@@ -76,12 +85,28 @@ OPENMP_SPINS = 500  # benchmarks/contention.py: 1,000 let two learners fight (2.
 
 
 def bound_openmp_spin() -> bool:
-    """Set GOMP_SPINCOUNT (see above) unless the user set it or OMP_WAIT_POLICY; True when this
-    call set it. Only effective before torch (and its OpenMP runtime) is imported."""
+    """Set GOMP_SPINCOUNT, and OMP_WAIT_POLICY=ACTIVE where torch's OpenMP is libgomp (see above),
+    unless the user set either; True when this call set them. Only effective before torch (and its
+    OpenMP runtime) is imported."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return False
     os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPINS)
+    if torch_openmp_is_gnu():
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     return True
+
+
+def torch_openmp_is_gnu() -> bool:
+    """Whether the torch installed here runs GNU libgomp (Linux wheels ship it in torch/lib; Debian's
+    torch links the system's), told without importing torch: not where LLVM's libomp or Intel's libiomp5
+    sits beside torch or in this environment's lib/ (macOS wheels, conda's builds)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    spec = importlib.util.find_spec("torch")  # a top-level name: finding it imports nothing
+    places = [Path(sys.prefix) / "lib"]
+    if spec is not None and spec.submodule_search_locations:
+        places += [Path(location) / "lib" for location in spec.submodule_search_locations]
+    return not any(any(place.glob(pattern)) for place in places for pattern in ("libomp.*", "libiomp5*"))
 
 
 def forbid_model_hub() -> None:
