@@ -172,8 +172,10 @@ def measure(args) -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)
         measured = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1], args.batches)
-    print(json.dumps({**measured, "threads": threads, "wait": os.environ.get("OMP_WAIT_POLICY") or (
-        f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "default")}))
+    wait = ", ".join(part for part in (
+        f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "",
+        os.environ.get("OMP_WAIT_POLICY", "")) if part) or "default"
+    print(json.dumps({**measured, "threads": threads, "wait": wait}))
 
 
 # ---------------------------------------------------------------- the benchmark (the parent)

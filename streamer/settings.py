@@ -21,11 +21,12 @@
   spins about 5 microseconds, long enough to catch the step's next parallel region, then sleeps.
   libgomp's own default spins about 3 ms, so a second torch job on the same CPUs waits on spinning
   threads; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
-- ``OMP_WAIT_POLICY``: written beside it as ``ACTIVE`` when torch's runtime is libgomp. With a spin
-  count set, ACTIVE changes one thing there: libgomp spins 100 times (not the 500) once it manages
-  more threads than CPUs, which it does for good as soon as a second thread runs a parallel torch op
-  (the checkpoint's copy on the event loop, a resume's load) beside the step's; ACTIVE makes that
-  min(1000, GOMP_SPINCOUNT), the same 500. Without it the default LSTM's step went from 9 to 20-26 ms
+- ``OMP_WAIT_POLICY``: written as ``ACTIVE`` beside the spin count (ours or the user's) when torch's
+  runtime is libgomp and the user did not set it. With a spin count set, ACTIVE changes one thing
+  there: libgomp spins 100 times (not the 500) once it manages more threads than CPUs, which it
+  does for good as soon as a second thread runs a parallel torch op (the checkpoint's copy on the
+  event loop, a resume's load) beside the step's; ACTIVE makes that min(1000, GOMP_SPINCOUNT), the
+  same 500. Without it the default LSTM's step went from 9 to 20-26 ms
   after the first checkpoint and stayed there. Not written for LLVM's or Intel's OpenMP runtime
   (there ACTIVE means spinning without end).
 
@@ -85,14 +86,17 @@ OPENMP_SPINS = 500  # benchmarks/contention.py: 1,000 let two learners fight (2.
 
 
 def bound_openmp_spin() -> bool:
-    """Set GOMP_SPINCOUNT, and OMP_WAIT_POLICY=ACTIVE where torch's OpenMP is libgomp (see above),
-    unless the user set either; True when this call set them. Only effective before torch (and its
-    OpenMP runtime) is imported."""
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+    """Set GOMP_SPINCOUNT unless the user set it, and OMP_WAIT_POLICY=ACTIVE beside a spin count (the
+    user's too) where torch's OpenMP is libgomp (see above); nothing when the user set OMP_WAIT_POLICY.
+    True when this call set the spin count. Only effective before torch (and its OpenMP runtime) is
+    imported."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return False
+    if torch_openmp_is_gnu():  # with a spin count set, ACTIVE only lifts the throttled spin (above)
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    if "GOMP_SPINCOUNT" in os.environ:
         return False
     os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPINS)
-    if torch_openmp_is_gnu():
-        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     return True
 
 

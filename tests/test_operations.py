@@ -183,8 +183,10 @@ def test_openmp_spins_briefly_unless_the_user_chose(monkeypatch):
     assert torch_openmp_is_gnu() == (sys.platform.startswith("linux") and any(
         (Path(torch.__file__).parent / "lib").glob("libgomp*")))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setenv("GOMP_SPINCOUNT", "20")  # the user's spin count is kept
+    monkeypatch.setenv("GOMP_SPINCOUNT", "20")  # the user's spin count is kept, with ACTIVE beside it
     assert not bound_openmp_spin() and os.environ["GOMP_SPINCOUNT"] == "20"
+    assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if torch_openmp_is_gnu() else None)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # so is the user's wait policy, without a spin count beside it
     assert not bound_openmp_spin() and os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
