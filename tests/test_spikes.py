@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -25,7 +26,9 @@ from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from producers.kafka import produce
 from streamer.config import LearnConfig
+import streamer.loop
 from streamer.learner import run as run_learner
+from streamer.step import prequential_step
 from tests.helpers import TINY, small_stream
 from tests.prometheus_util import start_prometheus, stop
 from tests.spike_check import (
@@ -41,12 +44,12 @@ CORPUS = {"en": "hello world, how are you today? " * 600, "digits": "31415 92653
           "ru": "привет мир, как дела сегодня? " * 600}
 
 
-class PacedMonitor(LiveMonitor):
-    """Stretches each batch to PACE_S or more, as a slower device would."""
-
-    def observe(self, result):
-        time.sleep(PACE_S)
-        return super().observe(result)
+def paced_step(*args, **kwargs):
+    """The loop's prequential step stretched to PACE_S or more, as a slower device would: in the
+    worker thread, so each result reaches the monitor as soon as its step ends (pacing the monitor
+    instead would let the next step run ahead and end up to PACE_S before its metrics are written)."""
+    time.sleep(PACE_S)
+    return prequential_step(*args, **kwargs)
 
 
 def scraped_run(broker, tmp_path: Path, topic: str, settled: bool = False, **stream) -> dict:
@@ -70,11 +73,12 @@ scrape_configs:
             bootstrap_servers=broker.bootstrap_servers, topic=topic, group_id=f"{topic}-g",
             run_dir=tmp_path / "run", run_name=topic, streams=3, window=10, model=TINY, device="cpu", lr=LR,
             total_batches=manifest["total_batches"], classes=tuple(manifest["classes"]), idle_timeout_s=30)
-        monitor = PacedMonitor(run=topic, strategy="naive", classes=learn_config.classes, metrics=metrics)
+        monitor = LiveMonitor(run=topic, strategy="naive", classes=learn_config.classes, metrics=metrics)
         started = time.time()
         thread = threading.Thread(target=lambda: asyncio.run(run_learner(learn_config, monitor=monitor)))
-        thread.start()
-        thread.join(timeout=600)
+        with mock.patch.object(streamer.loop, "prequential_step", paced_step):
+            thread.start()
+            thread.join(timeout=600)
         assert not thread.is_alive()
         time.sleep(3 * SCRAPE_S)  # the last batches scraped (the endpoint outlives the learner here)
         ended = time.time()
