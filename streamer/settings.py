@@ -26,9 +26,9 @@
   there: libgomp spins 100 times (not the 500) once it manages more threads than CPUs, which it
   does for good as soon as a second thread runs a parallel torch op (the checkpoint's copy on the
   event loop, a resume's load) beside the step's; ACTIVE makes that min(1000, GOMP_SPINCOUNT), the
-  same 500. Without it the default LSTM's step went from 9 to 20-26 ms
-  after the first checkpoint and stayed there. Not written for LLVM's or Intel's OpenMP runtime
-  (there ACTIVE means spinning without end).
+  same 500. Without it the default LSTM's step went from 9 to 20-26 ms after the first checkpoint
+  and stayed there. Not written for LLVM's or Intel's OpenMP runtime (there ACTIVE means spinning
+  without end).
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -41,8 +41,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["cache_root", "weights_root", "grafana_credentials_environment",
-           "omp_num_threads", "bound_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
+__all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
+           "bound_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
            "secret_variable", "torchrun_environment"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
