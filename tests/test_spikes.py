@@ -26,7 +26,6 @@ from monitor.exporter import create_metrics, serve
 from monitor.live import LiveMonitor
 from producers.kafka import produce
 from streamer.config import LearnConfig
-import streamer.loop
 from streamer.learner import run as run_learner
 from streamer.step import prequential_step
 from tests.helpers import TINY, small_stream
@@ -76,7 +75,7 @@ scrape_configs:
         monitor = LiveMonitor(run=topic, strategy="naive", classes=learn_config.classes, metrics=metrics)
         started = time.time()
         thread = threading.Thread(target=lambda: asyncio.run(run_learner(learn_config, monitor=monitor)))
-        with mock.patch.object(streamer.loop, "prequential_step", paced_step):
+        with mock.patch("streamer.loop.prequential_step", paced_step):  # the real step, slowed
             thread.start()
             thread.join(timeout=600)
         assert not thread.is_alive()
