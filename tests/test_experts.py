@@ -420,7 +420,9 @@ def test_the_kernel_choice_depends_only_on_device_and_size():
     from streamer.models.experts import choose_kernel
 
     assert choose_kernel(torch.device("cuda"), 30, 550) == "fused"  # the GPU side keeps the fused kernel
-    assert choose_kernel(torch.device("cpu"), 30, 32) == "fused"  # many small experts: one bmm per step pays
+    assert choose_kernel(torch.device("cpu"), 30, 16) == "fused"  # many small experts: one bmm per step pays
+    assert choose_kernel(torch.device("cpu"), 30, 32) == "loop"  # from hidden 32 the loop is at parity or ahead
+    assert choose_kernel(torch.device("cpu"), 10, 16) == "loop"  # fewer than 20 experts: no gain measured
     assert choose_kernel(torch.device("cpu"), 3, 24) == "loop"  # tests/test_pinned_losses.py's poe
     assert {choose_kernel(torch.device("cpu"), n, h) for n in (5, 10, 30) for h in (200, 550)} == {"loop"}
     experts = LSTMExperts(2, LSTMConfig(embedding=4, hidden=6, layers=1, vocab=10))

@@ -36,20 +36,25 @@ def choose_kernel(device: torch.device, n: int, hidden: int) -> str:
     """The kernel "auto" runs: fused on a GPU; on the CPU the faster one for n experts of this size.
 
     The rule is fixed (no timing at run time, so a run's numbers never depend on the machine's
-    load): on the CPU fused for 10 or more experts below hidden 64, loop otherwise. The loop
+    load): on the CPU fused for 20 or more experts below hidden 32, loop otherwise. The loop
     kernel makes the same native LSTM calls as n separate nn.LSTM modules, with the decoder,
     clipping and Adam batched, so it matches the module loop at every size; the fused kernel's
-    cost per time step is shared by all experts, which pays only for many small ones. Measured
-    by `benchmarks/experts.py --alternate --iterations 6` (one `poe` learning step, 1 thread,
-    b=10, w=20, embedding 200, 100 gate steps, the variants' steps alternating in one process,
-    median CPU time; a shared 2-core machine at load 1-2, so +-5% is noise), module loop / kernel
-    for fused and loop: 5x32 0.98, 1.07; 10x32 1.05, 1.12; 30x32 1.09, 1.03; 5x200 0.69, 0.96;
-    10x200 0.76, 1.00; 30x200 0.68, 0.98; 5x550 0.60, 0.94 (0.98 and 1.02 over 15 steps);
-    10x550 0.55, 0.96; 30x550 0.50, 1.02. At 3 experts of hidden 24 (the pinned test's size)
+    cost per time step is shared by all experts, which pays only for many small ones, and where
+    it pays depends on the CPU. Measured by `benchmarks/experts.py --alternate` (one `poe`
+    learning step, 1 thread, b=10, w=20, embedding 200, 100 gate steps, the variants' steps
+    alternating in one process, median CPU time; +-5% is noise), module loop / kernel for fused
+    and loop. An AMD EPYC: 10x32 0.97, 0.97; 30x32 0.92, 1.02; 60x32 0.91, 1.01; 100x32 0.97,
+    1.01; 20x16 1.08, 1.05; 30x16 1.11, 1.02; 60x16 1.13, 1.01; 30x24 1.10, 1.05; 10x16 0.96,
+    1.00; 10x8 1.09, 1.04; 5x16 0.94, 1.00; 200 and 550 at 5-30 experts 0.30-0.55, 0.98-1.02.
+    An Intel Xeon: 10x32 1.05, 1.12; 30x32 1.09, 1.03; 5x200 0.69, 0.96; 10x200 0.76, 1.00;
+    30x200 0.68, 0.98; 5x550 0.60, 0.94 (0.98 and 1.02 over 15 steps); 10x550 0.55, 0.96;
+    30x550 0.50, 1.02. At hidden 32 and up the loop is at parity on both (the fused kernel's win
+    at 30x32 on the Intel was a loss of 9% on the AMD); below 32 with 20 or more experts the
+    fused kernel was ahead on the AMD. At 3 experts of hidden 24 (the pinned test's size)
     loop 1.00, fused 0.81-0.90."""
     if device.type != "cpu":
         return "fused"
-    return "fused" if hidden < 64 and n >= 10 else "loop"
+    return "fused" if hidden < 32 and n >= 20 else "loop"
 
 
 class Recurrence(torch.autograd.Function):
