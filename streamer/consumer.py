@@ -249,7 +249,8 @@ class KafkaSource:
         if self._consumer is None:
             return False
         try:
-            await asyncio.wait_for(self._consumer.topics(), self.probe_timeout_s)
+            async with asyncio.timeout(self.probe_timeout_s):  # not wait_for: it can lose a cancel (loop._ended)
+                await self._consumer.topics()
         except (KafkaError, asyncio.TimeoutError, OSError):
             self._answering = False
         else:
@@ -332,9 +333,8 @@ class KafkaSource:
             return
         key, value, headers = copy
         try:
-            delivery = await asyncio.wait_for(  # a broker that is away blocks send() up to its request timeout
-                self._producer.send(f"{self.topic}.dlq", key=key, value=value, headers=headers),
-                self.dead_letter_timeout_s)
+            async with asyncio.timeout(self.dead_letter_timeout_s):  # a broker that is away blocks send()
+                delivery = await self._producer.send(f"{self.topic}.dlq", key=key, value=value, headers=headers)
         except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
             self._failed(exc)
             return
@@ -359,7 +359,8 @@ class KafkaSource:
         if not offsets:
             return False
         try:
-            await asyncio.wait_for(self._consumer.commit(offsets), self.commit_timeout_s)
+            async with asyncio.timeout(self.commit_timeout_s):
+                await self._consumer.commit(offsets)
         except (KafkaError, AssertionError, asyncio.TimeoutError) as exc:  # CommitFailedError, IllegalStateError, a lost coordinator
             self._log(f"commit of offsets {sorted((tp.partition, o) for tp, o in offsets.items())} failed "
                       f"({type(exc).__name__}); the checkpoint holds them, the next one commits them")

@@ -89,6 +89,7 @@ class PrequentialLoop:
         self._worker: ThreadPoolExecutor | None = None
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._closing = False  # set on leaving the `async with`: the fetch and watch tasks' loops end
         # Held from taking a batch until the consumer of its result asks for the next one with no
         # step in flight (none runs ahead): whoever holds it sees a snapshot point. The generator's own consumer (between two results) is at
         # one already and must not wait on it; others (a rebalance callback) use `snapshot_point()`.
@@ -127,10 +128,8 @@ class PrequentialLoop:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        tasks = [task for task in (self._fetcher, self._watcher) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
+        await _ended([task for task in (self._fetcher, self._watcher) if task is not None])
         self._worker.shutdown(wait=True, cancel_futures=True)  # a step queued ahead never starts
         await self.source.stop()
 
@@ -349,7 +348,7 @@ class PrequentialLoop:
     async def _fetch(self) -> None:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
         batcher, last_lag = self.batcher, 0.0
-        while True:
+        while not self._closing:
             read = self.records
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
@@ -389,8 +388,10 @@ class PrequentialLoop:
             return
         where = getattr(self.source, "bootstrap_servers", "the broker")
         answered = time.monotonic()
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.probe_every_s)
+            if self._closing:
+                return
             ok = await reachable()
             now = time.monotonic()
             if ok:
@@ -409,6 +410,23 @@ class PrequentialLoop:
             if self.broker_timeout_s and away >= self.broker_timeout_s:
                 self.stop("broker_lost")
                 return
+
+
+async def _ended(tasks: list[asyncio.Task], again_after_s: float = 1.0) -> None:
+    """Cancel `tasks` and wait until every one has ended, cancelling again each `again_after_s` one
+    that is still running. A task can lose its cancellation: on Python 3.11 `asyncio.wait_for` returns
+    its inner result instead of raising when the cancel lands just as that result arrives (CPython
+    gh-86296, fixed in 3.12), and the watch task awaits one every second (the broker probe), so a
+    learner at its stop waited for that task for good (seen after `--max-batches`, "stopping" 14
+    minutes)."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_after_s)
+    for task in tasks:  # retrieved, as gather(return_exceptions=True) did: a failure here is not the run's
+        if not task.cancelled():
+            task.exception()
 
 
 def _rejected(batcher, record) -> tuple[str, str] | None:
