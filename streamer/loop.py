@@ -246,10 +246,7 @@ class PrequentialLoop:
                 self.waiting_since = None
                 return self._queue[0]
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
-                pass
+            await self._changed_within(0.5)
             if self._fetcher is not None and self._fetcher.done():
                 self._fetcher.result()  # re-raise a failure of the fetch side
 
@@ -277,10 +274,7 @@ class PrequentialLoop:
             if self.stop_reason is not None or self._queue or remaining <= 0:
                 return
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
-            except asyncio.TimeoutError:
-                pass
+            await self._changed_within(min(remaining, 0.5))
             if self._fetcher is not None and self._fetcher.done():
                 self._fetcher.result()  # re-raise a failure of the fetch side
 
@@ -344,6 +338,13 @@ class PrequentialLoop:
                 and self.total_records and self.records_batched >= self.total_records and not self._queue
                 and not self.batcher.ready()):  # every record read and batched: what remains is less than a batch
             self.stop_reason = self.stop_reason or "end_of_stream"
+
+    async def _changed_within(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the fetch side to say something changed (asyncio.timeout, not
+        wait_for: a cancel landing as the event is set must not be lost, see _ended)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
 
     async def _fetch(self) -> None:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
