@@ -51,8 +51,8 @@ def learn_flags(broker, manifest, run_dir: Path, *extra) -> list[str]:
             "--max-batches", str(BATCHES), "--group", run_dir.name, "--run-dir", str(run_dir), *extra]
 
 
-def run(command, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+def run(command, cwd: Path, timeout: float = 240, env=ENV) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def losses(run_dir: Path) -> list[dict]:
@@ -80,7 +80,8 @@ def two_ranks_naive(broker, stream) -> Path:
     """The run directory of `torchrun --standalone --nproc-per-node 2 -m streamer learn ...`."""
     root, manifest = stream
     run_dir = root / "two-naive"
-    result = run([*TORCHRUN, "-m", "streamer", *learn_flags(broker, manifest, run_dir)], root)
+    result = run([*TORCHRUN, "--log-dir", str(root / "torchrun-logs"), "-m", "streamer",
+                  *learn_flags(broker, manifest, run_dir)], root)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -121,8 +122,14 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     root, manifest = stream
     one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-poe", *POE)], root)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root)
+    temporary = root / "tmp-poe"  # the launcher's temporary files: none may stay behind
+    temporary.mkdir()
+    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root,
+              env={**ENV, "TMPDIR": str(temporary)})
     assert two.returncode == 0, two.stderr[-3000:]
+    # torchrun's log folder: by default a new torchelastic_* each run; --nproc gives it one it removes.
+    # (torch's inductor makes its one cache folder per user here too: that one is reused, not per run)
+    assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
     worst = worst_difference(losses(root / "two-poe"), losses(root / "one-poe"))
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 

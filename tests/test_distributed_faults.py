@@ -55,7 +55,8 @@ def test_a_rank_with_a_non_finite_loss_skips_with_the_others(tmp_path, strategy)
     script = tmp_path / "rank.py"
     script.write_text(RANK.format(root=str(ROOT), strategy=strategy))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                           "--log-dir", str(tmp_path / "torchrun-logs"), str(script)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     reports = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),

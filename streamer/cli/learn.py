@@ -9,6 +9,7 @@ import gc
 import json
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from streamer.cli.configs import learn_config
@@ -176,8 +177,9 @@ def _launch(args) -> int:
     command = _without_nproc(sys.argv[1:])
     print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
           f"{' '.join(command)})", flush=True)
-    try:
-        torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "-m", "streamer", *command])
+    try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
+        with tempfile.TemporaryDirectory(prefix="streamer-ranks-") as logs:
+            torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs, "-m", "streamer", *command])
     except ChildFailedError as exc:
         failures = exc.failures
         codes = sorted({failure.exitcode for failure in failures.values()})
