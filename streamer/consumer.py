@@ -165,7 +165,8 @@ class KafkaSource:
         delay, said = 0.5, False
         while True:
             try:
-                return await asyncio.wait_for(connect(), timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                async with asyncio.timeout(max(1.0, min(10.0, deadline - time.monotonic()))):
+                    return await connect()
             except (KafkaConnectionError, asyncio.TimeoutError):
                 if time.monotonic() >= deadline:
                     raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
@@ -183,7 +184,8 @@ class KafkaSource:
         said = False
         while True:
             try:
-                topics = await asyncio.wait_for(admin.list_topics(), self.broker_timeout_s)
+                async with asyncio.timeout(self.broker_timeout_s):
+                    topics = await admin.list_topics()
             except (KafkaError, asyncio.TimeoutError):
                 raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
                                   f"{self.broker_timeout_s:g} s; --broker-timeout)") from None
@@ -203,7 +205,8 @@ class KafkaSource:
         committed one, or the earliest with from_beginning or nothing committed)."""
         chosen = self.partitions
         if callable(chosen):
-            described = await asyncio.wait_for(admin.describe_topics([self.topic]), self.broker_timeout_s)
+            async with asyncio.timeout(self.broker_timeout_s):
+                described = await admin.describe_topics([self.topic])
             try:
                 chosen = chosen(len(described[0]["partitions"]))
             except ValueError as exc:
@@ -218,7 +221,8 @@ class KafkaSource:
         first, about one session timeout)."""
         limit = self.broker_timeout_s + self.join_timeout_s
         try:
-            await asyncio.wait_for(self._started(self._consumer.start()), limit)
+            async with asyncio.timeout(limit):
+                await self._started(self._consumer.start())
         except (KafkaConnectionError, asyncio.TimeoutError):
             raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
                               f"{limit:g} s") from None
@@ -227,7 +231,8 @@ class KafkaSource:
         """SourceError when the group has another member now that we joined (members that died were
         dropped by the join): two learners in one group would split its partitions."""
         try:
-            described = await asyncio.wait_for(admin.describe_consumer_groups([self.group_id]), self.probe_timeout_s * 5)
+            async with asyncio.timeout(self.probe_timeout_s * 5):
+                described = await admin.describe_consumer_groups([self.group_id])
             members = len(described[0].groups[0][5])
         except Exception:  # noqa: BLE001 - a broker that cannot describe groups: no check
             return

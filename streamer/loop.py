@@ -119,6 +119,7 @@ class PrequentialLoop:
         return len(self._queue)
 
     async def __aenter__(self) -> PrequentialLoop:
+        self._closing = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
         if not await self._start_source():
             return self  # stopped while starting (a signal while it waited for the broker or the topic)
@@ -129,7 +130,7 @@ class PrequentialLoop:
 
     async def __aexit__(self, *exc) -> None:
         self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
-        await _ended([task for task in (self._fetcher, self._watcher) if task is not None])
+        await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
         self._worker.shutdown(wait=True, cancel_futures=True)  # a step queued ahead never starts
         await self.source.stop()
 
@@ -139,8 +140,7 @@ class PrequentialLoop:
         while not starting.done():
             await asyncio.wait({starting}, timeout=0.2)
             if self.stop_reason is not None and not starting.done():
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
+                await _ended([starting], self._log)
                 return False
         starting.result()  # re-raise: the broker unreachable, the group shared
         return True
@@ -394,6 +394,8 @@ class PrequentialLoop:
             if self._closing:
                 return
             ok = await reachable()
+            if self._closing:
+                return
             now = time.monotonic()
             if ok:
                 if self.broker_lost_since is not None:
@@ -413,21 +415,28 @@ class PrequentialLoop:
                 return
 
 
-async def _ended(tasks: list[asyncio.Task], again_after_s: float = 1.0) -> None:
+async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say_after_s: float = 10.0) -> None:
     """Cancel `tasks` and wait until every one has ended, cancelling again each `again_after_s` one
-    that is still running. A task can lose its cancellation: on Python 3.11 `asyncio.wait_for` returns
-    its inner result instead of raising when the cancel lands just as that result arrives (CPython
-    gh-86296, fixed in 3.12), and the watch task awaits one every second (the broker probe), so a
-    learner at its stop waited for that task for good (seen after `--max-batches`, "stopping" 14
-    minutes)."""
-    pending = {task for task in tasks if not task.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=again_after_s)
-    for task in tasks:  # retrieved, as gather(return_exceptions=True) did: a failure here is not the run's
-        if not task.cancelled():
-            task.exception()
+    that is still running (said in one line once `say_after_s` have passed). A task can lose its
+    cancellation: on Python 3.11 `asyncio.wait_for` returns its inner result instead of raising when
+    the cancel lands just as that result arrives (CPython gh-86296, fixed in 3.12), and the watch task
+    awaited one every second (the broker probe), so a learner at its stop waited for that task for good
+    (seen after `--max-batches`, "stopping" 14 minutes). This package's own waits use asyncio.timeout,
+    which keeps a cancel; a library's may not."""
+    pending, started, said = {task for task in tasks if not task.done()}, time.monotonic(), False
+    try:
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=again_after_s)
+            if pending and not said and time.monotonic() - started >= say_after_s:
+                said = True
+                log(f"still stopping: {', '.join(sorted(task.get_coro().__qualname__ for task in pending))} "
+                    f"did not end when cancelled; cancelling again every {again_after_s:g} s")
+    finally:  # retrieved, as gather(return_exceptions=True) did: a failure here is not the run's
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()
 
 
 def _rejected(batcher, record) -> tuple[str, str] | None:

@@ -185,6 +185,30 @@ def test_the_loop_ends_when_its_watch_task_loses_a_cancellation(stream):
     assert source.lost >= 1  # the cancel did land in the probe and was lost there
 
 
+def test_a_task_that_lost_its_cancellation_is_cancelled_again_and_said():
+    """What the loop's exit (and its start, stopped by a signal) does with its tasks: a task that keeps
+    losing the cancel is asked again until it ends, and a wait that long is said in one line."""
+    from streamer.loop import _ended
+
+    said = []
+
+    async def stubborn():
+        for _ in range(3):
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass  # lost, as Python 3.11's wait_for can lose one
+        await asyncio.sleep(10)
+
+    async def go():
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        await asyncio.wait_for(_ended([task], said.append, again_after_s=0.05, say_after_s=0.1), 5)
+        return task
+    assert asyncio.run(go()).cancelled()
+    assert len(said) == 1 and "stubborn" in said[0] and "cancelling again" in said[0]
+
+
 def counting(strategy):
     """The strategy, with a list that grows by one each time it learns a batch (in the worker thread)."""
     learned, learn = [], strategy.learn

@@ -179,7 +179,8 @@ def _launch(args) -> int:
           f"{' '.join(command)})", flush=True)
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
         with tempfile.TemporaryDirectory(prefix="streamer-ranks-") as logs:
-            torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs, "-m", "streamer", *command])
+            torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
+                      "-m", "streamer", *command])
     except ChildFailedError as exc:
         failures = exc.failures
         codes = sorted({failure.exitcode for failure in failures.values()})
