@@ -268,7 +268,9 @@ def write_report(
     out = Path(out_dir) if out_dir is not None else (path if path.is_dir() else path.parent)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
-    (out / RESULTS_NAME).write_text(text + "\n", encoding="utf-8")
+    staging = out / f".{RESULTS_NAME}.{os.getpid()}"  # replaced atomically: a stop mid-write leaves the last one
+    staging.write_text(text + "\n", encoding="utf-8")
+    staging.replace(out / RESULTS_NAME)
     curve.save(out / PLOT_NAME, title=_title(report))
     if gates.n or gates.problem:  # mixtures log their expert weights (CALM Fig. 1d)
         gates.save(out / "gate_weights.png")
