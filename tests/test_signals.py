@@ -133,3 +133,22 @@ def test_a_second_sigint_aborts_at_once(broker, corpus, tmp_path):
 
 
 # Learners of another strategy or of the same group beside a running one: tests/test_group.py.
+
+
+def test_sigterm_before_learning_began_says_so_and_exits_143(broker, tmp_path):
+    """Held before the learner exists (its manifest is a pipe nobody writes), a SIGTERM ends the command
+    with one line and 143, not by the signal's default action without a word."""
+    manifest = tmp_path / "manifest.json"
+    os.mkfifo(manifest)
+    process = subprocess.Popen(learn_command(broker, "never", "--manifest", str(manifest), "--run-dir",
+                                             str(tmp_path / "run")),
+                               cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = process.stdout.readline()  # the thread policy's line: the command has started
+    assert first.startswith("torch threads:"), first
+    time.sleep(0.5)  # it waits on the pipe now
+    stop_with(process, signal.SIGTERM)
+    output = first + process.stdout.read()
+    process.stdout.close()
+    assert process.returncode == 143, output[-3000:]
+    assert "SIGTERM before learning began" in output and "Traceback" not in output, output[-3000:]
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
