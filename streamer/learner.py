@@ -246,7 +246,9 @@ class _StopOnSignals:
     def __exit__(self, *exc) -> None:
         event_loop = asyncio.get_running_loop()
         for signum in self.signals:
-            event_loop.remove_signal_handler(signum)
+            event_loop.remove_signal_handler(signum)  # puts Python's own SIGINT handler back
+        if self.loop.stop_reason == "signal":  # "Ctrl-C again aborts" holds through the report as well
+            signal.signal(signal.SIGINT, lambda signum, frame: _abort(signum))
 
     def _received(self, signum) -> None:
         name = signal.Signals(signum).name

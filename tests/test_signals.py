@@ -4,6 +4,7 @@ the same command then continues the run to the losses of an uninterrupted one. A
 aborts at once (130). Without a manifest or limits the learner waits for records and learns them as
 they arrive. Real processes through the embedded broker."""
 
+import asyncio
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -152,3 +154,44 @@ def test_sigterm_before_learning_began_says_so_and_exits_143(broker, tmp_path):
     assert process.returncode == 143, output[-3000:]
     assert "SIGTERM before learning began" in output and "Traceback" not in output, output[-3000:]
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_after_a_signal_stop_ctrl_c_still_aborts_while_the_report_is_written():
+    """asyncio puts Python's own SIGINT handler back when the run's handlers are removed: a second Ctrl-C
+    during the report then raised KeyboardInterrupt inside matplotlib's import (a traceback, status 1,
+    once in a full suite) instead of the promised abort."""
+    from streamer.learner import _StopOnSignals
+
+    class Loop:
+        stop_reason = None
+
+        def stop(self, reason):
+            self.stop_reason = reason
+
+    async def run_stopped_by_sigterm():
+        with _StopOnSignals((signal.SIGINT, signal.SIGTERM), Loop(), lambda line: None) as stopping:
+            stopping._received(signal.SIGTERM)
+        return signal.getsignal(signal.SIGINT)
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        handler = asyncio.run(run_stopped_by_sigterm())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert handler not in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN)
+    with mock.patch("streamer.learner._abort") as aborted:
+        handler(signal.SIGINT, None)
+    aborted.assert_called_once_with(signal.SIGINT)
+
+
+def test_an_interrupt_that_surfaces_as_another_error_is_still_an_interrupt():
+    from streamer.cli.main import _from_interrupt
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise ImportError("initialization failed") from interrupt  # what a C extension's init gives
+    except ImportError as exc:
+        assert _from_interrupt(exc)
+    assert not _from_interrupt(ValueError("a real error"))

@@ -98,3 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     except known as exc:
         print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if not _from_interrupt(exc):
+            raise
+        print("streamer: interrupted", file=sys.stderr)  # a Ctrl-C that landed inside an import's C code
+        return 130
+
+
+def _from_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` was raised because of a KeyboardInterrupt: one that lands while a C extension
+    initialises (matplotlib's ft2font, on the report's first plot) comes out as "ImportError:
+    initialization failed" caused by it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
