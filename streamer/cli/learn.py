@@ -18,8 +18,7 @@ from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flag
                                 positive_float, positive_int)
 from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
-from streamer.cli.runs import (default_manifest_path, learn_under_view, run_with_report_on_interrupt,
-                               sigterm_before_learning)
+from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
 from streamer.settings import torchrun_environment
 
@@ -74,7 +73,6 @@ def _manifest(args) -> tuple[Path | None, dict | None]:
 
 
 def run(args) -> int:
-    sigterm_before_learning("learn")  # the learner's own handler takes over once the run starts
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     if args.nproc > 1 and environment is None:
         return _launch(args)

@@ -11,6 +11,7 @@ from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, 
 from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError
 from streamer.cli.flags import Parser
+from streamer.cli.runs import sigterm_before_learning
 from streamer.settings import forbid_model_hub, omp_num_threads, bound_openmp_spin
 
 __all__ = ["build_parser", "parse", "main"]
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     bound_openmp_spin()  # before torch loads its OpenMP runtime (nothing above imports torch)
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)
+    if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
+        sigterm_before_learning("learn")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:  # its connection errors become our one-line messages
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)
