@@ -12,12 +12,12 @@ readings: what the terminal view, the plain log and `streamer status` (through `
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from monitor.files import replace_text
 from monitor.tracker import ViewSnapshot
 
 __all__ = ["ActivityClock", "ConsoleSnapshot", "LoopReading", "TimeSplit", "COMPUTE_ACTIVITIES",
@@ -235,10 +235,7 @@ def snapshot_from_json(data: dict) -> ConsoleSnapshot:
 
 def write_status(path: Path, snapshot: ConsoleSnapshot) -> None:
     """`status.json` in the run directory, replaced atomically (a reader never sees half a file)."""
-    path = Path(path)
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(json.dumps(snapshot_to_json(snapshot), default=str))
-    staging.replace(path)
+    replace_text(path, json.dumps(snapshot_to_json(snapshot), default=str))
 
 
 def read_status(path: Path) -> ConsoleSnapshot | None:

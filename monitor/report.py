@@ -27,6 +27,7 @@ from monitor.accuracy import AccuracyTracker
 from monitor.calm import CalmAccumulator
 from monitor.detection import DetectionReport
 from monitor.figures import GateCurve, plot_probe_heatmap
+from monitor.files import replace_text
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log
 from monitor.losslog import iter_loss_log, read_loss_log
 from monitor.plots import LossCurve
@@ -268,9 +269,7 @@ def write_report(
     out = Path(out_dir) if out_dir is not None else (path if path.is_dir() else path.parent)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
-    staging = out / f".{RESULTS_NAME}.{os.getpid()}"  # replaced atomically: a stop mid-write leaves the last one
-    staging.write_text(text + "\n", encoding="utf-8")
-    staging.replace(out / RESULTS_NAME)
+    replace_text(out / RESULTS_NAME, text + "\n")  # a stop mid-write leaves the last one whole
     curve.save(out / PLOT_NAME, title=_title(report))
     if gates.n or gates.problem:  # mixtures log their expert weights (CALM Fig. 1d)
         gates.save(out / "gate_weights.png")

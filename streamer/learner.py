@@ -38,6 +38,7 @@ from rich.console import Console
 
 from monitor.console import STATUS_FILE, LoopReading, write_status
 from monitor.exporter import create_metrics, serve
+from monitor.files import replace_text
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
 from monitor.view import LiveView
@@ -194,9 +195,7 @@ def _note_in_run_config(run_dir: Path, **values) -> None:
     path = Path(run_dir) / "config.json"
     data = json.loads(path.read_text())
     data.update(values)
-    staging = path.with_name(".config.json.tmp")
-    staging.write_text(json.dumps(data, indent=2, default=str))
-    staging.replace(path)
+    replace_text(path, json.dumps(data, indent=2, default=str))
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:
@@ -248,7 +247,7 @@ class _StopOnSignals:
         for signum in self.signals:
             event_loop.remove_signal_handler(signum)  # puts Python's own SIGINT handler back
         if self.loop.stop_reason == "signal":  # "Ctrl-C again aborts" holds through the report as well
-            signal.signal(signal.SIGINT, lambda signum, frame: _abort(signum))
+            signal.signal(signal.SIGINT, _abort_handler)
 
     def _received(self, signum) -> None:
         name = signal.Signals(signum).name
@@ -262,7 +261,11 @@ class _StopOnSignals:
         # From now on SIGINT aborts in Python's own handler, which runs between two bytecodes of the
         # main thread: the event loop's handler would wait for whatever the shutdown is doing
         # (the last checkpoint, the report), which under load took over 2 s.
-        signal.signal(signal.SIGINT, lambda signum, frame: _abort(signum))
+        signal.signal(signal.SIGINT, _abort_handler)
+
+
+def _abort_handler(signum, frame) -> None:
+    _abort(signum)
 
 
 def _abort(signum) -> None:

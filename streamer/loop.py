@@ -119,7 +119,6 @@ class PrequentialLoop:
         return len(self._queue)
 
     async def __aenter__(self) -> PrequentialLoop:
-        self._closing = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
         if not await self._start_source():
             return self  # stopped while starting (a signal while it waited for the broker or the topic)
@@ -389,7 +388,7 @@ class PrequentialLoop:
             return
         where = getattr(self.source, "bootstrap_servers", "the broker")
         answered = time.monotonic()
-        while not self._closing:
+        while True:
             await asyncio.sleep(self.probe_every_s)
             if self._closing:
                 return

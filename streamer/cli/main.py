@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
-        sigterm_before_learning("learn")
+        sigterm_before_learning()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:  # its connection errors become our one-line messages
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL + 1)

@@ -16,8 +16,9 @@ from streamer.cli.errors import UserError
 from streamer.config import LearnConfig, RunSummary
 from streamer.settings import cache_root
 
-__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "corpus_dir", "ensure_corpus", "default_run_dir", "default_manifest_path",
-           "prepare_and_say", "stream_notes", "learn_under_view", "run_with_report_on_interrupt"]
+__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "corpus_dir", "ensure_corpus", "default_run_dir",
+           "default_manifest_path", "prepare_and_say", "stream_notes", "learn_under_view",
+           "run_with_report_on_interrupt"]
 
 
 def sigterm_as_interrupt() -> None:
@@ -30,13 +31,13 @@ def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def sigterm_before_learning(command: str) -> None:
+def sigterm_before_learning() -> None:
     """Until the learner takes SIGTERM over (it stops after the step in flight, checkpoints and leaves
-    the group), a SIGTERM ends the command with one line and status 143: nothing has been learned in
-    this process yet, so there is nothing to save. Without it the signal's default action ended the
+    the group), a SIGTERM ends `streamer learn` with one line and status 143: nothing has been learned
+    in this process yet, so there is nothing to save. Without it the signal's default action ended the
     process without a word in its first seconds (imports, the manifest, the model, the checkpoint)."""
     def handler(signum, frame):
-        print(f"streamer {command}: SIGTERM before learning began: stopped, nothing learned and nothing to save",
+        print("streamer learn: SIGTERM before learning began: stopped, nothing learned and nothing to save",
               file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
