@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import all_finite
+from streamer.strategies.trainer import adam, all_finite
 
 __all__ = ["ResidualAdapter", "AdaptedLM", "Adapters"]
 
@@ -234,7 +234,7 @@ class Adapters(HyperparameterRepr):
 
     def _new_optimizer(self) -> torch.optim.Adam:
         """One Adam, one parameter group per adapter set: a set's moments survive while others train."""
-        optimizer = torch.optim.Adam(self.model.adapters[0].parameters(), lr=self.lr)
+        optimizer = adam(self.model.adapters[0].parameters(), self.lr)
         for adapter in self.model.adapters[1:]:
             optimizer.add_param_group({"params": list(adapter.parameters())})
         return optimizer

@@ -11,7 +11,7 @@ from torch import nn
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.memory import ReservoirMemory, write_sparsely
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer, all_finite
+from streamer.strategies.trainer import OnlineTrainer, adam, all_finite
 
 __all__ = ["AGEM", "project"]
 
@@ -44,7 +44,7 @@ class AGEM(HyperparameterRepr):
         self.model = model
         self.lr = lr
         self.clip = clip
-        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._trainer = OnlineTrainer(model, adam(model.parameters(), lr), clip)
         self.p_write = p_write
         self.n_ref = n_ref
         self.memory_size = memory_size

@@ -13,7 +13,7 @@ from streamer.strategies.distill import frozen_copy
 from streamer.strategies.memory import sparse_rows, window_features
 from streamer.strategies.params import HyperparameterRepr
 from streamer.strategies.replay import SparseReplay
-from streamer.strategies.trainer import OnlineTrainer, fine_tune
+from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
 
 __all__ = ["MbPA"]
 
@@ -55,7 +55,7 @@ class MbPA(HyperparameterRepr):
         self.model = model
         self.lr = lr
         self.clip = clip
-        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._trainer = OnlineTrainer(model, adam(model.parameters(), lr), clip)
         self._replay = SparseReplay(p_write, r_interval, n_replay, memory_size, "reservoir", seed)
         self.p_write = p_write
         self.r_interval = r_interval

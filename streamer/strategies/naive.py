@@ -9,7 +9,7 @@ from torch import nn
 
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer, fine_tune
+from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
 
 __all__ = ["Naive"]
 
@@ -28,7 +28,7 @@ class Naive(HyperparameterRepr):
         self.lr = lr
         self.clip = clip
         self.steps = steps
-        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._trainer = OnlineTrainer(model, adam(model.parameters(), lr), clip)
 
     def _device(self) -> torch.device:
         return self._trainer.device()

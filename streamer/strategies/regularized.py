@@ -17,7 +17,7 @@ from torch import nn
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer
+from streamer.strategies.trainer import OnlineTrainer, adam
 
 __all__ = ["L2", "EWC", "L2Penalty", "FisherPenalty"]
 
@@ -129,7 +129,7 @@ class _Consolidating(HyperparameterRepr):
         self.clip = clip
         self.steps = steps
         self.boundary = boundary
-        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._trainer = OnlineTrainer(model, adam(model.parameters(), lr), clip)
         self._boundaries = Boundaries(boundary)  # counts learned batches; consolidations follow its boundaries
         self._penalty = penalty
 

@@ -12,7 +12,7 @@ from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.memory import HerdingMemory, ReservoirMemory, window_features, write_sparsely
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.trainer import OnlineTrainer, fine_tune
+from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
 
 __all__ = ["Replay", "SparseReplay", "close_segment", "SELECTIONS"]
 
@@ -112,7 +112,7 @@ class Replay(HyperparameterRepr):
         self.model = model
         self.lr = lr
         self.clip = clip
-        self._trainer = OnlineTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), clip)
+        self._trainer = OnlineTrainer(model, adam(model.parameters(), lr), clip)
         self._replay = SparseReplay(p_write, r_interval, n_replay, memory_size, selection, seed)
         self.p_write = p_write
         self.r_interval = r_interval
