@@ -14,7 +14,7 @@ from streamer.step import run
 from streamer.strategies.base import Batch
 from streamer.strategies.catalog import STRATEGY_CATALOG, strategy_class
 from streamer.strategies.naive import Naive
-from streamer.strategies.trainer import forward_is_mode_free
+from streamer.strategies.trainer import adam, forward_is_mode_free
 from tests.helpers import TINY
 from tests.test_strategy_conformance import build
 
@@ -135,3 +135,29 @@ def test_in_place_changes_between_predict_and_learn_are_seen():
 ])
 def test_forward_is_mode_free(model, free):
     assert forward_is_mode_free(model) is free
+
+
+def test_adam_is_fused_and_updates_as_the_per_tensor_loop():
+    """trainer.adam (every strategy's optimizer) is torch's fused kernel on CPU and gives torch's
+    per-tensor Adam's update; a checkpoint of either optimizer continues in the other alike."""
+    torch.manual_seed(0)
+    model = nn.LSTM(4, 8, num_layers=2)
+    twin = copy.deepcopy(model)
+    fused, loop = adam(model.parameters(), 1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2, foreach=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+
+    def steps(n):
+        for _ in range(n):
+            inputs = torch.randn(5, 2, 4)
+            for module, optimizer in ((model, fused), (twin, loop)):
+                optimizer.zero_grad()
+                module(inputs)[0].square().sum().backward()
+                optimizer.step()
+
+    steps(5)
+    fused.load_state_dict(copy.deepcopy(loop.state_dict()))  # a checkpoint of the loop's, resumed fused
+    loop.load_state_dict(copy.deepcopy(fused.state_dict()))
+    steps(5)
+    for mine, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+    assert int(fused.state_dict()["state"][0]["step"]) == 10
