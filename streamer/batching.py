@@ -115,6 +115,7 @@ class Batcher:
         self._bytes = isinstance(self.encode("a"), (bytes, bytearray))
         self._rows: dict[str, int] = {}
         self._buffers = [_Stream(bytearray() if self._bytes else []) for _ in range(streams)]
+        self._short = streams  # rows holding fewer than window + 1 tokens (ready() is asked after every record)
         self.offsets = OffsetTracker()
 
     def _row(self, stream: str) -> int | None:
@@ -139,15 +140,19 @@ class Batcher:
             raise ValueError(f"stream {record.stream[:40]!r} has no row: not a stream id below {self.streams}")
         self._rows[record.stream] = row
         buf = self._buffers[row]
+        short = len(buf.data) <= self.window
         buf.data += self.encode(record.text)
+        self._short -= short and len(buf.data) > self.window
         handle = None if tp is None else (tp, offset)
         if handle is not None:
             self.offsets.seen(tp, offset)
         buf.spans.append((buf.base + len(buf.data), record.truth, handle))
 
     def ready(self) -> bool:
-        need = self.window + 1
-        return len(self._rows) == self.streams and all(len(b.data) >= need for b in self._buffers)
+        return not self._short and len(self._rows) == self.streams
+
+    def _count_short(self) -> None:
+        self._short = sum(len(b.data) <= self.window for b in self._buffers)
 
     def pop(self) -> ReadyBatch:
         """Cut one b x w batch; call only when `ready()`. The grid is cut with numpy: on the fetch side,
@@ -163,6 +168,7 @@ class Batcher:
             del buf.data[:w]
             buf.base += w
             self._release(buf)
+        self._count_short()
         inputs, targets = torch.from_numpy(grid[:, :w].astype(np.int64)), torch.from_numpy(grid[:, 1:].astype(np.int64))
         if self.device.type != "cpu":
             inputs, targets = inputs.to(self.device), targets.to(self.device)
@@ -188,6 +194,7 @@ class Batcher:
                           for end, truth, handle in saved["spans"])
             data = bytearray(saved["data"]) if self._bytes else list(saved["data"])
             self._buffers.append(_Stream(data, spans, saved["base"]))
+        self._count_short()
         self.offsets.load_state_dict(state["offsets"])
 
     def _majority_truth(self) -> BatchTruth | None:

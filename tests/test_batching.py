@@ -105,6 +105,31 @@ def test_a_batchers_carry_over_round_trips_through_its_state_dict():
     assert second.offsets.next_positions() == {("t", 0): len(records)}
 
 
+def test_ready_is_every_row_holding_a_window_and_its_next_token():
+    """ready() (kept as a count of short rows, not a scan per record) against its definition, after
+    every record, every batch and a carry-over loaded while a batch was ready."""
+    import random
+
+    rng = random.Random(0)
+    batcher, window, checked_loaded = Batcher(4, 5), 5, False
+
+    def definition(b):
+        return len(b._rows) == 4 and all(len(buf.data) > window for buf in b._buffers)
+
+    for offset in range(400):
+        batcher.add(Record(str(rng.randrange(4)), "x" * rng.randint(1, 9)), ("t", 0), offset)
+        assert batcher.ready() == definition(batcher)
+        if batcher.ready() and not checked_loaded:
+            loaded = Batcher(4, 5)
+            loaded.load_state_dict(batcher.state_dict())
+            assert loaded.ready() and definition(loaded)
+            checked_loaded = True
+        while rng.random() < 0.5 and batcher.ready():
+            batcher.pop()
+            assert batcher.ready() == definition(batcher)
+    assert checked_loaded
+
+
 def test_an_utterance_batchers_carry_over_round_trips_through_its_state_dict():
     from streamer.utterance_batching import UtteranceBatcher
 
