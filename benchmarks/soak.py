@@ -241,17 +241,20 @@ def start(command, env, run_dir: Path) -> subprocess.Popen:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def run_until_checkpoint(command, env, run_dir: Path, target: int, deadline: float, poll_s: float = 0.5):
-    """Start a learner; SIGKILL it once a checkpoint past batch `target` was written by it (then a moment
-    more, so batches past the checkpoint are learned again after the restart). Returns (learner, kept):
-    kept = (checkpoint step, digest of the log's lines up to it) taken with the learner frozen."""
+def run_until_checkpoint(command, env, run_dir: Path, target: int, total: int, deadline: float,
+                         poll_s: float = 0.2):
+    """Start a learner; SIGKILL it once a checkpoint past batch `target` and before the last batch was
+    written by it (then a moment more, so batches past the checkpoint are learned again after the
+    restart). Returns (learner, kept): kept = (checkpoint step, digest of the log's lines up to it)
+    taken with the learner frozen; None when the learner reached the end first (its final checkpoint
+    is no kill mid-stream)."""
     checkpoint, seen = run_dir / "checkpoint.pt", {}
     learner = Learner(start(command, env, run_dir))
     start_step = checkpoint_step(checkpoint, seen)
     while learner.process.poll() is None and time.monotonic() < deadline:
         watch(learner, run_dir / "losses.jsonl")
         step = checkpoint_step(checkpoint, seen)
-        if step > max(target, start_step):
+        if max(target, start_step) < step < total:
             time.sleep(poll_s)
             if learner.process.poll() is not None:
                 break  # it reached the end first: no kill
@@ -327,7 +330,7 @@ def soak(args, root: Path, log=print) -> dict:
         learners, kept = [], []
         for kill in range(args.kills):
             target = total * (kill + 1) // (args.kills + 1)
-            learner, frozen = run_until_checkpoint(command, env, run_dir, target, deadline)
+            learner, frozen = run_until_checkpoint(command, env, run_dir, target, total, deadline)
             learners.append(learner)
             if frozen is None:
                 break

@@ -47,7 +47,7 @@ def test_accounting_counts_lost_and_twice_learned(soak, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # three learner processes and a restart's wait for the group; slower on a busy machine
 def test_a_tiny_soak_loses_nothing_and_equals_an_uninterrupted_run(soak, tmp_path):
-    args = Namespace(records=12000, minutes=14.0, kills=1, poison_every=100, record_bytes=10, streams=8, window=20,
+    args = Namespace(records=30000, minutes=14.0, kills=1, poison_every=100, record_bytes=10, streams=8, window=20,
                      hidden=16, embedding=8, layers=1, checkpoint_every=0.5, compare=True)
     lines = []
     figures = soak.soak(args, tmp_path, log=lines.append)
