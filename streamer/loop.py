@@ -84,6 +84,7 @@ class PrequentialLoop:
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
         self._queue_size = queue_size
+        self._refill_at = queue_size // 2  # a full queue is refilled once this few batches are left in it
         self._changed = asyncio.Event()
         self._started = self._last_record = time.monotonic()
         self._worker: ThreadPoolExecutor | None = None
@@ -214,8 +215,11 @@ class PrequentialLoop:
         stands in for a non-finite one is the worker's own. Only once the step runs is the fetch side
         told there is room in the queue: refilled on the event loop before, the refill's Python held
         the GIL the worker needed to start (0.4 ms a batch of the default LSTM); now it runs beside the
-        step's torch kernels."""
-        event_loop.call_soon_threadsafe(self._changed.set)
+        step's torch kernels. And only once the queue is down to `_refill_at` batches (a stale length
+        read here only moves the wake-up to the next step): the fetch side then cuts them in one burst,
+        where a wake-up a batch found its Python and data cold in the caches the step had just used."""
+        if len(self._queue) <= self._refill_at:
+            event_loop.call_soon_threadsafe(self._changed.set)
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         return result
@@ -363,9 +367,10 @@ class PrequentialLoop:
                     continue
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 while batcher.ready():
-                    while len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
-                        self._changed.clear()
-                        await self._changed.wait()
+                    if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
+                        while len(self._queue) > self._refill_at:  # then refill in one burst (_stepping)
+                            self._changed.clear()
+                            await self._changed.wait()
                     self._queue.append(batcher.pop())
                     self.waiting_since = None
                     self._changed.set()

@@ -2,6 +2,7 @@
 letters as plain state, probes' peek, and a snapshot that continues exactly."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -291,3 +292,31 @@ def test_a_snapshot_point_and_a_stop_wait_for_the_step_running_ahead(stream):
     assert len(seen) == 1 and at_snapshot and step == learned_then and 6 <= step <= 9  # at once, not at the end
     assert [r.index for r in results] == list(range(14)) and loop.stop_reason == "signal"
     assert loop.step == len(learned) == 14 and loop.state_dict()["step"] == 14
+
+
+def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
+    """Backpressure with hysteresis: once the queue is full, the fetch side waits until the worker has
+    taken it down to half (queue_size // 2) and then cuts the batches in one burst, instead of one
+    batch a step (each wake-up found its Python cold in the caches the step had just used); the
+    queue never runs dry while records are there, and the results are the in-memory run's."""
+    records, _ = stream
+    batches = batches_from_records(records, 2, 10)
+    strategy = naive()
+    learn = strategy.learn
+    strategy.learn = lambda batch: (time.sleep(0.02), learn(batch))[1]  # a slow step: the source is always ahead
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
+                           queue_size=8)
+
+    async def go():
+        depths, results = [], []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                depths.append(loop.queue_depth)
+                if len(results) == 40:
+                    break
+        return depths, results
+    depths, results = asyncio.run(go())
+    assert [r.loss for r in results] == [r.loss for r in run(naive(), batches[:40])]
+    assert min(depths) >= 2  # never dry
+    assert sum(depth <= 5 for depth in depths) >= 10, depths  # drained to the mark between refills (was 7-8 always)
