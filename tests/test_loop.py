@@ -318,5 +318,5 @@ def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
         return depths, results
     depths, results = asyncio.run(go())
     assert [r.loss for r in results] == [r.loss for r in run(naive(), batches[:40])]
-    assert min(depths) >= 2  # never dry
+    assert min(depths) >= 1  # never dry (the refill comes four 20 ms steps before the queue would be)
     assert sum(depth <= 5 for depth in depths) >= 10, depths  # drained to the mark between refills (was 7-8 always)
