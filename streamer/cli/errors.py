@@ -1,9 +1,24 @@
-"""The one error the command line raises for a problem the user can fix."""
+"""The one error the command line raises for a problem the user can fix, and how it tells an error
+that a signal caused."""
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+__all__ = ["UserError", "caused_by"]
 
 
 class UserError(Exception):
     """A problem the user can fix; printed as one line, exit status 2."""
+
+
+def caused_by(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first `kind` in `exc`'s chain (itself, then its __cause__ or __context__, and so on): a
+    signal can surface as another error raised while it was handled (a Ctrl-C landing while a C
+    extension initialises gives "ImportError: initialization failed"; a SIGTERM landing in torchrun's
+    metrics wrapper an UnboundLocalError from the wrapper's own `finally`). None when there is none."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

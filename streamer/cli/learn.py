@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from streamer.cli.configs import learn_config
-from streamer.cli.errors import UserError
+from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flags, add_run_flags, default_of,
                                 positive_float, positive_int)
 from streamer.cli.report import print_run_report
@@ -186,10 +186,16 @@ def _launch(args) -> int:
         codes = sorted({failure.exitcode for failure in failures.values()})
         raise UserError(f"rank(s) {', '.join(str(rank) for rank in sorted(failures))} failed "
                         f"(exit status {', '.join(map(str, codes))}); their own lines are above") from None
-    except SignalException as exc:  # the agent passed it on to the ranks, which stopped cleanly
-        print(f"streamer learn: {signal.Signals(exc.sigval).name}: the ranks stopped (see their lines above)",
+    except Exception as exc:
+        # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
+        # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
+        # the ranks SIGTERM): seen once in a full suite, status 1 and a traceback instead of 143
+        signalled = caused_by(exc, SignalException)
+        if signalled is None:
+            raise
+        print(f"streamer learn: {signal.Signals(signalled.sigval).name}: the ranks stopped (see their lines above)",
               file=sys.stderr, flush=True)
-        return 128 + exc.sigval
+        return 128 + signalled.sigval
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 
 from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, produce, report, status
 from streamer.cli.checks import check_args
-from streamer.cli.errors import UserError
+from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
 from streamer.settings import forbid_model_hub, omp_num_threads, bound_openmp_spin
@@ -102,20 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if not _from_interrupt(exc):
+        if caused_by(exc, KeyboardInterrupt) is None:
             raise
         print("streamer: interrupted", file=sys.stderr)  # a Ctrl-C that landed inside an import's C code
         return 130
 
 
-def _from_interrupt(exc: BaseException) -> bool:
-    """Whether `exc` was raised because of a KeyboardInterrupt: one that lands while a C extension
-    initialises (matplotlib's ft2font, on the report's first plot) comes out as "ImportError:
-    initialization failed" caused by it."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
