@@ -368,9 +368,7 @@ class PrequentialLoop:
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 while batcher.ready():
                     if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
-                        while len(self._queue) > self._refill_at:  # then refill in one burst (_stepping)
-                            self._changed.clear()
-                            await self._changed.wait()
+                        await self._room()
                     self._queue.append(batcher.pop())
                     self.waiting_since = None
                     self._changed.set()
@@ -385,6 +383,13 @@ class PrequentialLoop:
             elif self.waiting_since is None:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    async def _room(self) -> None:
+        """With the queue full: wait until the worker has taken it down to `_refill_at` batches, which
+        the fetch side then cuts in one burst (`_stepping` wakes it only then)."""
+        while len(self._queue) > self._refill_at:
+            self._changed.clear()
+            await self._changed.wait()
 
     async def _watch(self) -> None:
         """Lost, back, or away too long: see the module's docstring."""

@@ -106,5 +106,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("streamer: interrupted", file=sys.stderr)  # a Ctrl-C that landed inside an import's C code
         return 130
-
-
