@@ -1,10 +1,10 @@
 """Tokens per second of the full Kafka path beside the same model fed from memory, for the default
 LSTM and for poe, with the memory path under the issue's-time thread setting as a baseline.
 
-    ./dev bench [--cpus N] [--rounds 3] [--batches 300] [--poe-batches 60] [--hidden 256] [--threads N]
+    ./dev bench [--cpus N] [--rounds 20] [--slice 0.5] [--poe-slice 1.0] [--hidden 256] [--threads N]
 
-Each measurement is a process of its own, started on the CPUs this one may use; `--cpus N` first
-pins this process to the first N of them (os.sched_setaffinity; the children inherit the mask and
+Each path is a process of its own, started on the CPUs this one may use; `--cpus N` first pins
+this process to the first N of them (os.sched_setaffinity; the children inherit the mask and
 torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machine:
 
 - memory: the strategy fed from memory (batcher, prequential step) under the learner's thread policy
@@ -12,26 +12,33 @@ torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machin
   policy (streamer.allocator);
 - kafka: the learner's whole path (streamer.learner.run: aiokafka consumer, decode, dead-letter
   checks, batching, metrics, loss log, status file) reading the same stream from one embedded
-  broker, each time with a consumer group of its own; same thread policy;
+  broker, with a consumer group of its own; same thread policy;
 - baseline: the memory path with the setting of the issue's time: torch's default threads,
   OpenMP's default (spinning) wait and malloc's defaults, so a slower memory path cannot raise the
   ratio unseen.
 
-Throughput counts from the first learned batch to the last (process start, torch import, the
-consumer group's join and the final checkpoint excluded). The three run in turn, --rounds times,
-the order rotating; the ratios are taken within a round (same load) and the median over rounds is
-printed, so a burst of load from another job skews one round, not the result. Each path's line
-also says how much of its time was spent inside the step (predict and learn, from the step's own
-timings): what is left is the hand-over between batches (for kafka: the worker thread waiting while
-the event loop takes in the result, writes the loss line and metrics, and hands it the next batch),
-and the process's CPU time per 1,000 tokens (all its threads; the broker is a process of its own):
-kafka's extra CPU per token over memory's is the fetch side's and the bookkeeping's cost, which a
-loaded machine inflates less than it does wall time. Kafka's line under them gives the event-loop
-thread's own CPU time per batch: on 2 cores with 2 torch threads it is time the step loses (the
-event loop's Python holds the GIL the step's Python needs, and takes a core from its threads).
-On a loaded machine the ratios mean little: a process with more runnable threads (kafka's event
-loop, worker and broker) gets a larger share of contended CPUs, and the baseline's spinning OpenMP
-threads collapse; compare the figures of a quiet machine.
+The three run interleaved, not one after another: each is started, learns its first batch (process
+start, torch import, the consumer group's join excluded) and is stopped (SIGSTOP); then they take
+turns, each continued (SIGCONT) for a slice of --slice seconds (poe: --poe-slice) while the other
+two are stopped, --rounds times, the order rotating. A path's tokens/s counts the batches that
+finished inside its own slices over their total length, so all three are measured over the same
+minutes and a host whose speed drifts (on a 2-core VM the same run moved 20-30% between runs a
+minute apart) moves them alike: the ratios are of these pooled rates, and each line also gives the
+middle half of the per-round ratios. A slice starts with the caches the other paths left, alike
+for all three; a batch cut by a slice's end counts in the slice where it finishes. Periodic
+checkpoints are off (the final one, at the SIGTERM that ends a path, is outside the slices).
+
+Each path's line also says how much of its time was spent inside the step (predict and learn, from
+the step's own timings): what is left is the hand-over between batches (for kafka: the worker
+thread waiting while the event loop takes in the result, writes the loss line and metrics, and
+hands it the next batch), and the process's CPU time per 1,000 tokens (all its threads, read from
+/proc over the slices; the broker is a process of its own): kafka's extra CPU per token over
+memory's is the fetch side's and the bookkeeping's cost. Kafka's line under them gives the
+event-loop thread's own CPU time per batch: on 2 cores with 2 torch threads it is time the step
+loses (it takes a core from the step's threads, and its Python holds the GIL the step's Python
+needs). On a loaded machine the ratios mean little: a process with more runnable threads (kafka's
+event loop, worker and broker) gets a larger share of contended CPUs, and the baseline's spinning
+OpenMP threads collapse; compare the figures of a quiet machine.
 
 Last lines: `ratio kafka/memory: X` (the lower of the two models; the target is >= 0.95) and
 `memory/baseline: X` (the lower of the two; >= 1 means the policy keeps the memory path's speed).
@@ -45,6 +52,8 @@ import argparse
 import asyncio
 import json
 import os
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
 PATHS = ("memory", "kafka", "baseline")
-SCHEDULE = dict(n_fragments=40, mean_tokens=10_000, streams=10, window=20, record_tokens=20, seed=0)
+SCHEDULE = dict(n_fragments=60, mean_tokens=10_000, streams=10, window=20, record_tokens=20, seed=0)
 
 
 def corpus() -> tuple[str, dict[str, str]]:
@@ -82,7 +91,7 @@ def stream():
     return name, records, manifest
 
 
-# ---------------------------------------------------------------- one measurement (a child process)
+# ---------------------------------------------------------------- one path (a child process)
 
 def learn_config(args, run_dir: Path, bootstrap: str = "", group: str = "bench"):
     from streamer.config import LearnConfig
@@ -92,20 +101,22 @@ def learn_config(args, run_dir: Path, bootstrap: str = "", group: str = "bench")
     return LearnConfig(bootstrap_servers=bootstrap, topic=args.topic, group_id=group,
                        run_dir=run_dir, strategy="naive" if args.model == "lstm" else "poe",
                        strategy_options=options, model=LSTMConfig(hidden=args.hidden), device=args.device,
-                       max_batches=args.batches)
+                       checkpoint_every_s=1e9)
 
 
-def figures(tokens: int, elapsed: float, stepping: float, cpu: float) -> dict:
-    """tokens/s; the share of the time inside the step (predict and learn); process CPU ms per 1,000 tokens."""
-    return {"tokens_per_s": tokens / elapsed, "stepping": stepping / elapsed, "cpu_ms_per_ktoken": 1e6 * cpu / tokens}
+def say_ready() -> None:
+    """The first batch is learned: the parent may stop this process and start the next."""
+    print("ready", flush=True)
 
 
-def memory_path(config, records, batches: int) -> dict:
-    """From the first result to the last (the first batch's tokens predate the span)."""
+def memory_path(config, records) -> list:
+    """(finished_at, tokens, seconds inside the step) of every batch, until SIGTERM."""
     from streamer.batching import Batcher
     from streamer.learner import build_strategy, resolve_device
     from streamer.step import run
 
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
     strategy, _ = build_strategy(config, resolve_device(config.device))
     batcher = Batcher(config.streams, config.window, resolve_device(config.device))
 
@@ -116,46 +127,42 @@ def memory_path(config, records, batches: int) -> dict:
                 ready = batcher.pop()
                 yield ready.batch, ready.truth
 
-    times, cpu, tokens, stepping = [], [], 0, 0.0
+    batches = []
     for result in run(strategy, feed()):
-        times.append(time.perf_counter())
-        cpu.append(time.process_time())
-        if len(times) > 1:
-            tokens, stepping = tokens + result.tokens, stepping + result.predict_s + result.learn_s
-        if len(times) == batches:
-            break
-    return figures(tokens, times[-1] - times[0], stepping, cpu[-1] - cpu[0])
+        batches.append((result.finished_at, result.tokens, result.predict_s + result.learn_s))
+        if len(batches) == 1:
+            say_ready()
+        if stopped:
+            return batches
+    while not stopped:  # the stream ran out: the parent says so (no batch in the slices left)
+        time.sleep(0.1)
+    return batches
 
 
-def kafka_path(config) -> dict:
-    """As memory_path, through the learner: times from its loss log, CPU time (all of the process's
-    threads; the broker is another process) read as the monitor takes in each result, and the
-    event-loop thread's own CPU time per batch (fetch, decode, batching, metrics, loss log)."""
+def kafka_path(config) -> list:
+    """As memory_path, through the learner, which SIGTERM stops cleanly; read from its loss log."""
     from monitor.exporter import create_metrics
     from monitor.live import LiveMonitor
     from monitor.view import LiveView
     from streamer.learner import run as run_learner
 
-    class CpuClock(LiveMonitor):
+    class Ready(LiveMonitor):
         def observe(self, result) -> dict:
-            # (process CPU, event-loop thread CPU) at the first result, at the latest
-            self.cpu[1:] = [(time.process_time(), time.thread_time())]
+            if result.index == 0:
+                say_ready()
             return super().observe(result)
 
-    monitor = CpuClock(run="bench", strategy=config.strategy, metrics=create_metrics())
-    monitor.cpu = []
-    asyncio.run(run_learner(config, monitor=monitor, view=LiveView(enabled=False), log=lambda line: None))
+    monitor = Ready(run="bench", strategy=config.strategy, metrics=create_metrics())
+    asyncio.run(run_learner(config, monitor=monitor, view=LiveView(enabled=False), log=lambda line: None,
+                            stop_signals=(signal.SIGTERM,)))
     lines = [json.loads(line) for line in (config.run_dir / "losses.jsonl").read_text().splitlines()]
-    tokens = sum(line["tokens"] for line in lines[1:])
-    stepping = sum(line["predict_s"] + line["learn_s"] for line in lines[1:])
-    (process_0, loop_0), (process_1, loop_1) = monitor.cpu
-    return {**figures(tokens, lines[-1]["time"] - lines[0]["time"], stepping, process_1 - process_0),
-            "event_loop_ms_per_batch": 1e3 * (loop_1 - loop_0) / (len(lines) - 1)}
+    return [(line["time"], line["tokens"], line["predict_s"] + line["learn_s"]) for line in lines]
 
 
 def measure(args) -> None:
-    """One path in this process; prints one JSON line. The policy's paths set OpenMP's wait policy
-    before torch loads, as the streamer command does; the baseline leaves OpenMP and torch alone."""
+    """One path in this process: says "ready" after its first batch, learns until SIGTERM, then prints
+    one JSON line. The policy's paths set OpenMP's wait policy before torch loads, as the streamer
+    command does; the baseline leaves OpenMP and torch alone."""
     if args.path != "baseline":
         from streamer.settings import bound_openmp_spin
 
@@ -171,17 +178,18 @@ def measure(args) -> None:
         threads = apply_thread_policy(args.threads, omp_num_threads()).threads
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)
-        measured = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1], args.batches)
+        batches = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1])
     wait = ", ".join(part for part in (
         f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "",
         os.environ.get("OMP_WAIT_POLICY", "")) if part) or "default"
-    print(json.dumps({**measured, "threads": threads, "wait": wait}))
+    print(json.dumps({"batches": batches, "threads": threads, "wait": wait}))
 
 
 # ---------------------------------------------------------------- the benchmark (the parent)
 
-def run_child(args, model: str, path: str, batches: int, bootstrap: str, group: str) -> dict:
-    command = [sys.executable, __file__, "--measure", path, "--model", model, "--batches", str(batches),
+def start_child(args, model: str, path: str, bootstrap: str, group: str) -> subprocess.Popen:
+    """Start one path and wait for its first batch; it is left stopped (SIGSTOP)."""
+    command = [sys.executable, __file__, "--measure", path, "--model", model,
                "--hidden", str(args.hidden), "--device", args.device, "--experts", str(args.experts),
                "--gate-steps", str(args.gate_steps), "--topic", args.topic, "--bootstrap", bootstrap,
                "--group", group]
@@ -192,65 +200,128 @@ def run_child(args, model: str, path: str, batches: int, bootstrap: str, group: 
         environment.pop("OMP_WAIT_POLICY", None)
         environment.pop("GOMP_SPINCOUNT", None)
         environment.pop("OMP_NUM_THREADS", None)
-    done = subprocess.run(command, env=environment, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"throughput: the {model} {path} run failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    errors = tempfile.TemporaryFile("w+")  # not a pipe: a stopped parent must never block a child's writes
+    child = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=errors, text=True)
+    child.errors = errors
+    ready, _, _ = select.select([child.stdout], [], [], 300)
+    line = child.stdout.readline() if ready else ""
+    if line.strip() != "ready":
+        child.kill()
+        raise SystemExit(f"throughput: the {model} {path} run did not start:\n{stderr_of(child)}")
+    os.kill(child.pid, signal.SIGSTOP)
+    return child
 
 
-
-def benchmark_model(args, model: str, batches: int, bootstrap: str) -> dict:
-    rates, stepping, cpu = ({path: [] for path in PATHS} for _ in range(3))
-    threads, loop_ms = {}, []
-    for round_ in range(args.rounds):
-        order = PATHS[round_ % 3:] + PATHS[:round_ % 3]
-        for path in order:
-            measured = run_child(args, model, path, batches, bootstrap, group=f"bench-{model}-{round_}")
-            rates[path].append(measured["tokens_per_s"])
-            stepping[path].append(measured["stepping"])
-            cpu[path].append(measured["cpu_ms_per_ktoken"])
-            threads[path] = (measured["threads"], measured["wait"])
-            if path == "kafka":
-                loop_ms.append(measured["event_loop_ms_per_batch"])
-    kafka = [k / m for k, m in zip(rates["kafka"], rates["memory"])]
-    kept = [m / b for m, b in zip(rates["memory"], rates["baseline"])]
-    return {"rates": rates, "stepping": stepping, "cpu": cpu, "threads": threads, "kafka": statistics.median(kafka),
-            "kafka_rounds": kafka, "kept": statistics.median(kept), "kept_rounds": kept,
-            "loop_ms": statistics.median(loop_ms)}
+def stderr_of(child: subprocess.Popen) -> str:
+    child.errors.seek(0)
+    return child.errors.read()[-3000:]
 
 
-def show(model: str, label: str, batches: int, result: dict) -> None:
-    rates, threads = result["rates"], result["threads"]
-    cpu_ratio = statistics.median(result["cpu"]["kafka"]) / statistics.median(result["cpu"]["memory"])
-    median = {path: statistics.median(values) for path, values in rates.items()}
-    print(f"{label}, {batches} batches:")
+def finish_child(child: subprocess.Popen, model: str, path: str) -> dict:
+    """SIGTERM (the learner stops cleanly) and the path's JSON line."""
+    os.kill(child.pid, signal.SIGTERM)
+    os.kill(child.pid, signal.SIGCONT)
+    out, _ = child.communicate(timeout=300)
+    if child.returncode != 0:
+        raise SystemExit(f"throughput: the {model} {path} run failed:\n{stderr_of(child)}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(all threads, the main thread) CPU seconds of process `pid` (user + system, /proc)."""
+    def read(stat: str) -> float:
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
+
+
+def benchmark_model(args, model: str, slice_s: float, bootstrap: str) -> dict:
+    # kafka last: from its start on it is never stopped for longer than two slices (its group's session)
+    children = {}
+    try:
+        for path in ("memory", "baseline", "kafka"):
+            children[path] = start_child(args, model, path, bootstrap, group=f"bench-{model}")
+        windows = {path: [] for path in PATHS}
+        cpu_before = {path: cpu_seconds(child.pid) for path, child in children.items()}
+        for round_ in range(args.rounds):
+            for path in PATHS[round_ % 3:] + PATHS[:round_ % 3]:
+                pid = children[path].pid
+                began = time.time()
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(slice_s)
+                ended = time.time()
+                os.kill(pid, signal.SIGSTOP)
+                windows[path].append((began, ended))
+        cpu_after = {path: cpu_seconds(child.pid) for path, child in children.items()}
+        measured = {path: finish_child(child, model, path) for path, child in children.items()}
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    figures, per_round = {}, {}
     for path in PATHS:
-        count, wait = threads[path]
-        rounds = " ".join(f"{value:,.0f}" for value in rates[path])
-        inside, cpu = statistics.median(result["stepping"][path]), statistics.median(result["cpu"][path])
-        print(f"  {path:8s} {median[path]:9,.0f} tokens/s, {inside:4.0%} of it inside the step, {cpu:6.1f} CPU ms "
-              f"per 1k tokens  ({count} torch threads, OpenMP wait {wait}; rounds {rounds})")
-    print(f"  kafka's event loop (fetch, decode, batching, metrics, loss log): {result['loop_ms']:.2f} CPU ms per batch")
-    print(f"  {model}: kafka/memory {result['kafka']:.3f} (rounds "
-          + " ".join(f"{value:.3f}" for value in result["kafka_rounds"])
-          + f"), memory/baseline {result['kept']:.3f} (rounds "
-          + " ".join(f"{value:.3f}" for value in result["kept_rounds"]) + ")"
-          + f"; CPU per token kafka/memory {cpu_ratio:.3f}", flush=True)
+        batches = measured[path]["batches"]
+        if not batches or batches[-1][0] < windows[path][-1][0]:
+            raise SystemExit(f"throughput: the stream ran out before the {model} {path} run's last slice "
+                             "(fewer --rounds or a shorter --slice)")
+        inside = [[batch for batch in batches if began <= batch[0] <= ended] for began, ended in windows[path]]
+        counted = [batch for slice_ in inside for batch in slice_]
+        seconds = sum(ended - began for began, ended in windows[path])
+        tokens = sum(batch[1] for batch in counted)
+        process_cpu = cpu_after[path][0] - cpu_before[path][0]
+        # the step's share: of the batches that started in a slice too (a cut one's step spans a stop)
+        whole = [[batch for batch in slice_ if batch[0] - batch[2] >= began]
+                 for slice_, (began, _) in zip(inside, windows[path])]
+        spans = sum(slice_[-1][0] - (slice_[0][0] - slice_[0][2]) for slice_ in whole if slice_)
+        figures[path] = {
+            "tokens_per_s": tokens / seconds,
+            "stepping": sum(batch[2] for slice_ in whole for batch in slice_) / spans if spans else float("nan"),
+            "cpu_ms_per_ktoken": 1e6 * process_cpu / tokens, "batches": len(counted),
+            "event_loop_ms_per_batch": 1e3 * (cpu_after[path][1] - cpu_before[path][1]) / len(counted),
+            "threads": measured[path]["threads"], "wait": measured[path]["wait"]}
+        per_round[path] = [sum(batch[1] for batch in slice_) / (ended - began)
+                           for slice_, (began, ended) in zip(inside, windows[path])]
+    rate = {path: figures[path]["tokens_per_s"] for path in PATHS}
+    return {"figures": figures, "kafka": rate["kafka"] / rate["memory"], "kept": rate["memory"] / rate["baseline"],
+            "kafka_rounds": [k / m for k, m in zip(per_round["kafka"], per_round["memory"]) if m],
+            "kept_rounds": [m / b for m, b in zip(per_round["memory"], per_round["baseline"]) if b]}
+
+
+def middle_half(values: list[float]) -> str:
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return f"{quartiles[0]:.3f}-{quartiles[2]:.3f}"
+
+
+def show(model: str, label: str, slice_s: float, rounds: int, result: dict) -> None:
+    figures = result["figures"]
+    cpu_ratio = figures["kafka"]["cpu_ms_per_ktoken"] / figures["memory"]["cpu_ms_per_ktoken"]
+    print(f"{label}, {rounds} rounds of {slice_s:g} s slices:")
+    for path in PATHS:
+        f = figures[path]
+        print(f"  {path:8s} {f['tokens_per_s']:9,.0f} tokens/s, {f['stepping']:4.0%} of it inside the step, "
+              f"{f['cpu_ms_per_ktoken']:6.1f} CPU ms per 1k tokens  ({f['threads']} torch threads, OpenMP wait "
+              f"{f['wait']}; {f['batches']} batches)")
+    print(f"  kafka's event loop (fetch, decode, batching, metrics, loss log): "
+          f"{figures['kafka']['event_loop_ms_per_batch']:.2f} CPU ms per batch")
+    print(f"  {model}: kafka/memory {result['kafka']:.3f} (rounds' middle half {middle_half(result['kafka_rounds'])}), "
+          f"memory/baseline {result['kept']:.3f} (rounds' middle half {middle_half(result['kept_rounds'])}); "
+          f"CPU per token kafka/memory {cpu_ratio:.3f}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", type=int, help="pin the benchmark to the first N CPUs it may use (default: all)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three paths (default 3)")
-    parser.add_argument("--batches", type=int, default=300, help="batches of the LSTM per run (default 300)")
-    parser.add_argument("--poe-batches", type=int, default=60, help="batches of poe per run (default 60)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of one slice per path (default 20)")
+    parser.add_argument("--slice", type=float, default=0.5, help="seconds a path runs per round, lstm (default 0.5)")
+    parser.add_argument("--poe-slice", type=float, default=1.0, help="the same for poe (default 1.0)")
     parser.add_argument("--hidden", type=int, default=256, help="LSTM hidden size, both models (default 256)")
     parser.add_argument("--experts", type=int, default=10, help="poe's experts (default 10)")
     parser.add_argument("--gate-steps", type=int, default=10, help="poe's gate steps per batch (default 10)")
     parser.add_argument("--models", default="lstm,poe", help="comma-separated: lstm, poe (default both)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, help="torch threads of memory and kafka (default: the policy's)")
-    # one measurement, in a child process
+    # one path, in a child process
     parser.add_argument("--measure", choices=PATHS, dest="path", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=("lstm", "poe"), default="lstm", help=argparse.SUPPRESS)
     parser.add_argument("--topic", default="bench", help=argparse.SUPPRESS)
@@ -262,6 +333,8 @@ def main() -> None:
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     if not models or set(models) - {"lstm", "poe"}:
         parser.error("--models takes lstm, poe or both, comma-separated")
+    if args.rounds < 1 or args.slice <= 0 or args.poe_slice <= 0:
+        parser.error("--rounds must be at least 1 and the slices longer than 0 s")
     cpus = pin_to_first_cpus(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
     load = os.getloadavg()[0]
     started = time.monotonic()
@@ -269,19 +342,18 @@ def main() -> None:
     from producers.kafka import produce
     from streamer.broker import EmbeddedBroker
 
-    name, records, manifest = stream()
+    name, records, _ = stream()
     labels = {"lstm": f"lstm-char 2x{args.hidden} (naive)",
               "poe": f"poe {args.experts} experts x 2x{args.hidden}, {args.gate_steps} gate steps"}
-    batches = {"lstm": min(args.batches, manifest["total_batches"]),
-               "poe": min(args.poe_batches, manifest["total_batches"])}
+    slices = {"lstm": args.slice, "poe": args.poe_slice}
     print(f"CPUs {','.join(map(str, cpus))} ({len(cpus)}); load average {load:.2f} at the start; "
           f"corpus {name}; batches of 10x20 byte tokens; device {args.device}", flush=True)
     results = {}
     with EmbeddedBroker() as broker:
         asyncio.run(produce(records, broker.bootstrap_servers, args.topic))
         for model in models:
-            results[model] = benchmark_model(args, model, batches[model], broker.bootstrap_servers)
-            show(model, labels[model], batches[model], results[model])
+            results[model] = benchmark_model(args, model, slices[model], broker.bootstrap_servers)
+            show(model, labels[model], slices[model], args.rounds, results[model])
     print(f"load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - started:.0f} s in all")
     low = min(models, key=lambda model: results[model]["kafka"])
     kept = min(models, key=lambda model: results[model]["kept"])
