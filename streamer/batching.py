@@ -198,18 +198,24 @@ class Batcher:
         self.offsets.load_state_dict(state["offsets"])
 
     def _majority_truth(self) -> BatchTruth | None:
-        votes: Counter = Counter()
+        votes: dict = {}  # (class, fragment) -> tokens of this batch's rows that carry it
+        window = self.window
         for buf in self._buffers:
-            start, end = buf.base, buf.base + self.window
+            start = buf.base
+            end = start + window
             span_start = start  # the oldest span may begin before `base`
             for span_end, truth, _ in buf.spans:
-                overlap = min(span_end, end) - max(span_start, start)
-                if overlap > 0 and truth is not None:
-                    votes[(truth.class_name, truth.fragment)] += overlap
+                if truth is not None:
+                    overlap = (span_end if span_end < end else end) - (span_start if span_start > start else start)
+                    if overlap > 0:
+                        key = (truth.class_name, truth.fragment)
+                        votes[key] = votes.get(key, 0) + overlap
                 if span_end >= end:
                     break
                 span_start = span_end
-        return vote(votes)
+        if len(votes) == 1:  # the common batch: every row in one fragment
+            return BatchTruth(*next(iter(votes)))
+        return vote(Counter(votes))
 
     def _release(self, buf: _Stream) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""
