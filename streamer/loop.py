@@ -21,11 +21,17 @@ rank says, in one collective in the worker thread, whether it has its next batch
 stops, and all checkpoint after the step when rank 0 asks. A rank waiting for records says so every
 `agree_every_s`, so a stop reaches every rank within that time.
 
-A consumer that sets `snapshot_wanted` lets the next step run ahead of it: while step k runs, batch
-k + 1 is queued behind it in the worker (never more), so the worker goes from one step to the next
-without waiting for the consumer to take in result k; the loop asks snapshot_wanted(k + 1, batch,
-truth after k) first, and a True (a checkpoint or a probe due after step k) keeps step k + 1 until
-result k has been taken in. A result is then a snapshot point only where `at_snapshot` says so.
+A consumer that sets `snapshot_wanted` lets the next steps run ahead of it: while step k runs, batch
+k + 1 is queued behind it in the worker, so the worker goes from one step to the next without
+waiting for the consumer to take in result k; the loop asks snapshot_wanted(k + 1, batch, truth
+after k) first, and a True (a checkpoint or a probe due after step k) keeps step k + 1 until result
+k has been taken in. A result is then a snapshot point only where `at_snapshot` says so. While steps
+are short (the last under `burst_below_s`, 50 ms), up to `burst` (4) batches are queued behind the
+running step and the worker wakes the event loop only after every `burst`-th step and after the last
+one handed to it: the consumer takes results in bursts. Each wake-up finds the event loop's Python
+and data cold in the caches the step has used; beside the default LSTM's 7 ms step on 2 cores the
+event loop went from 0.57 to 0.39 CPU ms a batch. `stop()` lets the running step finish; the
+steps queued behind it learn nothing and their batches go back to the queue.
 
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
@@ -36,7 +42,9 @@ result k has been taken in. A result is then a snapshot point only where `at_sna
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +68,7 @@ class PrequentialLoop:
                  total_batches: int | None = None, total_records: int | None = None,
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
-                 log=None, ranks=None, agree_every_s: float = 0.2):
+                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 4, burst_below_s: float = 0.05):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -97,7 +105,15 @@ class PrequentialLoop:
         self._between_results = asyncio.Lock()
         self._snapshot_asked = 0  # snapshot_point() callers waiting
         # Steps handed to the worker, oldest first: (batch, future of its StepResult); two while one runs ahead
-        self._running: deque[tuple[ReadyBatch, asyncio.Future]] = deque()
+        self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
+        # Results in bursts: while steps are short (the last under `burst_below_s`), up to `burst` + 1 run
+        # ahead of the consumer and the worker wakes the event loop after every `burst`-th step and after
+        # the last one handed to it, not after each (see _stepped)
+        self.burst, self.burst_below_s = max(1, burst), burst_below_s
+        self._results = asyncio.Event()  # the worker's wake-up: results are waiting
+        self._handed = -1  # the index of the last step handed to the worker
+        self._short_steps = False  # the last step took less than burst_below_s
+        self._halting = False  # stop() was called: the worker begins no further step
         self._stepped_loss = float("nan")  # the worker's last recorded loss (a step's stand-in for a non-finite one)
         # Set by the consumer to let a step run ahead of its consumer: snapshot_wanted(index, upcoming, previous
         # truth) is asked before batch `index` (a ReadyBatch) is queued behind the step in flight, whose result
@@ -121,6 +137,7 @@ class PrequentialLoop:
 
     async def __aenter__(self) -> PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
+        self._event_loop = asyncio.get_running_loop()
         if not await self._start_source():
             return self  # stopped while starting (a signal while it waited for the broker or the topic)
         self._started = self._last_record = time.monotonic()
@@ -164,7 +181,10 @@ class PrequentialLoop:
                     self._hand_over()
                 self._run_ahead()
                 ready, stepped = self._running[0]
-                result = await stepped  # predict -> record -> learn happened in the worker, in this order
+                result = await self._result_of(stepped)  # predict -> record -> learn happened in the worker, in this order
+                if result is None:  # stop() came before this step began: it and those behind it are not learned
+                    await self._put_back()
+                    continue
                 self._running.popleft()
                 self.step += 1
                 self.tokens += result.tokens
@@ -190,38 +210,74 @@ class PrequentialLoop:
     def _hand_over(self) -> None:
         """The next queued batch to the worker thread, behind any step in flight."""
         ready = self._queue.popleft()
-        self._running.append((ready, self.submit(self._stepping, asyncio.get_running_loop(), ready,
-                                                 self.step + len(self._running))))
+        index = self.step + len(self._running)
+        self._handed = index  # before the submit: the worker reads it when the step is done
+        stepped = self._worker.submit(self._stepping, ready, index)
+        stepped.add_done_callback(functools.partial(self._stepped, asyncio.get_running_loop(), index))
+        self._running.append((ready, stepped))
+
+    async def _put_back(self) -> None:
+        """The batches handed to the worker but not begun before a stop go back to the front of the queue
+        (a checkpoint then holds them as waiting), in their order."""
+        for _, stepped in self._running:
+            await self._result_of(stepped)  # each returns at once: the stop came before it began
+        self._queue.extendleft(ready for ready, _ in reversed(self._running))
+        self._running.clear()
+
+    def _stepped(self, event_loop, index: int, stepped: concurrent.futures.Future) -> None:
+        """In the worker, once step `index` is done: wake the event loop for its result, unless results
+        come in bursts and more steps were handed over behind this one (the `burst`-th wakes it)."""
+        if (not self._short_steps or index >= self._handed or (index + 1) % self.burst == 0
+                or stepped.cancelled() or stepped.exception() is not None):
+            event_loop.call_soon_threadsafe(self._results.set)
+
+    async def _result_of(self, stepped: concurrent.futures.Future) -> StepResult | None:
+        """The step's result once the worker has woken the event loop for it (or for a later one)."""
+        while not stepped.done():
+            self._results.clear()
+            if stepped.done():
+                break
+            await self._results.wait()
+        return stepped.result()
 
     def _run_ahead(self) -> None:
         """While a step runs and its result is not yet taken in, queue the next batch behind it, so that
         the worker goes on without waiting for the consumer (the loss log, the metrics, the hand-over's
         two thread wake-ups: 0.6 ms a batch of the default LSTM, 4% of its step) unless anything needs
-        the state after the step in flight: `snapshot_wanted` (a checkpoint due, a probe before the next
-        batch), a snapshot_point() asked for (a rebalance), a stop; never for ranks, which agree first."""
-        if self.snapshot_wanted is None or self.ranks is not None or len(self._running) != 1 or not self._queue:
+        the state after a step in flight: `snapshot_wanted` (a checkpoint due, a probe before the next
+        batch), a snapshot_point() asked for (a rebalance), a stop; never for ranks, which agree first.
+        While steps are short, up to `burst` batches go behind it (results then come in bursts), each
+        asked for in turn."""
+        if self.snapshot_wanted is None or self.ranks is not None or not self._running:
             return
-        index = self.step + 1
-        self._check_stop()
-        if (self.stop_reason is not None or self._snapshot_asked or (self.max_batches and index >= self.max_batches)
-                or (self.total_batches and index >= self.total_batches)):
-            return
-        if self.snapshot_wanted(index, self._queue[0], self._running[0][0].truth or self.truth):
-            return
-        self._hand_over()
+        ahead = self.burst + 1 if self._short_steps else 2
+        while len(self._running) < ahead and self._queue:
+            index = self.step + len(self._running)
+            self._check_stop()
+            if (self.stop_reason is not None or self._snapshot_asked or (self.max_batches and index >= self.max_batches)
+                    or (self.total_batches and index >= self.total_batches)):
+                return
+            previous = next((ready.truth for ready, _ in reversed(self._running) if ready.truth), self.truth)
+            if self.snapshot_wanted(index, self._queue[0], previous):
+                return
+            self._hand_over()
 
-    def _stepping(self, event_loop, ready: ReadyBatch, index: int) -> StepResult:
+    def _stepping(self, ready: ReadyBatch, index: int) -> StepResult | None:
         """Step `index`, in the worker thread, where the steps run one after another: the last loss it
-        stands in for a non-finite one is the worker's own. Only once the step runs is the fetch side
+        stands in for a non-finite one is the worker's own; None, learning nothing, when `stop()` came
+        before it began (one process only: ranks agreed to step). Only once the step runs is the fetch side
         told there is room in the queue: refilled on the event loop before, the refill's Python held
         the GIL the worker needed to start (0.4 ms a batch of the default LSTM); now it runs beside the
         step's torch kernels. And only once the queue is down to `_refill_at` batches (a stale length
         read here only moves the wake-up to the next step): the fetch side then cuts them in one burst,
         where a wake-up a batch found its Python and data cold in the caches the step had just used."""
+        if self._halting and self.ranks is None:
+            return None
         if len(self._queue) <= self._refill_at:
-            event_loop.call_soon_threadsafe(self._changed.set)
+            self._event_loop.call_soon_threadsafe(self._changed.set)
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
+        self._short_steps = result.predict_s + result.learn_s < self.burst_below_s
         return result
 
     @contextlib.asynccontextmanager
@@ -294,6 +350,7 @@ class PrequentialLoop:
         """Stop after the step in flight (a signal handler on the event loop calls it): the loop then
         yields no further result; the fetch side is cancelled when the `async with` block ends."""
         self.stop_reason = self.stop_reason or reason
+        self._halting = True  # steps handed to the worker and not yet begun learn nothing (_put_back)
         self._changed.set()
 
     async def commit(self, offsets: dict) -> bool:

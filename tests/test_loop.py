@@ -224,16 +224,16 @@ async def until(condition, timeout_s=10.0):
 
 
 def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(stream):
-    """With `snapshot_wanted` set, the worker learns batch k + 1 while the consumer still holds result k
-    (never further ahead), the results are the in-memory run's, and a result whose next batch was
-    wanted is a snapshot point: the strategy has learned exactly the batches taken in."""
+    """With `snapshot_wanted` set (and no bursts), the worker learns batch k + 1 while the consumer still
+    holds result k (never further ahead), the results are the in-memory run's, and a result whose next
+    batch was wanted is a snapshot point: the strategy has learned exactly the batches taken in."""
     records, _ = stream
     batches = batches_from_records(records, 2, 10)
     expected = list(run(naive(), batches))
     wanted = {7, 8, 20}
     strategy, learned = counting(naive())
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
-                           queue_size=len(batches))  # every batch queued before the first step
+                           queue_size=len(batches), burst=1)  # every batch queued before the first step
     asked = []
     loop.snapshot_wanted = lambda index, upcoming, previous: asked.append(index) or index in wanted
 
@@ -263,10 +263,10 @@ def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(st
 
 def test_a_snapshot_point_and_a_stop_wait_for_the_step_running_ahead(stream):
     """A rebalance's snapshot_point() gets the state after the last result taken in, with no step in
-    flight; a stop learns and yields the step already running ahead, then ends."""
+    flight; a stop learns and yields the step already running ahead, then ends (no bursts)."""
     records, _ = stream
     strategy, learned = counting(naive())
-    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64)
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64, burst=1)
     loop.snapshot_wanted = lambda index, upcoming, previous: False
     seen = []
 
@@ -292,6 +292,49 @@ def test_a_snapshot_point_and_a_stop_wait_for_the_step_running_ahead(stream):
     assert len(seen) == 1 and at_snapshot and step == learned_then and 6 <= step <= 9  # at once, not at the end
     assert [r.index for r in results] == list(range(14)) and loop.stop_reason == "signal"
     assert loop.step == len(learned) == 14 and loop.state_dict()["step"] == 14
+
+
+def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(stream):
+    """While steps are short the worker runs up to `burst` batches behind the running step and wakes the
+    event loop once per burst (and after the last one handed over), so the consumer takes several
+    results at a wake-up; the results are still the in-memory run's, in order, and a wanted snapshot
+    still finds exactly the batches taken in learned. A stop lets the running step finish; the steps
+    queued behind it learn nothing and their batches are back at the front of the queue, in order."""
+    records, _ = stream
+    batches = batches_from_records(records, 2, 10)
+    expected = list(run(naive(), batches))
+    strategy, learned = counting(naive())
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
+                           queue_size=len(batches), burst=4)
+    wanted = {20}
+    loop.snapshot_wanted = lambda index, upcoming, previous: index in wanted
+    ahead, wakes = [], []
+    wake = loop._results.set
+    loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
+
+    async def go():
+        results = []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                ahead.append(len(loop._running))  # steps handed over, not yet taken in
+                if result.index + 1 in wanted:
+                    assert loop.at_snapshot and len(learned) == result.index + 1
+                if result.index == 30:
+                    await until(lambda: len(learned) >= 32)  # batch 31 done, more queued behind it
+                    queued = [ready for ready, _ in loop._running]
+                    assert len(queued) >= 2
+                    loop.stop()
+        return results, queued
+    results, queued = asyncio.run(go())
+    assert [r.loss for r in results] == [r.loss for r in expected[:len(results)]]
+    assert [r.index for r in results] == list(range(len(results)))
+    assert max(ahead) == 4 and min(ahead[:20]) >= 0  # up to `burst` behind the one in flight
+    assert len(wakes) < len(results) / 2  # a wake-up takes in several results
+    # the stop: only the steps begun were learned; the rest are the queue's head again, in order
+    assert loop.step == len(results) == len(learned) and loop.stop_reason == "signal"
+    assert list(loop._queue)[:len(queued) - (len(results) - 31)] == queued[len(results) - 31:]
+    assert loop.state_dict()["step"] == len(results)
 
 
 def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
