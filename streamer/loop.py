@@ -216,6 +216,12 @@ class PrequentialLoop:
         stepped.add_done_callback(functools.partial(self._stepped, asyncio.get_running_loop(), index))
         self._running.append((ready, stepped))
 
+    @property
+    def _bursting(self) -> bool:
+        """Results come in bursts: steps run ahead (one process, a consumer that set snapshot_wanted) and
+        the last one was short."""
+        return self._short_steps and self.snapshot_wanted is not None and self.ranks is None
+
     async def _put_back(self) -> None:
         """The batches handed to the worker but not begun before a stop go back to the front of the queue
         (a checkpoint then holds them as waiting), in their order."""
@@ -227,7 +233,7 @@ class PrequentialLoop:
     def _stepped(self, event_loop, index: int, stepped: concurrent.futures.Future) -> None:
         """In the worker, once step `index` is done: wake the event loop for its result, unless results
         come in bursts and more steps were handed over behind this one (the `burst`-th wakes it)."""
-        if (not self._short_steps or index >= self._handed or (index + 1) % self.burst == 0
+        if (not self._bursting or index >= self._handed or (index + 1) % self.burst == 0
                 or stepped.cancelled() or stepped.exception() is not None):
             event_loop.call_soon_threadsafe(self._results.set)
 
@@ -250,7 +256,12 @@ class PrequentialLoop:
         asked for in turn."""
         if self.snapshot_wanted is None or self.ranks is not None or not self._running:
             return
-        ahead = self.burst + 1 if self._short_steps else 2
+        self._queue_ahead(self.burst + 1 if self._bursting else 2)
+        if self._bursting and len(self._queue) <= self._refill_at:
+            self._changed.set()  # the fetch side refills at this wake-up, not at one of its own (_stepping)
+
+    def _queue_ahead(self, ahead: int) -> None:
+        """Hand over batches until `ahead` steps are in flight, asking for each as _run_ahead says."""
         while len(self._running) < ahead and self._queue:
             index = self.step + len(self._running)
             self._check_stop()
@@ -270,10 +281,11 @@ class PrequentialLoop:
         the GIL the worker needed to start (0.4 ms a batch of the default LSTM); now it runs beside the
         step's torch kernels. And only once the queue is down to `_refill_at` batches (a stale length
         read here only moves the wake-up to the next step): the fetch side then cuts them in one burst,
-        where a wake-up a batch found its Python and data cold in the caches the step had just used."""
+        where a wake-up a batch found its Python and data cold in the caches the step had just used.
+        While results come in bursts the event loop is awake for them anyway: _run_ahead asks then."""
         if self._halting and self.ranks is None:
             return None
-        if len(self._queue) <= self._refill_at:
+        if len(self._queue) <= self._refill_at and not self._bursting:  # in bursts: _run_ahead asks
             self._event_loop.call_soon_threadsafe(self._changed.set)
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
