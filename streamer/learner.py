@@ -6,8 +6,9 @@
                                                  the end, written in the background; then commits the
                                                  offsets it covers to Kafka)
                                --> ProbeScheduler (probes.jsonl)
-    The next step runs ahead of these consumers (streamer.loop's snapshot_wanted) unless a checkpoint or
-    a probe is due after the step in flight: they take in result k while the worker learns batch k + 1.
+    The next steps run ahead of these consumers (streamer.loop's snapshot_wanted) unless a checkpoint or
+    a probe is due after one in flight: they take in result k while the worker learns batch k + 1 (short
+    steps: up to 4 behind it, their results taken in a burst).
     loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
         --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 
