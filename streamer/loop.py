@@ -106,9 +106,9 @@ class PrequentialLoop:
         self._snapshot_asked = 0  # snapshot_point() callers waiting
         # Steps handed to the worker, oldest first: (batch, future of its StepResult); two while one runs ahead
         self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
-        # Results in bursts: while steps are short (the last under `burst_below_s`), up to `burst` + 1 run
-        # ahead of the consumer and the worker wakes the event loop after every `burst`-th step and after
-        # the last one handed to it, not after each (see _stepped)
+        # Results in bursts: while steps are short (the worker's last under `burst_below_s`), up to
+        # `burst` + 1 run ahead of the consumer and the worker wakes the event loop after every
+        # `burst`-th step and after the last one handed to it, not after each (see _stepped)
         self.burst, self.burst_below_s = max(1, burst), burst_below_s
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
@@ -287,9 +287,11 @@ class PrequentialLoop:
             return None
         if len(self._queue) <= self._refill_at and not self._bursting:  # in bursts: _run_ahead asks
             self._event_loop.call_soon_threadsafe(self._changed.set)
+        started = time.perf_counter()
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
-        self._short_steps = result.predict_s + result.learn_s < self.burst_below_s
+        # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
+        self._short_steps = time.perf_counter() - started < self.burst_below_s
         return result
 
     @contextlib.asynccontextmanager

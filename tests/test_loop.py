@@ -3,6 +3,7 @@ letters as plain state, probes' peek, and a snapshot that continues exactly."""
 
 import asyncio
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.consumer import Fetched
 from streamer.loop import PrequentialLoop
-from streamer.step import run
+from streamer.step import prequential_step, run
 from tests.helpers import batches_from_records, naive, small_stream
 
 CORPUS = {"en": "hello world, how are you " * 300, "fr": "bonjour le monde, ça va " * 300}
@@ -335,6 +336,35 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
     assert loop.step == len(results) == len(learned) and loop.stop_reason == "signal"
     assert list(loop._queue)[:len(queued) - (len(results) - 31)] == queued[len(results) - 31:]
     assert loop.state_dict()["step"] == len(results)
+
+
+def test_a_slow_worker_step_takes_no_burst(stream):
+    """A step that holds the worker for longer than `burst_below_s` (a slower device; here the step
+    stretched in the worker, as test_spikes paces it) runs one ahead at most and wakes the event loop
+    for every result, so each result's metrics are written as its step ends."""
+    records, _ = stream
+    strategy, learned = counting(naive())
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=16,
+                           max_batches=8, burst=4, burst_below_s=0.02)
+    loop.snapshot_wanted = lambda index, upcoming, previous: False
+    ahead, wakes = [], []
+    wake = loop._results.set
+    loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
+
+    def slow_step(*args, **kwargs):
+        time.sleep(0.03)
+        return prequential_step(*args, **kwargs)
+
+    async def go():
+        results = []
+        async with loop:
+            async for result in loop:
+                results.append(result)
+                ahead.append(len(loop._running))
+        return results
+    with mock.patch("streamer.loop.prequential_step", slow_step):
+        results = asyncio.run(go())
+    assert [r.index for r in results] == list(range(8)) and max(ahead) <= 1 and len(wakes) == 8
 
 
 def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
