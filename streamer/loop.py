@@ -235,7 +235,8 @@ class PrequentialLoop:
         come in bursts and more steps were handed over behind this one (the `burst`-th wakes it)."""
         if (not self._bursting or index >= self._handed or (index + 1) % self.burst == 0
                 or stepped.cancelled() or stepped.exception() is not None):
-            event_loop.call_soon_threadsafe(self._results.set)
+            with contextlib.suppress(RuntimeError):  # the event loop closed under an abort: nobody waits
+                event_loop.call_soon_threadsafe(self._results.set)
 
     async def _result_of(self, stepped: concurrent.futures.Future) -> StepResult | None:
         """The step's result once the worker has woken the event loop for it (or for a later one)."""
