@@ -28,10 +28,11 @@ after k) first, and a True (a checkpoint or a probe due after step k) keeps step
 k has been taken in. A result is then a snapshot point only where `at_snapshot` says so. While steps
 are short (the last under `burst_below_s`, 50 ms), up to `burst` (4) batches are queued behind the
 running step and the worker wakes the event loop only after every `burst`-th step and after the last
-one handed to it: the consumer takes results in bursts. Each wake-up finds the event loop's Python
-and data cold in the caches the step has used; beside the default LSTM's 7 ms step on 2 cores the
-event loop went from 0.57 to 0.39 CPU ms a batch. `stop()` lets the running step finish; the
-steps queued behind it learn nothing and their batches go back to the queue.
+one handed to it: the consumer takes results in bursts, and the fetch side refills at the same
+wake-up. Each wake-up finds the event loop's Python and data cold in the caches the step has used;
+beside the default LSTM's 7 ms step on 2 cores the event loop went from 0.57 to 0.34-0.38 CPU ms a
+batch. `stop()` lets the running step finish; the steps queued behind it learn nothing and their
+batches go back to the queue.
 
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
@@ -104,7 +105,7 @@ class PrequentialLoop:
         # one already and must not wait on it; others (a rebalance callback) use `snapshot_point()`.
         self._between_results = asyncio.Lock()
         self._snapshot_asked = 0  # snapshot_point() callers waiting
-        # Steps handed to the worker, oldest first: (batch, future of its StepResult); two while one runs ahead
+        # Steps handed to the worker, oldest first: (batch, future of its StepResult); up to burst + 1 ahead
         self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
         # Results in bursts: while steps are short (the worker's last under `burst_below_s`), up to
         # `burst` + 1 run ahead of the consumer and the worker wakes the event loop after every
