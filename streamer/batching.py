@@ -8,6 +8,7 @@ holds w + 1 unconsumed tokens (w inputs and the next token as the last target). 
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,11 +21,13 @@ from producers.wire import Record, Truth, stream_id
 __all__ = ["ReadyBatch", "Batcher", "OffsetTracker", "vote", "truth_to_plain", "truth_from_plain"]
 
 
-def vote(votes: Counter) -> BatchTruth | None:
+def vote(votes: Mapping[tuple[str, int], int]) -> BatchTruth | None:
     """From {(class, fragment): votes}: the class with most votes (independent streams mix
     classes), then its largest fragment; ties go to the earlier fragment."""
     if not votes:
         return None
+    if len(votes) == 1:  # the common batch: every row in one fragment
+        return BatchTruth(*next(iter(votes)))
     by_class: Counter = Counter()
     for (class_name, _), count in votes.items():
         by_class[class_name] += count
@@ -213,9 +216,7 @@ class Batcher:
                 if span_end >= end:
                     break
                 span_start = span_end
-        if len(votes) == 1:  # the common batch: every row in one fragment
-            return BatchTruth(*next(iter(votes)))
-        return vote(Counter(votes))
+        return vote(votes)
 
     def _release(self, buf: _Stream) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""

@@ -214,7 +214,7 @@ class PrequentialLoop:
         index = self.step + len(self._running)
         self._handed = index  # before the submit: the worker reads it when the step is done
         stepped = self._worker.submit(self._stepping, ready, index)
-        stepped.add_done_callback(functools.partial(self._stepped, asyncio.get_running_loop(), index))
+        stepped.add_done_callback(functools.partial(self._stepped, index))
         self._running.append((ready, stepped))
 
     @property
@@ -231,13 +231,13 @@ class PrequentialLoop:
         self._queue.extendleft(ready for ready, _ in reversed(self._running))
         self._running.clear()
 
-    def _stepped(self, event_loop, index: int, stepped: concurrent.futures.Future) -> None:
+    def _stepped(self, index: int, stepped: concurrent.futures.Future) -> None:
         """In the worker, once step `index` is done: wake the event loop for its result, unless results
         come in bursts and more steps were handed over behind this one (the `burst`-th wakes it)."""
         if (not self._bursting or index >= self._handed or (index + 1) % self.burst == 0
                 or stepped.cancelled() or stepped.exception() is not None):
             with contextlib.suppress(RuntimeError):  # the event loop closed under an abort: nobody waits
-                event_loop.call_soon_threadsafe(self._results.set)
+                self._event_loop.call_soon_threadsafe(self._results.set)
 
     async def _result_of(self, stepped: concurrent.futures.Future) -> StepResult | None:
         """The step's result once the worker has woken the event loop for it (or for a later one)."""

@@ -58,9 +58,9 @@ def forward_is_mode_free(model: nn.Module) -> bool:
 def adam(parameters, lr: float) -> torch.optim.Adam:
     """torch.optim.Adam with its defaults (betas 0.9, 0.999, eps 1e-8), fused where torch has the kernel
     for the parameters' device (CPU, CUDA): one call updates every tensor. The per-tensor loop, torch's
-    default on CPU, made the step dispatch about ten operations per parameter from Python, each holding
-    the GIL the learner's event loop needs, and each large one a parallel region that wakes the other
-    OpenMP threads: the default LSTM's step took 7.9 ms against 6.9 fused (2 threads). Same update to
+    default on CPU, made the step dispatch about ten operations per parameter from Python, each large
+    one a parallel region that wakes the other OpenMP threads: the default LSTM's step took 7.9 ms
+    against 6.9 fused (2 threads). Same update to
     float rounding; the state_dict is the same (a checkpoint of either loads into the other)."""
     parameters = list(parameters)
     devices = {p.device.type for p in parameters}
