@@ -1,6 +1,6 @@
 """How much a second torch job on the same CPUs slows the learner's step under the thread policy.
 
-    python benchmarks/contention.py [--seconds 20] [--threads N]
+    python benchmarks/contention.py [--seconds 20] [--threads N] [--spins 250,500,1000,300000]
 
 Runs the default naive step (lstm-char, b 10, w 20, predict then learn) in a loop for --seconds,
 each run in its own process started the way the `streamer` command starts (OpenMP's short spin,
@@ -8,11 +8,20 @@ streamer.threads' policy): alone, beside a second learner with the same policy, 
 torch job with torch's own defaults (all cores, OpenMP's default wait). Prints steps/s and the
 slowdown of each against the alone run measured in the same invocation (the daemon issue's bound:
 at most 2.5x).
+
+--spins runs the same three for each OpenMP spin count given (GOMP_SPINCOUNT in the learners'
+environment, as a user would set it: the command keeps it, with OMP_WAIT_POLICY=ACTIVE beside it;
+300000 is libgomp's own count, about 3 ms here) and ends with a table: the trade-off between the
+step's speed alone (a longer spin catches more of the step's parallel regions before the helper
+thread sleeps) and its slowdown beside another job (a longer spin wastes the learner's share of
+contended CPUs). The alone rate at each count over the alone rate at the largest is, without the
+loop around the step, what benchmarks/throughput.py's memory/baseline measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -53,9 +62,13 @@ while time.monotonic() - started < {seconds}:
 """
 
 
-def learner(seconds: float, threads: int | None) -> subprocess.Popen:
+def learner(seconds: float, threads: int | None, spins: int | None = None) -> subprocess.Popen:
+    """One learner process; `spins`: its GOMP_SPINCOUNT as a user would set it (None: the command's)."""
     code = LEARNER.format(root=str(ROOT), threads=threads, seconds=seconds)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    environment = dict(os.environ)
+    if spins is not None:
+        environment["GOMP_SPINCOUNT"] = str(spins)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environment)
 
 
 def steps_per_second(process: subprocess.Popen) -> tuple[int, float]:
@@ -64,25 +77,55 @@ def steps_per_second(process: subprocess.Popen) -> tuple[int, float]:
     return int(threads), float(rate)
 
 
+def measure(seconds: float, threads: int | None, spins: int | None = None) -> tuple[float, float, float]:
+    """Alone, beside a second learner (the slower of the two) and beside a plain torch job, in steps/s;
+    each said in a line as it is measured."""
+    used, alone = steps_per_second(learner(seconds, threads, spins))
+    print(f"torch threads: {used}" + ("" if spins is None else f", GOMP_SPINCOUNT={spins}"))
+    print(f"alone: {alone:.2f} steps/s")
+    first, second = learner(seconds, threads, spins), learner(seconds, threads, spins)
+    rates = [steps_per_second(first)[1], steps_per_second(second)[1]]
+    print(f"beside a second learner: {rates[0]:.2f} and {rates[1]:.2f} steps/s "
+          f"(slowdown {alone / min(rates):.2f}x)")
+    plain = subprocess.Popen([sys.executable, "-c", PLAIN_JOB.format(seconds=seconds + 5)])
+    time.sleep(1.0)
+    beside_plain = steps_per_second(learner(seconds, threads, spins))[1]
+    plain.wait()
+    print(f"beside a plain torch job: {beside_plain:.2f} steps/s (slowdown {alone / beside_plain:.2f}x)")
+    return alone, min(rates), beside_plain
+
+
+def spin_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: spin counts are whole numbers, comma-separated") from None
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: spin counts are whole numbers from 0")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each timed run (default 20 s)")
     parser.add_argument("--threads", type=int, help="torch threads (default: the policy's)")
+    parser.add_argument("--spins", type=spin_counts,
+                        help="OpenMP spin counts to compare, e.g. 250,500,1000,300000 (default: the command's own)")
     args = parser.parse_args()
-    threads, alone = steps_per_second(learner(args.seconds, args.threads))
-    print(f"torch threads: {threads}")
-    print(f"alone: {alone:.2f} steps/s")
-    first, second = learner(args.seconds, args.threads), learner(args.seconds, args.threads)
-    rates = [steps_per_second(first)[1], steps_per_second(second)[1]]
-    print(f"beside a second learner: {rates[0]:.2f} and {rates[1]:.2f} steps/s "
-          f"(slowdown {alone / min(rates):.2f}x)")
-    plain = subprocess.Popen([sys.executable, "-c", PLAIN_JOB.format(seconds=args.seconds + 5)])
-    time.sleep(1.0)
-    beside_plain = steps_per_second(learner(args.seconds, args.threads))[1]
-    plain.wait()
-    print(f"beside a plain torch job: {beside_plain:.2f} steps/s (slowdown {alone / beside_plain:.2f}x)")
-    worst = max(alone / min(rates), alone / beside_plain)
-    print(f"worst slowdown: {worst:.2f}x (bound 2.5x)")
+    if not args.spins:
+        alone, beside_learner, beside_plain = measure(args.seconds, args.threads)
+        print(f"worst slowdown: {max(alone / beside_learner, alone / beside_plain):.2f}x (bound 2.5x)")
+        return
+    rows = {}
+    for spins in args.spins:
+        rows[spins] = measure(args.seconds, args.threads, spins)
+    fastest = rows[max(rows)][0]
+    print(f"\n{'spins':>8} {'alone steps/s':>14} {'of the longest':>15} {'beside learner':>15} "
+          f"{'beside torch':>13} {'worst':>7}")
+    for spins, (alone, beside_learner, beside_plain) in rows.items():
+        worst = max(alone / beside_learner, alone / beside_plain)
+        print(f"{spins:>8} {alone:>14.2f} {alone / fastest:>15.3f} {alone / beside_learner:>14.2f}x "
+              f"{alone / beside_plain:>12.2f}x {worst:>6.2f}x{'' if worst <= 2.5 else '  over the 2.5x bound'}")
 
 
 if __name__ == "__main__":
