@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from streamer.spin import in_passing
+
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpointer", "save", "load", "copied", "rng_state", "set_rng_state",
            "plain", "to_bytes", "from_bytes", "save_gathered"]
 
@@ -242,7 +244,9 @@ class Checkpointer:
         }
         if self.labels is not None:
             state["labels"] = list(self.labels())
-        state = copied(state)  # the next steps and the event loop go on changing the originals
+        # the next steps and the event loop go on changing the originals; copied in a passing thread, so
+        # its parallel copies leave no OpenMP team behind (streamer.spin)
+        state = in_passing(copied, state)
         self.copy_s = time.perf_counter() - started
         return state
 

@@ -14,6 +14,7 @@ from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from streamer.spin import governing
 from streamer.threads import apply_thread_policy
 
 __all__ = ["Outcome", "one_line", "run_jobs"]
@@ -31,11 +32,12 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".replace("\\n", " ").split())[:limit]  # a repr's "\\n" too
 
 
-def _child(function: Callable, task: tuple, threads: int, conn) -> None:
+def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, conn) -> None:
     """A job process: the parent stops us on Ctrl-C (SIGINT ignored here); torch gets `threads` threads
-    (streamer.threads' policy, the allocator's with it); the outcome goes back through `conn`."""
+    (streamer.threads' policy, the allocator's with it; OpenMP's spins governed where the parent's
+    are); the outcome goes back through `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    apply_thread_policy(threads)
+    apply_thread_policy(threads, govern_spin=govern_spin)
     try:
         outcome = Outcome(value=function(*task))
     except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)
@@ -74,7 +76,7 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
             while waiting and len(running) < max(1, jobs):
                 index = waiting.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(function, tasks[index], threads, sender),
+                process = context.Process(target=_child, args=(function, tasks[index], threads, governing(), sender),
                                           name=f"streamer-job-{index}", daemon=True)
                 process.start()
                 sender.close()  # the child holds its copy

@@ -53,6 +53,7 @@ from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set
 from streamer.resume import trim_logs
 from streamer.settings import kafka_client_options
+from streamer.spin import in_passing
 from streamer.strategies import STRATEGIES
 
 __all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
@@ -114,7 +115,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     ranks = distributed.current()  # None: one process
     leader = ranks is None or ranks.leader  # writes the run directory
     device = resolve_device(config.device)
-    strategy, built = prepared or build_strategy(config, device, manifest)
+    strategy, built = prepared or in_passing(build_strategy, config, device, manifest)  # as restore, below
     if leader:
         write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
     batcher = built.make_batcher(config.streams // (ranks.world if ranks else 1), config.window, device)
@@ -159,8 +160,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
     loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
         checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
-    if resume is not None:
-        restore(resume, loop, monitor, ranks)
+    if resume is not None:  # in a passing thread: the parameters' copies leave no OpenMP team behind
+        in_passing(restore, resume, loop, monitor, ranks)
         if leader and checkpointer.path.exists():  # the console shows its age until the next one
             monitor.checkpointed(checkpointer.path.stat().st_mtime)
     tasks = []

@@ -15,20 +15,19 @@
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: set by ``torchrun`` (and ``streamer learn --nproc``) for each
   rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
   ``MASTER_ADDR`` and ``MASTER_PORT``.
-- ``GOMP_SPINCOUNT``: written, not read for a decision: the learning commands set it to
-  ``500`` before torch loads its OpenMP runtime (GNU libgomp, torch's on Linux) unless the user
-  set it or ``OMP_WAIT_POLICY`` (``bound_openmp_spin``): an OpenMP thread with nothing to do
-  spins about 5 microseconds, long enough to catch the step's next parallel region, then sleeps.
-  libgomp's own default spins about 3 ms, so a second torch job on the same CPUs waits on spinning
-  threads; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
-- ``OMP_WAIT_POLICY``: written as ``ACTIVE`` beside the spin count (ours or the user's) when torch's
-  runtime is libgomp and the user did not set it. With a spin count set, ACTIVE changes one thing
-  there: libgomp spins 100 times (not the 500) once it manages more threads than CPUs, which it
-  does for good as soon as a second thread runs a parallel torch op (the checkpoint's copy on the
-  event loop, a resume's load) beside the step's; ACTIVE makes that min(1000, GOMP_SPINCOUNT), the
-  same 500. Without it the default LSTM's step went from 9 to 20-26 ms after the first checkpoint
-  and stayed there. Not written for LLVM's or Intel's OpenMP runtime (there ACTIVE means spinning
-  without end).
+- ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``: written before torch loads its OpenMP runtime, unless
+  the user set either (``choose_openmp_spin``, called by the command line once it knows the torch
+  threads). With GNU libgomp (torch's on Linux) and a team that can take libgomp over the CPU
+  count (threads > 1 and more than half the CPUs, as the default policy always is):
+  ``GOMP_SPINCOUNT=2000`` (an idle OpenMP thread spins about 20 microseconds, so the step's
+  helpers catch its next parallel region) and ``OMP_WAIT_POLICY`` left unset, so that
+  streamer.spin can shorten every spin to libgomp's throttled 100 turns while other work shares
+  the CPUs; ``STREAMER_OPENMP_SPIN=governed`` beside it tells the processes this one starts
+  (``--nproc``'s ranks) that the spin count is the command's, not the user's. Otherwise a fixed
+  short spin: ``GOMP_SPINCOUNT=500`` (or the user's) with ``OMP_WAIT_POLICY=ACTIVE`` beside it on
+  libgomp, which keeps the 500 where libgomp would throttle them to 100 once a second thread has
+  run a parallel op. libgomp's own default (about 3 ms) lets two learners on the same 2 CPUs slow
+  each other 300x; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -42,7 +41,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
-           "bound_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
+           "choose_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
            "secret_variable", "torchrun_environment"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
@@ -82,22 +81,29 @@ def torchrun_environment() -> tuple[int, int, int] | None:
     return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
 
 
-OPENMP_SPINS = 500  # benchmarks/contention.py: 1,000 let two learners fight (2.5-2.9x), 500 did not (1.9-2.2x)
+GOVERNED_SPINS = 2_000  # streamer.spin shortens them while the CPUs are shared (benchmarks/contention.py)
+FIXED_SPINS = 500  # where no governor acts: 1,000 let two learners on 2 CPUs slow each other 2.5-3.9x
 
 
-def bound_openmp_spin() -> bool:
-    """Set GOMP_SPINCOUNT unless the user set it, and OMP_WAIT_POLICY=ACTIVE beside a spin count (the
-    user's too) where torch's OpenMP is libgomp (see above); nothing when the user set OMP_WAIT_POLICY.
-    True when this call set the spin count. Only effective before torch (and its OpenMP runtime) is
-    imported."""
+def choose_openmp_spin(threads: int, cpus: int) -> bool:
+    """Set OpenMP's wait for `threads` torch threads on `cpus` CPUs (see above); True when
+    streamer.spin should govern it. Nothing when the user set OMP_WAIT_POLICY; the user's
+    GOMP_SPINCOUNT is kept (with ACTIVE beside it). Only effective before torch (and its OpenMP
+    runtime) is imported."""
     if "OMP_WAIT_POLICY" in os.environ:
         return False
-    if torch_openmp_is_gnu():  # with a spin count set, ACTIVE only lifts the throttled spin (above)
+    gnu = torch_openmp_is_gnu()
+    ours = "GOMP_SPINCOUNT" not in os.environ or os.environ.get("STREAMER_OPENMP_SPIN") == "governed"
+    if ours and gnu and 1 < threads and cpus < 2 * threads:
+        os.environ["GOMP_SPINCOUNT"] = str(GOVERNED_SPINS)
+        os.environ["STREAMER_OPENMP_SPIN"] = "governed"
+        return True
+    os.environ.pop("STREAMER_OPENMP_SPIN", None)
+    if gnu:
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    if "GOMP_SPINCOUNT" in os.environ:
-        return False
-    os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPINS)
-    return True
+    if ours:
+        os.environ["GOMP_SPINCOUNT"] = str(FIXED_SPINS)
+    return False
 
 
 def torch_openmp_is_gnu() -> bool:

@@ -3,17 +3,20 @@
 Default: the CPUs this process may use (its affinity mask, not the machine's count), less one
 for the asyncio loop that fetches and decodes records when there are more than 2; an
 ``OMP_NUM_THREADS`` the user set wins over that default, ``--threads`` over both. OpenMP's
-idle threads spin about 5 microseconds and then sleep (``GOMP_SPINCOUNT=500``, set by the command
-line before torch loads; streamer.settings): the step's back-to-back parallel regions keep both
-threads busy, and a second torch job on the same CPUs slows the learner instead of starving it.
+idle threads spin about 20 microseconds and then sleep (``GOMP_SPINCOUNT=2000``, set by the
+command line before torch loads; streamer.settings), so the step's parallel regions find their
+threads awake, and 100 turns while other work shares the CPUs (streamer.spin), so a second torch
+job on the same CPUs slows the learner instead of starving it. Where the threads are too few for
+that (half the CPUs or fewer) the spin is a fixed 500 turns.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.allocator import keep_freed_memory
+from streamer.spin import govern
 
 __all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy", "pin_to_first_cpus"]
 
@@ -23,9 +26,11 @@ class ThreadPolicy:
     threads: int  # torch intra-op threads
     cpus: int  # the CPUs this process may use
     reason: str  # why this many: "--threads", "OMP_NUM_THREADS=N" or the default's rule
+    governed: bool = False  # OpenMP's spins follow whether other work shares the CPUs (streamer.spin)
 
     def describe(self) -> str:
-        return f"torch threads: {self.threads} ({self.cpus} CPUs, {self.reason}; --threads N to change)"
+        spins = "; OpenMP spins shortened while other work shares them" if self.governed else ""
+        return f"torch threads: {self.threads} ({self.cpus} CPUs, {self.reason}; --threads N to change{spins})"
 
 
 def available_cpus() -> int:
@@ -54,10 +59,12 @@ def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
     return ThreadPolicy(cpus, cpus, "all of them")
 
 
-def apply_thread_policy(threads: int | None, omp_threads: int | None = None) -> ThreadPolicy:
+def apply_thread_policy(threads: int | None, omp_threads: int | None = None, *,
+                        govern_spin: bool = False) -> ThreadPolicy:
     """Set torch's thread counts once (imports torch) and the allocator's policy beside them
     (streamer.allocator: the step's memory is reused, not faulted in anew every batch); return the
-    thread policy applied."""
+    thread policy applied. `govern_spin` (the spin count is the command's own, streamer.settings):
+    with more than one thread, OpenMP's spins follow whether the CPUs are shared (streamer.spin)."""
     import torch
 
     keep_freed_memory()
@@ -69,4 +76,7 @@ def apply_thread_policy(threads: int | None, omp_threads: int | None = None) -> 
         torch.set_num_interop_threads(policy.threads)
     except RuntimeError:
         pass
+    if govern_spin and policy.threads > 1:
+        govern()
+        return replace(policy, governed=True)
     return policy

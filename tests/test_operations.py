@@ -19,7 +19,7 @@ from monitor.exporter import create_metrics, serve
 from monitor.losslog import LossLogWriter, iter_loss_log, loss_log_files, read_loss_log, trim_loss_log
 from monitor.report import build_report
 from streamer.broker import BrokerError, EmbeddedBroker
-from streamer.settings import omp_num_threads, bound_openmp_spin, torch_openmp_is_gnu
+from streamer.settings import omp_num_threads, choose_openmp_spin, torch_openmp_is_gnu
 from streamer.threads import ThreadPolicy, default_threads
 
 
@@ -172,24 +172,34 @@ def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_openmp_spins_briefly_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    assert bound_openmp_spin() and os.environ["GOMP_SPINCOUNT"] == "500"
-    # ACTIVE beside the count on libgomp (the Linux wheels'): the 500 spins hold once a second thread has run
-    # a parallel op (a checkpoint's copy), where libgomp would otherwise throttle them to 100
-    assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if torch_openmp_is_gnu() else None)
+def test_openmp_spins_long_and_governed_or_briefly_unless_the_user_chose(monkeypatch):
+    def fresh(**environment):
+        for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+
+    gnu = torch_openmp_is_gnu()
     import torch  # here: the pip wheel, which ships libgomp on Linux
-    assert torch_openmp_is_gnu() == (sys.platform.startswith("linux") and any(
-        (Path(torch.__file__).parent / "lib").glob("libgomp*")))
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setenv("GOMP_SPINCOUNT", "20")  # the user's spin count is kept, with ACTIVE beside it
-    assert not bound_openmp_spin() and os.environ["GOMP_SPINCOUNT"] == "20"
-    assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if torch_openmp_is_gnu() else None)
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.delenv("GOMP_SPINCOUNT")
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # so is the user's wait policy, without a spin count beside it
-    assert not bound_openmp_spin() and os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+    assert gnu == (sys.platform.startswith("linux") and any((Path(torch.__file__).parent / "lib").glob("libgomp*")))
+    fresh()  # the default policy on 2 CPUs: 2,000 spins, governed (streamer.spin), OMP_WAIT_POLICY unset so that
+    assert choose_openmp_spin(2, 2) == gnu  # libgomp's throttled spin is its 100 turns
+    if gnu:
+        assert os.environ["GOMP_SPINCOUNT"] == "2000" and "OMP_WAIT_POLICY" not in os.environ
+        assert os.environ["STREAMER_OPENMP_SPIN"] == "governed"
+        assert choose_openmp_spin(2, 2)  # a rank --nproc starts inherits the count: still the command's, governed
+        assert choose_openmp_spin(15, 16)  # the default policy on 16 CPUs
+    for threads, cpus in ((1, 2), (4, 16)):  # one thread, or too few to take libgomp over the CPU count:
+        fresh()  # a fixed 500, with ACTIVE beside it on libgomp (the 500 hold where libgomp would throttle them)
+        assert not choose_openmp_spin(threads, cpus) and os.environ["GOMP_SPINCOUNT"] == "500"
+        assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if gnu else None)
+        assert "STREAMER_OPENMP_SPIN" not in os.environ
+    fresh(GOMP_SPINCOUNT="20")  # the user's spin count is kept, fixed, with ACTIVE beside it
+    assert not choose_openmp_spin(2, 2) and os.environ["GOMP_SPINCOUNT"] == "20"
+    assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if gnu else None)
+    fresh(OMP_WAIT_POLICY="PASSIVE")  # so is the user's wait policy, without a spin count beside it
+    assert not choose_openmp_spin(2, 2) and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "GOMP_SPINCOUNT" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert omp_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "lots")

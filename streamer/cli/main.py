@@ -12,7 +12,8 @@ from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
-from streamer.settings import forbid_model_hub, omp_num_threads, bound_openmp_spin
+from streamer.settings import forbid_model_hub, omp_num_threads, choose_openmp_spin
+from streamer.threads import available_cpus, default_threads
 
 __all__ = ["build_parser", "parse", "main"]
 
@@ -75,9 +76,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    bound_openmp_spin()  # before torch loads its OpenMP runtime (nothing above imports torch)
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
-    args = parse(argv)
+    args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
+    cpus = available_cpus()
+    threads = getattr(args, "threads", None) or default_threads(cpus, omp_num_threads()).threads
+    governed = choose_openmp_spin(threads, cpus)  # before torch loads its OpenMP runtime
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
         sigterm_before_learning()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in THREADED:
             from streamer.threads import apply_thread_policy
 
-            print(apply_thread_policy(args.threads, omp_num_threads()).describe(), flush=True)
+            print(apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed).describe(), flush=True)
         return COMMANDS[args.command](args) or 0
     except KeyboardInterrupt:
         print("streamer: interrupted", file=sys.stderr)

@@ -15,6 +15,7 @@ from producers.corpora import CORPORA, CorpusMissing, build_corpus, corpus_path
 from streamer.cli.errors import UserError
 from streamer.config import LearnConfig, RunSummary
 from streamer.settings import cache_root
+from streamer.spin import in_passing
 
 __all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "corpus_dir", "ensure_corpus", "default_run_dir",
            "default_manifest_path", "prepare_and_say", "stream_notes", "learn_under_view",
@@ -137,7 +138,7 @@ async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None,
     from streamer import learner
 
     try:  # fails early, before the broker and the view, on a bad --device, --set or --model-opt
-        prepared = learner.build_strategy(config, learner.resolve_device(config.device), manifest)
+        prepared = in_passing(learner.build_strategy, config, learner.resolve_device(config.device), manifest)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return await learner.run(config, manifest=manifest, prepared=prepared, producer=producer, console=Console(),

@@ -1,0 +1,206 @@
+"""OpenMP's wait: long spins while the learner has its CPUs to itself, short ones while it shares them.
+
+torch's OpenMP runtime on Linux (GNU libgomp) keeps the step's helper threads spinning for
+GOMP_SPINCOUNT turns after each parallel region before they sleep. A step runs hundreds of regions
+(the default LSTM 261), and a region that starts after its helper slept waits for the wake-up (22 us
+to an idle vCPU on the 2-core VM this was measured on). `benchmarks/contention.py --spins` on that
+VM: alone, 500 spins ran the step at 0.91 of libgomp's own 300,000 and 2,000 at 1.05; beside a
+second learner on the same 2 CPUs, 500 spins slowed it 2.7x, 1,000 3.9x, 2,000 6.4x (spinning
+threads hold the CPUs the other job's threads wait for). No fixed count is good at both.
+
+libgomp itself has the second setting: a throttled spin (100 turns, with OMP_WAIT_POLICY unset) that
+it uses, checked at every wait, while it manages more threads than the CPUs the process may use.
+The learning commands set GOMP_SPINCOUNT to 2,000 (streamer.settings) and `SpinGovernor` watches
+how much CPU other work takes on the CPUs this process may use (their busy time in /proc/stat less
+this process's own CPU time): when it is shared, a parked thread runs one parallel torch op and
+waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count, so every
+wait spins 100 turns. When other work has stayed low long enough, the parked thread ends, its team
+with it, and the long spins come back. The thread count does not change (streamer.threads decides
+it once), nor do the results: spinning only moves when a thread notices its next region. (Our own
+threads' run delay would not do as the signal: with the short spins they sleep instead of waiting
+for a CPU, so it falls while the other job still runs, and the governor flaps.)
+
+Any other long-lived thread that runs a parallel torch op keeps an OpenMP team of its own for good,
+and with it the short spins; the learner's torch work outside its step's worker (the checkpoint's
+copy, a resume's load, building the model) runs through `in_passing`, in a thread that ends at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["SpinGovernor", "govern", "governing", "in_passing", "busy_ticks", "Reader"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_governor: SpinGovernor | None = None  # this process's, once started
+
+
+def govern() -> SpinGovernor:
+    """Start this process's SpinGovernor (once; later calls return the same one)."""
+    global _governor
+    if _governor is None:
+        _governor = SpinGovernor().start()
+    return _governor
+
+
+def governing() -> bool:
+    """Whether this process's spins are governed (the job processes it starts then govern theirs)."""
+    return _governor is not None
+
+
+def in_passing(function: Callable[..., T], *args) -> T:
+    """`function(*args)` in a thread of its own that ends when it returns (its OpenMP team, if a
+    parallel op made one, ends with it); returns its value or raises its exception, here."""
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call, name="streamer-in-passing")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def busy_ticks(cpus: set[int], stat: str = "/proc/stat") -> int | None:
+    """Clock ticks (USER_HZ) the CPUs `cpus` have spent busy (user, nice, system, irq, softirq; not
+    steal), all processes together; None where there is no such file."""
+    busy = 0
+    try:
+        with open(stat) as file:
+            for line in file:
+                if not line.startswith("cpu"):
+                    break
+                name, *fields = line.split()
+                if name != "cpu" and int(name[3:]) in cpus:
+                    user, nice, system, _idle, _iowait, irq, softirq = (int(field) for field in fields[:7])
+                    busy += user + nice + system + irq + softirq
+    except (OSError, ValueError):
+        return None
+    return busy
+
+
+class Reader:
+    """Other work's CPU time on `cpus`, read as (CPU seconds, over seconds) every `every_s`.
+
+    A read is kept only when it came every_s after the one before, give or take half: a longer gap
+    means this process was stopped (SIGSTOP, a frozen container) or its reading thread starved, and
+    whatever ran in the gap would look like work beside ours. The three clocks of a read (busy
+    ticks, this process's CPU time, the monotonic clock) are taken together, within `within_s`, or
+    the read is dropped too. `stat`: the file to read (tests point it elsewhere)."""
+
+    def __init__(self, cpus: set[int], every_s: float, within_s: float = 0.02, stat: str = "/proc/stat"):
+        self.cpus, self.every_s, self.within_s, self.stat = cpus, every_s, within_s, stat
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self._last = self._snapshot()
+
+    def _snapshot(self) -> tuple[int, float, float] | None:
+        began = time.monotonic()
+        busy, own = busy_ticks(self.cpus, self.stat), time.process_time()
+        at = time.monotonic()
+        return None if busy is None or at - began > self.within_s else (busy, own, at)
+
+    def read(self) -> tuple[float, float] | None:
+        """Other work since the last read (CPU seconds, seconds), or None when this read is not kept."""
+        now, last = self._snapshot(), self._last
+        self._last = now  # a dropped read starts the next interval afresh
+        if now is None or last is None or not 0.5 * self.every_s < now[2] - last[2] < 1.5 * self.every_s:
+            return None
+        return (now[0] - last[0]) / self.tick - (now[1] - last[1]), now[2] - last[2]
+
+
+class SpinGovernor:
+    """Short OpenMP spins while other work shares this process's CPUs, long ones otherwise (above).
+
+    Every `every_s` a `Reader` tells how much CPU other work took on the CPUs this process may use.
+    The spins go short when the other work of the last `window` kept reads averages above
+    `shared_above` CPUs (about one competing thread: a broker or an exporter beside the learner
+    takes far less), and long again once that average has stayed under `alone_below` for
+    `calm_reads` reads in a row. `start()` begins the watch in a daemon thread; `stop()` ends it
+    and the short spins. `shared` (plain state): whether the short spins are on; `switches`: how
+    often that changed."""
+
+    def __init__(self, every_s: float = 0.1, window: int = 5, shared_above: float = 0.75,
+                 alone_below: float = 0.5, calm_reads: int = 10):
+        self.every_s, self.window = every_s, window
+        self.shared_above, self.alone_below, self.calm_reads = shared_above, alone_below, calm_reads
+        self.shared = False
+        self.switches = 0
+        self._reads: deque[tuple[float, float]] = deque(maxlen=window)  # kept reads: (CPU seconds, seconds)
+        self._calm = 0  # reads in a row under alone_below while shared
+        self._release: threading.Event | None = None  # set: the parked thread (and its team) ends
+        self._stopped = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    def start(self) -> SpinGovernor:
+        if busy_ticks(set(os.sched_getaffinity(0))) is not None:  # else nothing to go by: the long spins stay
+            self._watch = threading.Thread(target=self._run, name="streamer-spin", daemon=True)
+            self._watch.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._watch is not None:
+            self._watch.join()
+        self._short(False)
+
+    def decide(self, others: float, seconds: float) -> bool:
+        """Take one kept read (`others` CPU seconds of other work over `seconds`); True when the
+        spins changed."""
+        self._reads.append((others, seconds))
+        if len(self._reads) < self.window:
+            return False
+        average = sum(cpu for cpu, _ in self._reads) / sum(span for _, span in self._reads)
+        if not self.shared:
+            self._calm = 0
+            return average > self.shared_above and self._short(True)
+        self._calm = self._calm + 1 if average < self.alone_below else 0
+        return self._calm >= self.calm_reads and self._short(False)
+
+    def _short(self, on: bool) -> bool:
+        if on == self.shared:
+            return False
+        if on:
+            self._release = threading.Event()
+            team_made = threading.Event()
+            threading.Thread(target=_hold_a_team, args=(team_made, self._release), name="streamer-spin-team",
+                             daemon=True).start()
+            team_made.wait()
+        else:
+            self._release.set()
+            self._release = None
+        self.shared = on
+        self.switches += 1
+        log.info("OpenMP spins %s", "short: other work shares the CPUs" if on else "long: the CPUs are ours again")
+        return True
+
+    def _run(self) -> None:
+        reader = Reader(set(os.sched_getaffinity(0)), self.every_s)
+        while not self._stopped.wait(self.every_s):
+            read = reader.read()
+            if read is not None:
+                self.decide(*read)
+
+
+def _hold_a_team(made: threading.Event, release: threading.Event) -> None:
+    """Run one parallel op (a team of torch's threads, as many as the step's, stays docked with this
+    thread) and park until `release`."""
+    import torch
+
+    ones = torch.ones(1 << 20)  # over at::parallel_for's grain (32,768) for up to 32 threads: one full team
+    ones.mul_(2)
+    made.set()
+    release.wait()

@@ -1,0 +1,175 @@
+"""streamer.spin: OpenMP's spins follow whether other work shares the learner's CPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer.spin import Reader, SpinGovernor, busy_ticks, in_passing
+
+ROOT = Path(__file__).resolve().parents[1]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+
+
+def stat_text(cpu0: int, cpu1: int) -> str:
+    """A /proc/stat with two CPUs whose busy ticks (user + system here) are `cpu0` and `cpu1`."""
+    return (f"cpu  {cpu0 + cpu1} 0 0 900 0 0 0 0 0 0\n"
+            f"cpu0 {cpu0 - 5} 0 5 400 7 0 0 3 0 0\n"  # iowait and steal are not busy
+            f"cpu1 {cpu1} 0 0 500 0 0 0 0 0 0\n"
+            "intr 1 2 3\n")
+
+
+def test_busy_ticks_add_the_busy_fields_of_the_cpus_asked_for(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(stat_text(120, 300))
+    assert busy_ticks({0}, str(stat)) == 120
+    assert busy_ticks({0, 1}, str(stat)) == 420
+    assert busy_ticks({0}, str(tmp_path / "none")) is None
+
+
+def test_a_read_is_kept_only_when_it_came_on_time(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(stat_text(100, 0))
+    tick = os.sysconf("SC_CLK_TCK")
+    reader = Reader({0}, every_s=0.2, stat=str(stat))
+    stat.write_text(stat_text(100 + tick // 4, 0))  # a quarter CPU second on cpu0, none of it this (sleeping) process's
+    time.sleep(0.2)
+    others, seconds = reader.read()
+    assert others == pytest.approx(0.25, abs=0.02) and seconds == pytest.approx(0.2, abs=0.1)
+    stat.write_text(stat_text(100 + 3 * tick, 0))  # three CPU seconds in a gap four reads long (the process was
+    time.sleep(0.8)  # stopped, say): not a read of what shares the CPUs while this process runs
+    assert reader.read() is None
+    stat.write_text(stat_text(100 + 3 * tick, 0))  # and the next read starts from the end of the gap
+    time.sleep(0.2)
+    others, _ = reader.read()
+    assert others == pytest.approx(0.0, abs=0.02)
+
+
+def test_the_spins_go_short_on_a_shared_window_and_long_after_calm_reads():
+    governor = SpinGovernor(window=3, shared_above=0.75, alone_below=0.5, calm_reads=2)
+    try:
+        assert not governor.decide(0.05, 0.1) and not governor.decide(0.05, 0.1)  # the window is not full yet
+        assert not governor.decide(0.05, 0.1) and not governor.shared  # 0.15 / 0.3 = 0.5 CPUs: ours
+        assert governor.decide(0.2, 0.1) and governor.shared  # (0.05 + 0.05 + 0.2) / 0.3 = 1.0 CPUs: shared
+        assert not governor.decide(0.0, 0.1)  # (0.05 + 0.2 + 0) / 0.3 = 0.83: still shared
+        assert not governor.decide(0.0, 0.1)  # (0.2 + 0 + 0) / 0.3 = 0.67: not under 0.5, no calm read
+        assert not governor.decide(0.0, 0.1)  # 0.0: one calm read
+        assert not governor.decide(0.18, 0.1)  # 0.6: the calm reads start again
+        assert not governor.decide(0.0, 0.1) and not governor.decide(0.0, 0.1)  # 0.6, 0.6
+        assert not governor.decide(0.0, 0.1) and governor.shared  # 0.0: one calm read
+        assert governor.decide(0.0, 0.1) and not governor.shared  # two in a row: the long spins are back
+        assert governor.switches == 2
+    finally:
+        governor.stop()
+
+
+def test_in_passing_returns_or_raises_in_the_callers_thread():
+    assert in_passing(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ZeroDivisionError):
+        in_passing(lambda: 1 / 0)
+
+
+TEAMS = """
+import os, sys, threading, time
+sys.path.insert(0, {root!r})
+import torch
+from streamer.spin import in_passing
+torch.set_num_threads(2)
+
+def threads(at_most=None):  # this process's threads; given at_most, waits up to 5 s for no more than that
+    waited = time.monotonic()
+    while at_most is not None and len(os.listdir("/proc/self/task")) > at_most and time.monotonic() - waited < 5:
+        time.sleep(0.05)
+    return len(os.listdir("/proc/self/task"))
+
+def parallel_op():
+    torch.ones(1 << 20).mul_(2)
+
+parallel_op()  # the main thread's own team (its helper stays: the main thread lives on)
+time.sleep(0.3)
+before = threads()
+in_passing(parallel_op)
+after_passing = threads(at_most=before)
+parked = threading.Event()
+kept = threading.Thread(target=lambda: (parallel_op(), parked.wait()))
+kept.start()
+time.sleep(0.3)
+print(before, after_passing, threads() - 1)  # less the kept thread itself
+parked.set()
+"""
+
+
+@linux_only
+def test_torch_work_in_passing_leaves_no_openmp_team_behind(tmp_path):
+    """A thread that ran a parallel torch op keeps an OpenMP team (its helper threads) while it lives,
+    which takes libgomp over the CPU count and throttles every spin (streamer.spin); in_passing's
+    thread ends and its team with it."""
+    script = tmp_path / "teams.py"
+    script.write_text(TEAMS.format(root=str(ROOT)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after_passing, beside_kept = (int(word) for word in done.stdout.split())
+    assert after_passing == before
+    assert beside_kept > before  # the long-lived thread's helper stays
+
+
+GOVERNED = """
+import sys, time
+sys.path.insert(0, {root!r})
+from streamer.settings import choose_openmp_spin
+assert choose_openmp_spin(2, 2), "not governed"
+from streamer.threads import apply_thread_policy
+assert apply_thread_policy(2, govern_spin=True).governed
+import torch
+from streamer.spin import govern
+from streamer.models import LSTMLanguageModel
+from streamer.models.catalog import LSTMConfig
+from streamer.strategies import STRATEGIES
+from streamer.strategies.base import Batch
+strategy = STRATEGIES["naive"](LSTMLanguageModel(LSTMConfig()), lr=2e-3)
+tokens = torch.randint(0, 256, (10, 21))
+batch = Batch(tokens[:, :-1], tokens[:, 1:], None)
+print("learning", flush=True)
+started = time.monotonic()
+while time.monotonic() - started < 60 and not govern().shared:
+    strategy.predict(batch); strategy.learn(batch)
+print("shared" if govern().shared else "never shared", round(time.monotonic() - started, 1), flush=True)
+"""
+
+HOG = "import time\nwhile True:\n    pass\n"
+
+
+@linux_only
+def test_a_learner_beside_busy_processes_shortens_its_spins(tmp_path):
+    """Two busy processes on the learner's 2 CPUs: the governor reads their CPU time in /proc/stat and
+    turns the short spins on within seconds."""
+    script = tmp_path / "governed.py"
+    script.write_text(GOVERNED.format(root=str(ROOT)))
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    pin = ["taskset", "-c", ",".join(map(str, cpus))]
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        learner = subprocess.Popen(pin + [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr,
+                                   text=True, env=environment)
+    hogs = []
+    try:
+        assert learner.stdout.readline().strip() == "learning", errors.read_text()[-2000:]
+        hogs = [subprocess.Popen(pin + [sys.executable, "-c", HOG]) for _ in range(2)]
+        verdict = learner.stdout.readline().split()  # the learner stops by itself within 60 s
+        assert learner.wait(timeout=30) == 0, errors.read_text()[-2000:]
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        learner.kill()
+        learner.wait()
+    assert verdict[0] == "shared", verdict
