@@ -1,17 +1,18 @@
 """How much a second torch job on the same CPUs slows the learner's step under the thread policy.
 
-    python benchmarks/contention.py [--seconds 20] [--threads N] [--spins 250,500,1000,300000]
+    python benchmarks/contention.py [--seconds 20] [--threads N] [--spins governed,500,1000,300000]
 
 Runs the default naive step (lstm-char, b 10, w 20, predict then learn) in a loop for --seconds,
-each run in its own process started the way the `streamer` command starts (OpenMP's short spin,
-streamer.threads' policy): alone, beside a second learner with the same policy, and beside a plain
-torch job with torch's own defaults (all cores, OpenMP's default wait). Prints steps/s and the
-slowdown of each against the alone run measured in the same invocation (the daemon issue's bound:
-at most 2.5x).
+each run in its own process started the way the `streamer` command starts (streamer.threads'
+policy, OpenMP's spin as streamer.settings chooses it, governed by streamer.spin): alone, beside a
+second learner with the same policy, and beside a plain torch job with torch's own defaults (all
+cores, OpenMP's default wait). Prints steps/s and the slowdown of each against the alone run
+measured in the same invocation (the daemon issue's bound: at most 2.5x).
 
 --spins runs the same three for each OpenMP spin count given (GOMP_SPINCOUNT in the learners'
-environment, as a user would set it: the command keeps it, with OMP_WAIT_POLICY=ACTIVE beside it;
-300000 is libgomp's own count, about 3 ms here) and ends with a table: the trade-off between the
+environment, as a user would set it: the command keeps it, fixed, with OMP_WAIT_POLICY=ACTIVE beside it;
+300000 is libgomp's own count, about 3 ms here; the word governed is the command's own, 2,000 turns
+and 100 while other work shares the CPUs) and ends with a table: the trade-off between the
 step's speed alone (a longer spin catches more of the step's parallel regions before the helper
 thread sleeps) and its slowdown beside another job (a longer spin wastes the learner's share of
 contended CPUs). The alone rate at each count over the alone rate at the largest is, without the
@@ -32,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LEARNER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from streamer.settings import bound_openmp_spin
-bound_openmp_spin()
-from streamer.threads import apply_thread_policy
-policy = apply_thread_policy({threads})
+from streamer.settings import choose_openmp_spin, omp_num_threads
+from streamer.threads import apply_thread_policy, available_cpus, default_threads
+cpus = available_cpus()
+governed = choose_openmp_spin({threads} or default_threads(cpus, omp_num_threads()).threads, cpus)
+policy = apply_thread_policy({threads}, omp_num_threads(), govern_spin=governed)
 import torch
 from streamer.models import LSTMLanguageModel
 from streamer.models.catalog import LSTMConfig
@@ -50,7 +52,8 @@ for _ in range(5):
 steps, started = 0, time.monotonic()
 while time.monotonic() - started < {seconds}:
     strategy.predict(batch); strategy.learn(batch); steps += 1
-print(policy.threads, steps / (time.monotonic() - started))
+from streamer.spin import govern
+print(policy.threads, steps / (time.monotonic() - started), govern().switches if governed else -1)
 """
 
 PLAIN_JOB = """
@@ -71,37 +74,45 @@ def learner(seconds: float, threads: int | None, spins: int | None = None) -> su
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environment)
 
 
-def steps_per_second(process: subprocess.Popen) -> tuple[int, float]:
+def steps_per_second(process: subprocess.Popen) -> tuple[int, float, str]:
+    """A learner's torch threads, steps/s and its spins: "fixed" or the governor's switches."""
     out, _ = process.communicate()
-    threads, rate = out.split()
-    return int(threads), float(rate)
+    threads, rate, switches = out.split()
+    if int(switches) < 0:
+        return int(threads), float(rate), "fixed"
+    return int(threads), float(rate), f"governed, {switches} switch{'' if switches == '1' else 'es'}"
 
 
 def measure(seconds: float, threads: int | None, spins: int | None = None) -> tuple[float, float, float]:
     """Alone, beside a second learner (the slower of the two) and beside a plain torch job, in steps/s;
     each said in a line as it is measured."""
-    used, alone = steps_per_second(learner(seconds, threads, spins))
+    used, alone, spun = steps_per_second(learner(seconds, threads, spins))
     print(f"torch threads: {used}" + ("" if spins is None else f", GOMP_SPINCOUNT={spins}"))
-    print(f"alone: {alone:.2f} steps/s")
+    print(f"alone: {alone:.2f} steps/s (spins {spun})")
     first, second = learner(seconds, threads, spins), learner(seconds, threads, spins)
-    rates = [steps_per_second(first)[1], steps_per_second(second)[1]]
-    print(f"beside a second learner: {rates[0]:.2f} and {rates[1]:.2f} steps/s "
-          f"(slowdown {alone / min(rates):.2f}x)")
+    (_, one, spun_one), (_, other, spun_other) = steps_per_second(first), steps_per_second(second)
+    rates = [one, other]
+    print(f"beside a second learner: {one:.2f} and {other:.2f} steps/s (slowdown {alone / min(rates):.2f}x; "
+          f"spins {spun_one} and {spun_other})")
     plain = subprocess.Popen([sys.executable, "-c", PLAIN_JOB.format(seconds=seconds + 5)])
     time.sleep(1.0)
-    beside_plain = steps_per_second(learner(seconds, threads, spins))[1]
+    _, beside_plain, spun = steps_per_second(learner(seconds, threads, spins))
     plain.wait()
-    print(f"beside a plain torch job: {beside_plain:.2f} steps/s (slowdown {alone / beside_plain:.2f}x)")
+    print(f"beside a plain torch job: {beside_plain:.2f} steps/s (slowdown {alone / beside_plain:.2f}x; spins {spun})")
     return alone, min(rates), beside_plain
 
 
-def spin_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: spin counts are whole numbers, comma-separated") from None
-    if not counts or min(counts) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: spin counts are whole numbers from 0")
+def spin_counts(text: str) -> list[int | None]:
+    """Whole numbers from 0 and the word "governed" (the command's own spins: None), comma-separated."""
+    counts: list[int | None] = []
+    for part in text.split(","):
+        if part == "governed":
+            counts.append(None)
+        elif part.isdigit():
+            counts.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: spin counts are whole numbers from 0 or the word governed, comma-separated")
     return counts
 
 
@@ -110,7 +121,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each timed run (default 20 s)")
     parser.add_argument("--threads", type=int, help="torch threads (default: the policy's)")
     parser.add_argument("--spins", type=spin_counts,
-                        help="OpenMP spin counts to compare, e.g. 250,500,1000,300000 (default: the command's own)")
+                        help="OpenMP spin counts to compare, e.g. governed,250,500,1000,300000 (governed: the "
+                             "command's own, streamer.spin; default: only that)")
     args = parser.parse_args()
     if not args.spins:
         alone, beside_learner, beside_plain = measure(args.seconds, args.threads)
@@ -118,13 +130,13 @@ def main() -> None:
         return
     rows = {}
     for spins in args.spins:
-        rows[spins] = measure(args.seconds, args.threads, spins)
-    fastest = rows[max(rows)][0]
-    print(f"\n{'spins':>8} {'alone steps/s':>14} {'of the longest':>15} {'beside learner':>15} "
+        rows["governed" if spins is None else spins] = measure(args.seconds, args.threads, spins)
+    longest = max((spins for spins in rows if spins != "governed"), default="governed")
+    print(f"\n{'spins':>8} {'alone steps/s':>14} {'of ' + str(longest):>15} {'beside learner':>15} "
           f"{'beside torch':>13} {'worst':>7}")
     for spins, (alone, beside_learner, beside_plain) in rows.items():
         worst = max(alone / beside_learner, alone / beside_plain)
-        print(f"{spins:>8} {alone:>14.2f} {alone / fastest:>15.3f} {alone / beside_learner:>14.2f}x "
+        print(f"{spins:>8} {alone:>14.2f} {alone / rows[longest][0]:>15.3f} {alone / beside_learner:>14.2f}x "
               f"{alone / beside_plain:>12.2f}x {worst:>6.2f}x{'' if worst <= 2.5 else '  over the 2.5x bound'}")
 
 

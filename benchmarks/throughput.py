@@ -8,8 +8,8 @@ this process to the first N of them (os.sched_setaffinity; the children inherit 
 torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machine:
 
 - memory: the strategy fed from memory (batcher, prequential step) under the learner's thread policy
-  (streamer.threads, OpenMP's short spin GOMP_SPINCOUNT=500), or --threads, and its allocator
-  policy (streamer.allocator);
+  (streamer.threads, OpenMP's spin as streamer.settings chooses it and streamer.spin governs it),
+  or --threads, and its allocator policy (streamer.allocator);
 - kafka: the learner's whole path (streamer.learner.run: aiokafka consumer, decode, dead-letter
   checks, batching, metrics, loss log, status file) reading the same stream from one embedded
   broker, with a consumer group of its own; same thread policy;
@@ -163,25 +163,31 @@ def measure(args) -> None:
     """One path in this process: says "ready" after its first batch, learns until SIGTERM, then prints
     one JSON line. The policy's paths set OpenMP's wait policy before torch loads, as the streamer
     command does; the baseline leaves OpenMP and torch alone."""
+    governed = False
     if args.path != "baseline":
-        from streamer.settings import bound_openmp_spin
+        from streamer.settings import choose_openmp_spin, omp_num_threads
+        from streamer.threads import available_cpus, default_threads
 
-        bound_openmp_spin()
+        cpus = available_cpus()
+        governed = choose_openmp_spin(args.threads or default_threads(cpus, omp_num_threads()).threads, cpus)
     import torch
 
     if args.path == "baseline":
         threads = torch.get_num_threads()
     else:
-        from streamer.settings import omp_num_threads
         from streamer.threads import apply_thread_policy
 
-        threads = apply_thread_policy(args.threads, omp_num_threads()).threads
+        threads = apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed).threads
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)
         batches = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1])
     wait = ", ".join(part for part in (
         f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "",
         os.environ.get("OMP_WAIT_POLICY", "")) if part) or "default"
+    if governed:
+        from streamer.spin import govern
+
+        wait += f", 100 while shared ({govern().switches} switches)"
     print(json.dumps({"batches": batches, "threads": threads, "wait": wait}))
 
 
