@@ -232,8 +232,16 @@ class Checkpointer:
         return not self.writing and time.monotonic() - self.written_at >= self.every_s
 
     def state(self) -> dict:
-        """A copy of the run after batch `loop.step`; call at a snapshot point (between two results)."""
+        """A copy of the run after batch `loop.step`; call at a snapshot point (between two results).
+        Gathered and copied in a passing thread: the strategies' own clones (poe's hidden states) and
+        the copy are parallel torch ops, and this thread's would leave an OpenMP team behind
+        (streamer.spin); the event loop waits for it, so nothing changes the originals meanwhile."""
         started = time.perf_counter()
+        state = in_passing(self._copy)
+        self.copy_s = time.perf_counter() - started
+        return state
+
+    def _copy(self) -> dict:
         loop = self.loop
         looped = loop.state_dict()
         state = {
@@ -244,11 +252,7 @@ class Checkpointer:
         }
         if self.labels is not None:
             state["labels"] = list(self.labels())
-        # the next steps and the event loop go on changing the originals; copied in a passing thread, so
-        # its parallel copies leave no OpenMP team behind (streamer.spin)
-        state = in_passing(copied, state)
-        self.copy_s = time.perf_counter() - started
-        return state
+        return copied(state)  # the next steps and the event loop go on changing the originals
 
     def start(self) -> None:
         """Copy the state now (the caller is at a snapshot point) and write it in the background, then

@@ -29,6 +29,7 @@ from monitor.report import write_report
 from producers.schedule import Schedule
 from streamer.config import LearnConfig, RunSummary, span_start
 from streamer.jobs import one_line, run_jobs
+from streamer.spin import in_passing
 
 __all__ = ["MULTITASK", "IDLE_TIMEOUT_S", "CompareError", "CompareConfig", "Planned", "strategy_names", "plan",
            "run_compare"]
@@ -141,7 +142,7 @@ def plan(config: CompareConfig, manifest: dict, log: Log = _print) -> tuple[list
     for name in config.strategies:
         try:
             run = _run_config(config, name, config.learn.seed, config.learn.model.hidden, manifest, fit=True, log=log)
-            _check(run, manifest)
+            in_passing(_check, run, manifest)  # its torch work leaves no OpenMP team behind (streamer.spin)
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError) as exc:
             if not config.chosen_by_all:
                 raise CompareError(f"strategy {name}: {exc}") from None
@@ -239,7 +240,8 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
                                           run_dir=run_dir), strategy_options=item.options)
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
-        summary = run_multitask(run, manifest, records=records, detector=run.detector, on_step=progress)
+        summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector,
+                                                   on_step=progress))  # no OpenMP team left in this thread
     else:
         try:
             summary = _learn(run, manifest, progress, log)

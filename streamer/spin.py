@@ -58,7 +58,8 @@ def governing() -> bool:
 
 def in_passing(function: Callable[..., T], *args) -> T:
     """`function(*args)` in a thread of its own that ends when it returns (its OpenMP team, if a
-    parallel op made one, ends with it); returns its value or raises its exception, here."""
+    parallel op made one, ends with it); returns its value or raises its exception, here. The thread
+    is a daemon: a Ctrl-C that interrupts the wait here does not keep the process alive for it."""
     outcome: dict = {}
 
     def call() -> None:
@@ -67,7 +68,7 @@ def in_passing(function: Callable[..., T], *args) -> T:
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
 
-    thread = threading.Thread(target=call, name="streamer-in-passing")
+    thread = threading.Thread(target=call, name="streamer-in-passing", daemon=True)
     thread.start()
     thread.join()
     if "error" in outcome:
