@@ -36,7 +36,8 @@ sys.path.insert(0, {root!r})
 from streamer.settings import choose_openmp_spin, omp_num_threads
 from streamer.threads import apply_thread_policy, available_cpus, default_threads
 cpus = available_cpus()
-governed = choose_openmp_spin({threads} or default_threads(cpus, omp_num_threads()).threads, cpus)
+from streamer.spin import watchable
+governed = choose_openmp_spin({threads} or default_threads(cpus, omp_num_threads()).threads, cpus, watchable())
 policy = apply_thread_policy({threads}, omp_num_threads(), govern_spin=governed)
 import torch
 from streamer.models import LSTMLanguageModel

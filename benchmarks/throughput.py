@@ -166,10 +166,12 @@ def measure(args) -> None:
     governed = False
     if args.path != "baseline":
         from streamer.settings import choose_openmp_spin, omp_num_threads
+        from streamer.spin import watchable
         from streamer.threads import available_cpus, default_threads
 
         cpus = available_cpus()
-        governed = choose_openmp_spin(args.threads or default_threads(cpus, omp_num_threads()).threads, cpus)
+        governed = choose_openmp_spin(args.threads or default_threads(cpus, omp_num_threads()).threads, cpus,
+                                      watchable())
     import torch
 
     if args.path == "baseline":

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,8 +241,15 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
                                           run_dir=run_dir), strategy_options=item.options)
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
-        summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector,
-                                                   on_step=progress))  # no OpenMP team left in this thread
+        stop = threading.Event()  # a Ctrl-C here stops the run at its next step
+
+        def step() -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt
+            progress()
+
+        summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector, on_step=step),
+                             on_interrupt=stop.set)  # in a passing thread: no OpenMP team stays in this one
     else:
         try:
             summary = _learn(run, manifest, progress, log)

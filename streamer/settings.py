@@ -17,8 +17,9 @@
   ``MASTER_ADDR`` and ``MASTER_PORT``.
 - ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``: written before torch loads its OpenMP runtime, unless
   the user set either (``choose_openmp_spin``, called by the command line once it knows the torch
-  threads). With GNU libgomp (torch's on Linux) and a team that can take libgomp over the CPU
-  count (threads > 1 and more than half the CPUs, as the default policy always is):
+  threads). With GNU libgomp (torch's on Linux), /proc/stat to watch the CPUs by, and a second
+  team that takes libgomp over the CPU count (libgomp counts 2 x threads - 1 threads for two
+  teams: the default policy on 2 CPUs and on 4 or more, not on 3):
   ``GOMP_SPINCOUNT=2000`` (an idle OpenMP thread spins about 20 microseconds, so the step's
   helpers catch its next parallel region) and ``OMP_WAIT_POLICY`` left unset, so that
   streamer.spin can shorten every spin to libgomp's throttled 100 turns while other work shares
@@ -85,16 +86,16 @@ GOVERNED_SPINS = 2_000  # streamer.spin shortens them while the CPUs are shared 
 FIXED_SPINS = 500  # where no governor acts: 1,000 let two learners on 2 CPUs slow each other 2.5-3.9x
 
 
-def choose_openmp_spin(threads: int, cpus: int) -> bool:
-    """Set OpenMP's wait for `threads` torch threads on `cpus` CPUs (see above); True when
-    streamer.spin should govern it. Nothing when the user set OMP_WAIT_POLICY; the user's
-    GOMP_SPINCOUNT is kept (with ACTIVE beside it). Only effective before torch (and its OpenMP
-    runtime) is imported."""
+def choose_openmp_spin(threads: int, cpus: int, watchable: bool) -> bool:
+    """Set OpenMP's wait for `threads` torch threads on `cpus` CPUs (see above; `watchable`:
+    streamer.spin.watchable, whether /proc/stat shows them); True when streamer.spin should govern
+    it. Nothing when the user set OMP_WAIT_POLICY; the user's GOMP_SPINCOUNT is kept (with ACTIVE
+    beside it). Only effective before torch (and its OpenMP runtime) is imported."""
     if "OMP_WAIT_POLICY" in os.environ:
         return False
     gnu = torch_openmp_is_gnu()
     ours = "GOMP_SPINCOUNT" not in os.environ or os.environ.get("STREAMER_OPENMP_SPIN") == "governed"
-    if ours and gnu and 1 < threads and cpus < 2 * threads:
+    if ours and gnu and watchable and 1 < threads and cpus < 2 * threads - 1:
         os.environ["GOMP_SPINCOUNT"] = str(GOVERNED_SPINS)
         os.environ["STREAMER_OPENMP_SPIN"] = "governed"
         return True

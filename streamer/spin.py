@@ -13,29 +13,32 @@ it uses, checked at every wait, while it manages more threads than the CPUs the 
 The learning commands set GOMP_SPINCOUNT to 2,000 (streamer.settings) and `SpinGovernor` watches
 how much CPU other work takes on the CPUs this process may use (their busy time in /proc/stat less
 this process's own CPU time): when it is shared, a parked thread runs one parallel torch op and
-waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count, so every
-wait spins 100 turns. When other work has stayed low long enough, the parked thread ends, its team
-with it, and the long spins come back. The thread count does not change (streamer.threads decides
+waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count (it counts
+2 x threads - 1 for the two teams; streamer.settings governs only where that is over the CPUs),
+so every wait spins 100 turns. When other work has stayed low long enough, the parked thread
+ends, its team with it, and the long spins come back. The thread count does not change (streamer.threads decides
 it once), nor do the results: spinning only moves when a thread notices its next region. (Our own
 threads' run delay would not do as the signal: with the short spins they sleep instead of waiting
 for a CPU, so it falls while the other job still runs, and the governor flaps.)
 
 Any other long-lived thread that runs a parallel torch op keeps an OpenMP team of its own for good,
 and with it the short spins; the learner's torch work outside its step's worker (the checkpoint's
-copy, a resume's load, building the model) runs through `in_passing`, in a thread that ends at once.
+state and copy, a resume's load, building the model; compare's plan check and multitask run) runs
+through `in_passing`, in a thread that ends at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governing", "in_passing", "busy_ticks", "Reader"]
+__all__ = ["SpinGovernor", "govern", "governing", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,24 +59,62 @@ def governing() -> bool:
     return _governor is not None
 
 
-def in_passing(function: Callable[..., T], *args) -> T:
+def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], None] | None = None) -> T:
     """`function(*args)` in a thread of its own that ends when it returns (its OpenMP team, if a
     parallel op made one, ends with it); returns its value or raises its exception, here. The thread
-    is a daemon: a Ctrl-C that interrupts the wait here does not keep the process alive for it."""
+    starts on the caller's CUDA device (torch keeps it per thread). A signal's exception (Ctrl-C,
+    SIGTERM) that interrupts the wait here is raised once the thread has ended (a process that
+    exits while a thread is inside torch's C++ aborts): `on_interrupt` is called first, to make
+    long work stop early."""
+    torch = sys.modules.get("torch")  # not imported here: the caller's torch work has imported it
+    cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = torch.cuda.current_device() if cuda else None
     outcome: dict = {}
 
     def call() -> None:
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             outcome["value"] = function(*args)
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
 
     thread = threading.Thread(target=call, name="streamer-in-passing", daemon=True)
     thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
+    try:
+        thread.join()
+    except BaseException:
+        if on_interrupt is not None:
+            on_interrupt()
+        thread.join()
+        raise
+    error = outcome.pop("error", None)
+    if error is not None:
+        try:
+            raise error
+        finally:  # no cycle through this frame keeps the failed work's objects alive
+            del error
     return outcome["value"]
+
+
+def stat_cpus(stat: str = "/proc/stat") -> set[int] | None:
+    """The CPUs /proc/stat lists, None where there is no such file."""
+    try:
+        with open(stat) as file:
+            return {int(line.split()[0][3:]) for line in file if line.startswith("cpu") and line[3].isdigit()}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def watchable(cpus: set[int] | None = None, stat: str = "/proc/stat") -> bool:
+    """Whether a SpinGovernor can watch `cpus` (default: those this process may use): /proc/stat
+    lists each of them (not where it is missing, or renumbered inside a container)."""
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return False
+        cpus = set(os.sched_getaffinity(0))
+    listed = stat_cpus(stat)
+    return listed is not None and cpus <= listed
 
 
 def busy_ticks(cpus: set[int], stat: str = "/proc/stat") -> int | None:
@@ -147,7 +188,7 @@ class SpinGovernor:
         self._watch: threading.Thread | None = None
 
     def start(self) -> SpinGovernor:
-        if busy_ticks(set(os.sched_getaffinity(0))) is not None:  # else nothing to go by: the long spins stay
+        if watchable():  # else nothing to go by (and choose_openmp_spin did not govern)
             self._watch = threading.Thread(target=self._run, name="streamer-spin", daemon=True)
             self._watch.start()
         return self
@@ -176,10 +217,13 @@ class SpinGovernor:
             return False
         if on:
             self._release = threading.Event()
-            team_made = threading.Event()
-            threading.Thread(target=_hold_a_team, args=(team_made, self._release), name="streamer-spin-team",
+            team_made, failed = threading.Event(), []
+            threading.Thread(target=_hold_a_team, args=(team_made, self._release, failed), name="streamer-spin-team",
                              daemon=True).start()
-            team_made.wait()
+            if not team_made.wait(10) or failed:
+                self._release.set()
+                self._release = None
+                raise RuntimeError(f"no OpenMP team to shorten the spins with ({failed[0] if failed else 'timed out'})")
         else:
             self._release.set()
             self._release = None
@@ -190,18 +234,26 @@ class SpinGovernor:
 
     def _run(self) -> None:
         reader = Reader(set(os.sched_getaffinity(0)), self.every_s)
-        while not self._stopped.wait(self.every_s):
-            read = reader.read()
-            if read is not None:
-                self.decide(*read)
+        try:
+            while not self._stopped.wait(self.every_s):
+                read = reader.read()
+                if read is not None:
+                    self.decide(*read)
+        except Exception as exc:  # noqa: BLE001 - one line, and the spins stay as they are
+            log.warning("OpenMP spin governor stopped: %s", exc)
 
 
-def _hold_a_team(made: threading.Event, release: threading.Event) -> None:
+def _hold_a_team(made: threading.Event, release: threading.Event, failed: list[BaseException]) -> None:
     """Run one parallel op (a team of torch's threads, as many as the step's, stays docked with this
-    thread) and park until `release`."""
-    import torch
+    thread) and park until `release`; an exception goes into `failed` instead."""
+    try:
+        import torch
 
-    ones = torch.ones(1 << 20)  # over at::parallel_for's grain (32,768) for up to 32 threads: one full team
-    ones.mul_(2)
-    made.set()
+        ones = torch.ones(1 << 20)  # over at::parallel_for's grain (32,768) for up to 32 threads: one full team
+        ones.mul_(2)
+    except Exception as exc:  # noqa: BLE001 - the watcher reports it
+        failed.append(exc)
+        return
+    finally:
+        made.set()
     release.wait()

@@ -7,7 +7,8 @@ idle threads spin about 20 microseconds and then sleep (``GOMP_SPINCOUNT=2000``,
 command line before torch loads; streamer.settings), so the step's parallel regions find their
 threads awake, and 100 turns while other work shares the CPUs (streamer.spin), so a second torch
 job on the same CPUs slows the learner instead of starving it. Where the threads are too few for
-that (half the CPUs or fewer) the spin is a fixed 500 turns.
+that (at most half the CPUs, rounded up: the default on 3 CPUs, or a small --threads) or there is
+no /proc/stat to watch the CPUs by, the spin is a fixed 500 turns.
 """
 
 from __future__ import annotations

@@ -183,22 +183,24 @@ def test_openmp_spins_long_and_governed_or_briefly_unless_the_user_chose(monkeyp
     import torch  # here: the pip wheel, which ships libgomp on Linux
     assert gnu == (sys.platform.startswith("linux") and any((Path(torch.__file__).parent / "lib").glob("libgomp*")))
     fresh()  # the default policy on 2 CPUs: 2,000 spins, governed (streamer.spin), OMP_WAIT_POLICY unset so that
-    assert choose_openmp_spin(2, 2) == gnu  # libgomp's throttled spin is its 100 turns
+    assert choose_openmp_spin(2, 2, True) == gnu  # libgomp's throttled spin is its 100 turns
     if gnu:
         assert os.environ["GOMP_SPINCOUNT"] == "2000" and "OMP_WAIT_POLICY" not in os.environ
         assert os.environ["STREAMER_OPENMP_SPIN"] == "governed"
-        assert choose_openmp_spin(2, 2)  # a rank --nproc starts inherits the count: still the command's, governed
-        assert choose_openmp_spin(15, 16)  # the default policy on 16 CPUs
-    for threads, cpus in ((1, 2), (4, 16)):  # one thread, or too few to take libgomp over the CPU count:
+        assert choose_openmp_spin(2, 2, True)  # a rank --nproc starts inherits the count: still the command's, governed
+        assert choose_openmp_spin(15, 16, True) and choose_openmp_spin(3, 4, True)  # the default policy on 16 and 4
+    # one thread; too few for a second team to take libgomp over the CPU count (it counts 2 x threads - 1 for
+    # two teams: the default policy on 3 CPUs, 2 threads, is not enough); no /proc/stat to watch the CPUs by:
+    for threads, cpus, watchable in ((1, 2, True), (2, 3, True), (4, 16, True), (2, 2, False)):
         fresh()  # a fixed 500, with ACTIVE beside it on libgomp (the 500 hold where libgomp would throttle them)
-        assert not choose_openmp_spin(threads, cpus) and os.environ["GOMP_SPINCOUNT"] == "500"
+        assert not choose_openmp_spin(threads, cpus, watchable) and os.environ["GOMP_SPINCOUNT"] == "500"
         assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if gnu else None)
         assert "STREAMER_OPENMP_SPIN" not in os.environ
     fresh(GOMP_SPINCOUNT="20")  # the user's spin count is kept, fixed, with ACTIVE beside it
-    assert not choose_openmp_spin(2, 2) and os.environ["GOMP_SPINCOUNT"] == "20"
+    assert not choose_openmp_spin(2, 2, True) and os.environ["GOMP_SPINCOUNT"] == "20"
     assert os.environ.get("OMP_WAIT_POLICY") == ("ACTIVE" if gnu else None)
     fresh(OMP_WAIT_POLICY="PASSIVE")  # so is the user's wait policy, without a spin count beside it
-    assert not choose_openmp_spin(2, 2) and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert not choose_openmp_spin(2, 2, True) and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "GOMP_SPINCOUNT" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert omp_num_threads() == 3

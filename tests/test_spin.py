@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.spin import Reader, SpinGovernor, busy_ticks, in_passing
+from streamer.spin import Reader, SpinGovernor, busy_ticks, in_passing, watchable
 
 ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
@@ -74,6 +74,51 @@ def test_in_passing_returns_or_raises_in_the_callers_thread():
         in_passing(lambda: 1 / 0)
 
 
+def test_watchable_only_where_proc_stat_lists_every_cpu(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(stat_text(1, 1))
+    assert watchable({0, 1}, str(stat)) and watchable({1}, str(stat))
+    assert not watchable({0, 2}, str(stat))  # renumbered, say, inside a container
+    assert not watchable({0}, str(tmp_path / "none"))
+
+
+INTERRUPTED = """
+import signal, sys, threading, time
+sys.path.insert(0, {root!r})
+import torch
+from streamer.spin import in_passing
+stop = threading.Event()
+
+def work():  # torch's C++ most of the time, as a model's build or a multitask run
+    started = time.monotonic()
+    while time.monotonic() - started < 3 and not ({stoppable} and stop.is_set()):
+        torch.randn(256, 256) @ torch.randn(256, 256)
+    return time.monotonic() - started
+
+threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,)).start()
+try:
+    in_passing(work, on_interrupt=stop.set)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("stoppable", [False, True])
+def test_a_ctrl_c_while_in_passing_waits_for_the_work_and_exits_cleanly(tmp_path, stoppable):
+    """Exiting while the passing thread is inside torch's C++ would abort the process ("terminate
+    called without an active exception", status -6): the interrupt is raised once the work ended,
+    early where on_interrupt can stop it."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED.format(root=str(ROOT), stoppable=stoppable))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and done.stdout.strip() == "interrupted", (done.returncode, done.stderr[-2000:])
+    assert "terminate called" not in done.stderr
+    if stoppable:
+        assert time.monotonic() - started < 60  # not asserting a speed: only that it did not hang
+
+
 TEAMS = """
 import os, sys, threading, time
 sys.path.insert(0, {root!r})
@@ -95,10 +140,10 @@ time.sleep(0.3)
 before = threads()
 in_passing(parallel_op)
 after_passing = threads(at_most=before)
-parked = threading.Event()
-kept = threading.Thread(target=lambda: (parallel_op(), parked.wait()))
+ran, parked = threading.Event(), threading.Event()
+kept = threading.Thread(target=lambda: (parallel_op(), ran.set(), parked.wait()))
 kept.start()
-time.sleep(0.3)
+ran.wait()
 print(before, after_passing, threads() - 1)  # less the kept thread itself
 parked.set()
 """
@@ -122,7 +167,8 @@ GOVERNED = """
 import sys, time
 sys.path.insert(0, {root!r})
 from streamer.settings import choose_openmp_spin
-assert choose_openmp_spin(2, 2), "not governed"
+from streamer.spin import watchable
+assert choose_openmp_spin(2, 2, watchable()), "not governed"
 from streamer.threads import apply_thread_policy
 assert apply_thread_policy(2, govern_spin=True).governed
 import torch
@@ -173,3 +219,51 @@ def test_a_learner_beside_busy_processes_shortens_its_spins(tmp_path):
         learner.kill()
         learner.wait()
     assert verdict[0] == "shared", verdict
+
+
+THROTTLE = """
+import os, sys, threading, time
+sys.path.insert(0, {root!r})
+import torch
+from streamer.spin import SpinGovernor
+torch.set_num_threads(2)
+go, done = threading.Event(), threading.Event()
+
+def worker():  # the step's thread: one parallel region whenever asked
+    while True:
+        go.wait(); go.clear(); torch.ones(1 << 20).mul_(2); done.set()
+
+threading.Thread(target=worker, daemon=True).start()
+
+def idle_cpu():  # CPU seconds this process takes in 0.5 s after a region, while nothing runs but OpenMP's wait
+    go.set(); done.wait(); done.clear()
+    started = time.process_time(); time.sleep(0.5)
+    return time.process_time() - started
+
+governor = SpinGovernor()
+long_ = idle_cpu()
+governor._short(True); short = idle_cpu()
+governor._short(False); time.sleep(0.2); long_again = idle_cpu()
+print(long_, short, long_again)
+"""
+
+
+@linux_only
+def test_the_parked_team_throttles_openmp_and_its_end_lifts_it(tmp_path):
+    """With a spin count too long to end within the test (GOMP_SPINCOUNT=10^10, OMP_WAIT_POLICY unset),
+    the step's idle helper thread spins, taking CPU time while the process sleeps; the governor's
+    short spins (a parked thread's team taking libgomp over the CPU count) make it sleep after 100
+    turns, and ending the parked thread brings the spinning back."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]  # two teams of 2 threads take libgomp over 2 CPUs' count
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    script = tmp_path / "throttle.py"
+    script.write_text(THROTTLE.format(root=str(ROOT)))
+    environment = {name: value for name, value in os.environ.items() if name not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    environment["GOMP_SPINCOUNT"] = str(10 ** 10)
+    done = subprocess.run(["taskset", "-c", ",".join(map(str, cpus)), sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=120, env=environment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    long_, short, long_again = (float(word) for word in done.stdout.split())
+    assert long_ > 0.1 and long_again > 0.1  # a helper spinning (a share of a CPU, however loaded the machine)
+    assert short < 0.05  # asleep
