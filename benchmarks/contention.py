@@ -34,10 +34,10 @@ LEARNER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from streamer.settings import choose_openmp_spin, omp_num_threads
-from streamer.threads import apply_thread_policy, available_cpus, default_threads
-cpus = available_cpus()
 from streamer.spin import watchable
-governed = choose_openmp_spin({threads} or default_threads(cpus, omp_num_threads()).threads, cpus, watchable())
+from streamer.threads import apply_thread_policy, thread_policy
+chosen = thread_policy({threads}, omp_num_threads())
+governed = choose_openmp_spin(chosen.threads, chosen.cpus, watchable())
 policy = apply_thread_policy({threads}, omp_num_threads(), govern_spin=governed)
 import torch
 from streamer.models import LSTMLanguageModel

@@ -167,11 +167,10 @@ def measure(args) -> None:
     if args.path != "baseline":
         from streamer.settings import choose_openmp_spin, omp_num_threads
         from streamer.spin import watchable
-        from streamer.threads import available_cpus, default_threads
+        from streamer.threads import thread_policy
 
-        cpus = available_cpus()
-        governed = choose_openmp_spin(args.threads or default_threads(cpus, omp_num_threads()).threads, cpus,
-                                      watchable())
+        policy = thread_policy(args.threads, omp_num_threads())
+        governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())
     import torch
 
     if args.path == "baseline":

@@ -16,10 +16,11 @@ this process's own CPU time): when it is shared, a parked thread runs one parall
 waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count (it counts
 2 x threads - 1 for the two teams; streamer.settings governs only where that is over the CPUs),
 so every wait spins 100 turns. When other work has stayed low long enough, the parked thread
-ends, its team with it, and the long spins come back. The thread count does not change (streamer.threads decides
-it once), nor do the results: spinning only moves when a thread notices its next region. (Our own
-threads' run delay would not do as the signal: with the short spins they sleep instead of waiting
-for a CPU, so it falls while the other job still runs, and the governor flaps.)
+ends, its team with it, and the long spins come back. The thread count does not change
+(streamer.threads decides it once), nor do the results: spinning only moves when a thread notices
+its next region. (Our own threads' run delay would not do as the signal: with the short spins they
+sleep instead of waiting for a CPU, so it falls while the other job still runs, and the governor
+flaps.)
 
 Any other long-lived thread that runs a parallel torch op keeps an OpenMP team of its own for good,
 and with it the short spins; the learner's torch work outside its step's worker (the checkpoint's
@@ -67,8 +68,7 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     exits while a thread is inside torch's C++ aborts): `on_interrupt` is called first, to make
     long work stop early."""
     torch = sys.modules.get("torch")  # not imported here: the caller's torch work has imported it
-    cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
-    device = torch.cuda.current_device() if cuda else None
+    device = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
     outcome: dict = {}
 
     def call() -> None:
@@ -97,13 +97,26 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     return outcome["value"]
 
 
-def stat_cpus(stat: str = "/proc/stat") -> set[int] | None:
-    """The CPUs /proc/stat lists, None where there is no such file."""
+def _cpu_lines(stat: str) -> dict[int, list[int]] | None:
+    """/proc/stat's per-CPU lines: {CPU number: its tick counters}; None where there is no such file."""
+    cpus = {}
     try:
         with open(stat) as file:
-            return {int(line.split()[0][3:]) for line in file if line.startswith("cpu") and line[3].isdigit()}
-    except (OSError, ValueError, IndexError):
+            for line in file:
+                if not line.startswith("cpu"):
+                    break
+                name, *fields = line.split()
+                if name != "cpu":
+                    cpus[int(name[3:])] = [int(field) for field in fields]
+    except (OSError, ValueError):
         return None
+    return cpus
+
+
+def stat_cpus(stat: str = "/proc/stat") -> set[int] | None:
+    """The CPUs /proc/stat lists, None where there is no such file."""
+    lines = _cpu_lines(stat)
+    return None if lines is None else set(lines)
 
 
 def watchable(cpus: set[int] | None = None, stat: str = "/proc/stat") -> bool:
@@ -119,20 +132,12 @@ def watchable(cpus: set[int] | None = None, stat: str = "/proc/stat") -> bool:
 
 def busy_ticks(cpus: set[int], stat: str = "/proc/stat") -> int | None:
     """Clock ticks (USER_HZ) the CPUs `cpus` have spent busy (user, nice, system, irq, softirq; not
-    steal), all processes together; None where there is no such file."""
-    busy = 0
-    try:
-        with open(stat) as file:
-            for line in file:
-                if not line.startswith("cpu"):
-                    break
-                name, *fields = line.split()
-                if name != "cpu" and int(name[3:]) in cpus:
-                    user, nice, system, _idle, _iowait, irq, softirq = (int(field) for field in fields[:7])
-                    busy += user + nice + system + irq + softirq
-    except (OSError, ValueError):
+    iowait, not steal), all processes together; None where there is no such file."""
+    lines = _cpu_lines(stat)
+    if lines is None:
         return None
-    return busy
+    return sum(user + nice + system + irq + softirq
+               for cpu, (user, nice, system, _idle, _iowait, irq, softirq, *_) in lines.items() if cpu in cpus)
 
 
 class Reader:
@@ -188,9 +193,9 @@ class SpinGovernor:
         self._watch: threading.Thread | None = None
 
     def start(self) -> SpinGovernor:
-        if watchable():  # else nothing to go by (and choose_openmp_spin did not govern)
-            self._watch = threading.Thread(target=self._run, name="streamer-spin", daemon=True)
-            self._watch.start()
+        """Begin the watch (streamer.settings.choose_openmp_spin governs only where spin.watchable)."""
+        self._watch = threading.Thread(target=self._run, name="streamer-spin", daemon=True)
+        self._watch.start()
         return self
 
     def stop(self) -> None:

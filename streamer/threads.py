@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from streamer.allocator import keep_freed_memory
 from streamer.spin import govern
 
-__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "apply_thread_policy", "pin_to_first_cpus"]
+__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "thread_policy", "apply_thread_policy",
+           "pin_to_first_cpus"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
     return ThreadPolicy(cpus, cpus, "all of them")
 
 
+def thread_policy(threads: int | None, omp_threads: int | None = None) -> ThreadPolicy:
+    """The policy for --threads `threads` (None: not given) on the CPUs this process may use."""
+    cpus = available_cpus()
+    return ThreadPolicy(threads, cpus, "--threads") if threads else default_threads(cpus, omp_threads)
+
+
 def apply_thread_policy(threads: int | None, omp_threads: int | None = None, *,
                         govern_spin: bool = False) -> ThreadPolicy:
     """Set torch's thread counts once (imports torch) and the allocator's policy beside them
@@ -70,8 +77,7 @@ def apply_thread_policy(threads: int | None, omp_threads: int | None = None, *,
 
     keep_freed_memory()
 
-    cpus = available_cpus()
-    policy = ThreadPolicy(threads, cpus, "--threads") if threads else default_threads(cpus, omp_threads)
+    policy = thread_policy(threads, omp_threads)
     torch.set_num_threads(policy.threads)
     try:  # allowed once, before any inter-op work; a second command in one process keeps the first
         torch.set_num_interop_threads(policy.threads)

@@ -14,7 +14,7 @@ from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
 from streamer.settings import forbid_model_hub, omp_num_threads, choose_openmp_spin
 from streamer.spin import watchable
-from streamer.threads import available_cpus, default_threads
+from streamer.threads import thread_policy
 
 __all__ = ["build_parser", "parse", "main"]
 
@@ -79,9 +79,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
-    cpus = available_cpus()
-    threads = getattr(args, "threads", None) or default_threads(cpus, omp_num_threads()).threads
-    governed = choose_openmp_spin(threads, cpus, watchable())  # before torch loads its OpenMP runtime
+    policy = thread_policy(getattr(args, "threads", None), omp_num_threads())
+    governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())  # before torch loads its OpenMP runtime
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
         sigterm_before_learning()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")

@@ -60,8 +60,8 @@ def adam(parameters, lr: float) -> torch.optim.Adam:
     for the parameters' device (CPU, CUDA): one call updates every tensor. The per-tensor loop, torch's
     default on CPU, made the step dispatch about ten operations per parameter from Python, each large
     one a parallel region that wakes the other OpenMP threads: the default LSTM's step took 7.9 ms
-    against 6.9 fused (2 threads). Same update to
-    float rounding; the state_dict is the same (a checkpoint of either loads into the other)."""
+    against 6.9 fused (2 threads). Same update to float rounding; the state_dict is the same (a
+    checkpoint of either loads into the other)."""
     parameters = list(parameters)
     devices = {p.device.type for p in parameters}
     return torch.optim.Adam(parameters, lr=lr, fused=bool(parameters) and devices <= {"cpu", "cuda"})
