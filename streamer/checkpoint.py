@@ -47,7 +47,7 @@ import torch
 from streamer.spin import in_passing
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpointer", "save", "load", "copied", "rng_state", "set_rng_state",
-           "plain", "to_bytes", "from_bytes", "save_gathered"]
+           "plain", "to_bytes", "from_bytes", "save_gathered", "on_device"]
 
 FORMAT_VERSION = 1
 
@@ -111,6 +111,20 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path} has format version {state['format_version']}; "
                               f"this streamer reads up to {FORMAT_VERSION}")
+    return state
+
+
+def on_device(state, device: torch.device):
+    """`state` (nested dicts, lists and tuples, as a strategy's state_dict) with its tensors on `device`,
+    but for uint8 ones: the generators' states, which torch sets only from the CPU. A checkpoint loads
+    on the CPU (readable on any machine); a strategy's carried states, memories and penalties live
+    where its model does, so a run on a GPU moves them back there before loading them."""
+    if isinstance(state, torch.Tensor):
+        return state if state.dtype == torch.uint8 else state.to(device)
+    if isinstance(state, dict):
+        return type(state)((key, on_device(value, device)) for key, value in state.items())
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_device(value, device) for value in state)
     return state
 
 

@@ -203,11 +203,12 @@ def _note_in_run_config(run_dir: Path, **values) -> None:
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:
     """Continue a checkpoint's run: the strategy (model, optimizer, memories, detectors), the loop's
     step and carry-over (its offsets are where the partitions are read from), the tracker, and last
-    the random generators (nothing draws from them between here and the first step). Ranks: each
-    takes its own part of the checkpoint (written by as many ranks)."""
+    the random generators (nothing draws from them between here and the first step). The strategy's
+    tensors go to the batches' device (a checkpoint loads on the CPU). Ranks: each takes its own
+    part of the checkpoint (written by as many ranks)."""
     own = state if ranks is None else state["ranks"][ranks.rank]
     try:
-        loop.strategy.load_state_dict(own["strategy"])
+        loop.strategy.load_state_dict(checkpoint.on_device(own["strategy"], loop.batcher.device))
     except (ValueError, RuntimeError, KeyError) as exc:  # another layout or shape: one line, not a traceback
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = "" if "--fresh" in reason else "; --fresh starts the run over"

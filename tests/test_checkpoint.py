@@ -224,3 +224,22 @@ def test_on_revoke_checkpoints_and_commits_at_a_snapshot_point(loop_stream, tmp_
     revoked = [(step, observed) for step, observed, by_revoke in source.commits if by_revoke]
     assert len({step for step, _ in revoked}) > 2  # revokes fell all along the stream
     assert all(step == observed for step, observed in revoked)
+
+
+def test_on_device_moves_a_strategys_tensors_but_leaves_generator_states_on_the_cpu():
+    """A checkpoint loads on the CPU; a run on a GPU moves the strategy's carried state, memories and
+    penalties to its device, and keeps the generators' uint8 states where torch takes them."""
+    from collections import OrderedDict
+
+    generator = torch.Generator().get_state()
+    state = {"hidden": (torch.zeros(2, 3), torch.ones(2, 3)), "memory": {"inputs": torch.arange(6).view(2, 3)},
+             "fisher": OrderedDict(w=torch.full((2,), 0.5)), "write_generator": generator, "rows_learned": 7,
+             "found_at": [3, 9], "kind": "poe", "keys": None}
+    moved = checkpoint.on_device(state, torch.device("meta"))
+    assert [t.device.type for t in moved["hidden"]] == ["meta", "meta"] and isinstance(moved["hidden"], tuple)
+    assert moved["memory"]["inputs"].device.type == "meta" and moved["memory"]["inputs"].dtype == torch.int64
+    assert type(moved["fisher"]) is OrderedDict and moved["fisher"]["w"].device.type == "meta"
+    assert moved["write_generator"] is generator  # uint8, on the CPU: torch.Generator.set_state needs it there
+    assert {k: moved[k] for k in ("rows_learned", "found_at", "kind", "keys")} == {
+        "rows_learned": 7, "found_at": [3, 9], "kind": "poe", "keys": None}
+    assert state["hidden"][0].device.type == "cpu"  # the loaded state itself is left as it was
