@@ -84,16 +84,16 @@ def run(args) -> int:
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=run_dir, manifest=manifest, manifest_path=manifest_path)
     ranks = None
-    if environment is not None and environment[1] > 1:
+    # Under torchrun a process is a rank, one of one included (so a one-GPU machine runs nccl's path);
+    # a strategy that cannot span ranks runs as a plain process when it is the only one.
+    if environment is not None and (environment[1] > 1 or _refusal(config, 1) is None):
         _refuse_for_ranks(config, environment[1], leader=environment[0] == 0)
         from streamer import distributed
 
         try:
             ranks = distributed.start(config.device)
-        except ValueError as exc:
-            if environment[0] == 0:
-                raise UserError(str(exc)) from None
-            raise SystemExit(2) from None
+        except ValueError as exc:  # this rank's own (a local rank without a GPU): each says its line
+            raise UserError(str(exc)) from None
     leader = ranks is None or ranks.leader
     try:
         with contextlib.ExitStack() as held:
