@@ -21,7 +21,10 @@
   team that takes libgomp over the CPU count (libgomp counts 2 x threads - 1 threads for two
   teams: the default policy on 2 CPUs and on 4 or more, not on 3):
   ``GOMP_SPINCOUNT=2000`` (an idle OpenMP thread spins about 20 microseconds, so the step's
-  helpers catch its next parallel region) and ``OMP_WAIT_POLICY`` left unset, so that
+  helpers catch its next parallel region) where the torch threads take every CPU, libgomp's own
+  300,000 where one is left to the event loop (many cores: there 2,000 let 15 threads fall asleep
+  between regions, and the memory path ran at 0.68 of torch's default on 16 cores), and
+  ``OMP_WAIT_POLICY`` left unset, so that
   streamer.spin can shorten every spin to libgomp's throttled 100 turns while other work shares
   the CPUs; ``STREAMER_OPENMP_SPIN=governed`` beside it tells the processes this one starts
   (``--nproc``'s ranks) that the spin count is the command's, not the user's. Otherwise a fixed
@@ -83,6 +86,7 @@ def torchrun_environment() -> tuple[int, int, int] | None:
 
 
 GOVERNED_SPINS = 2_000  # streamer.spin shortens them while the CPUs are shared (benchmarks/contention.py)
+SPARE_CPU_SPINS = 300_000  # libgomp's own, governed too, where the threads leave a CPU to the event loop
 FIXED_SPINS = 500  # where no governor acts: 1,000 let two learners on 2 CPUs slow each other 2.5-3.9x
 
 
@@ -96,7 +100,7 @@ def choose_openmp_spin(threads: int, cpus: int, watchable: bool) -> bool:
     gnu = torch_openmp_is_gnu()
     ours = "GOMP_SPINCOUNT" not in os.environ or os.environ.get("STREAMER_OPENMP_SPIN") == "governed"
     if ours and gnu and watchable and 1 < threads and cpus < 2 * threads - 1:
-        os.environ["GOMP_SPINCOUNT"] = str(GOVERNED_SPINS)
+        os.environ["GOMP_SPINCOUNT"] = str(SPARE_CPU_SPINS if threads < cpus else GOVERNED_SPINS)
         os.environ["STREAMER_OPENMP_SPIN"] = "governed"
         return True
     os.environ.pop("STREAMER_OPENMP_SPIN", None)
