@@ -75,6 +75,7 @@ CATALOGUE = [
     ("class_accuracy", "gauge", RUN_CLASS, "Prequential accuracy of a classifier on the utterances of a class"),
     ("class_macro_f1", "gauge", RUN_CLASS, "Prequential macro-F1 of a classifier on the utterances of a class"),
     ("ready", "gauge", RUN, "1 while the learner consumes with the broker reachable, else 0 (what /readyz answers)"),
+    ("openmp_short_spins", "gauge", RUN, "1 while OpenMP's spins are short because other work shares the learner's CPUs, else 0 (only where the spin is governed)"),
     ("predict_seconds", "histogram", RUN, "Time to score a batch"),
     ("learn_seconds", "histogram", RUN, "Time to learn from a batch"),
 ]
@@ -93,7 +94,7 @@ UNITS = {
     "consumer_lag_records": "records", "queue_depth": "batches", "dead_letter_total": "records",
     "skipped_updates_total": "batches", "checkpoint_age_seconds": "s", "gpu_memory_bytes": "bytes", "forgetting": "nats or ratio",
     "accuracy": "ratio", "accuracy_rolling": "ratio", "macro_f1": "ratio", "macro_f1_rolling": "ratio",
-    "class_accuracy": "ratio", "class_macro_f1": "ratio", "ready": "0/1",
+    "class_accuracy": "ratio", "class_macro_f1": "ratio", "ready": "0/1", "openmp_short_spins": "0/1",
     "predict_seconds": "s", "learn_seconds": "s",
 }
 
@@ -156,11 +157,13 @@ class IPv6Server(FinalScrapeServer):
 
 
 def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[[], bool] = lambda: True,
-          labels: tuple[str, ...] = (), security: MetricsSecurity | None = None):
+          labels: tuple[str, ...] = (), security: MetricsSecurity | None = None,
+          on_scrape: Callable[[], None] = lambda: None):
     """Serve, in a daemon thread: /metrics; /healthz, 200 while the process answers; /readyz, 200
     when `ready()` is true (the learner: consuming, broker reachable), else 503. With `labels`
-    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. `security`: HTTPS
-    and/or basic auth on /metrics (monitor.web_security). Returns (server, thread)."""
+    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. `on_scrape()` runs
+    before each /metrics answer (gauges of state kept elsewhere: the learner's OpenMP spins).
+    `security`: HTTPS and/or basic auth on /metrics (monitor.web_security). Returns (server, thread)."""
     metrics_app = make_wsgi_app(metrics.registry)
 
     def is_ready() -> bool:
@@ -179,6 +182,7 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"not ready\n"]
         is_ready()
+        on_scrape()
         scrapes.append(time.monotonic())
         return metrics_app(environ, start_response)
 

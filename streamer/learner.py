@@ -53,7 +53,7 @@ from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set
 from streamer.resume import trim_logs
 from streamer.settings import kafka_client_options
-from streamer.spin import in_passing
+from streamer.spin import governor, in_passing
 from streamer.strategies import STRATEGIES
 
 __all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
@@ -148,7 +148,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     if config.metrics_port is not None and monitor.metrics is not None:
         server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
                           ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
-                          security=config.metrics_security)
+                          security=config.metrics_security,
+                          on_scrape=_spins_gauge(monitor.metrics, (config.run_name, config.strategy)))
         log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
         _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
     probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
@@ -198,6 +199,16 @@ def _note_in_run_config(run_dir: Path, **values) -> None:
     data = json.loads(path.read_text())
     data.update(values)
     replace_text(path, json.dumps(data, indent=2, default=str))
+
+
+def _spins_gauge(metrics, labels: tuple[str, str]):
+    """What a scrape runs first: streamer_openmp_short_spins follows this process's spin governor
+    (streamer.spin); nothing where the spins are not governed (the series is then absent)."""
+    watching = governor()
+    if watching is None:
+        return lambda: None
+    gauge = metrics.openmp_short_spins.labels(*labels)
+    return lambda: gauge.set(1 if watching.shared else 0)
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governing", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
+__all__ = ["SpinGovernor", "govern", "governing", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +59,11 @@ def govern() -> SpinGovernor:
 def governing() -> bool:
     """Whether this process's spins are governed (the job processes it starts then govern theirs)."""
     return _governor is not None
+
+
+def governor() -> SpinGovernor | None:
+    """This process's SpinGovernor, None where the spins are not governed."""
+    return _governor
 
 
 def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], None] | None = None) -> T:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -267,3 +268,79 @@ def test_the_parked_team_throttles_openmp_and_its_end_lifts_it(tmp_path):
     long_, short, long_again = (float(word) for word in done.stdout.split())
     assert long_ > 0.1 and long_again > 0.1  # a helper spinning (a share of a CPU, however loaded the machine)
     assert short < 0.05  # asleep
+
+
+def _short_spins(address: str) -> float | None:
+    """streamer_openmp_short_spins as the learner's /metrics says it (None: not exported)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "streamer_openmp_short_spins":
+            return family.samples[0].value
+    return None
+
+
+@linux_only
+def test_a_learners_short_spins_show_in_its_metrics(broker, tmp_path):
+    """A governed learner (the default policy on its 2 CPUs) waits for records; two busy processes on
+    its CPUs turn its short spins on and streamer_openmp_short_spins says 1; once they stop, 0 again."""
+    import json
+
+    from tests.conftest import write_corpus
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    pin = ["taskset", "-c", ",".join(map(str, cpus))]
+    streamer = [sys.executable, "-m", "streamer"]
+    corpus = write_corpus(tmp_path / "corpus", lines=50)
+    produced = subprocess.run([*streamer, "produce", "--corpus", str(corpus), "--bootstrap-servers",
+                               broker.bootstrap_servers, "--topic", "spins", "--fragments", "2", "--lambda", "300",
+                               "--streams", "2", "--window", "10", "--probe-tokens", "0",
+                               "--manifest", str(tmp_path / "manifest.json")],
+                              capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0, produced.stderr
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
+    run_dir = tmp_path / "run"
+    learner = subprocess.Popen(pin + [*streamer, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+                                      "spins", "--streams", "2", "--window", "10", "--hidden", "16", "--embedding", "8",
+                                      "--no-view", "--no-probe", "--metrics-port", "0", "--run-dir", str(run_dir)],
+                               cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    hogs = []
+
+    def until(value: float, what: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while _short_spins(address) != value:
+            assert learner.poll() is None, learner.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, what
+            time.sleep(0.2)
+
+    try:
+        deadline = time.monotonic() + 120
+        while "metrics_address" not in (json.loads((run_dir / "config.json").read_text())
+                                         if (run_dir / "config.json").exists() else {}):
+            assert learner.poll() is None, learner.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no metrics endpoint"
+            time.sleep(0.2)
+        address = json.loads((run_dir / "config.json").read_text())["metrics_address"]
+        until(0, "the gauge was not exported at 0 while the CPUs were the learner's")
+        hogs = [subprocess.Popen(pin + [sys.executable, "-c", HOG]) for _ in range(2)]
+        until(1, "the spins did not go short beside two busy processes")
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        until(0, "the spins did not go long again once the busy processes stopped")
+        learner.send_signal(signal.SIGTERM)
+        output = learner.communicate(timeout=60)[0]
+        assert learner.returncode == 0, output[-3000:]
+        assert "OpenMP spins shortened while other work shares them" in output  # the policy line
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        learner.kill()
+        learner.wait()
