@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from streamer.allocator import keep_freed_memory
 from streamer.spin import govern
 
-__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "thread_policy", "apply_thread_policy",
-           "pin_to_first_cpus"]
+__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "rank_threads", "thread_policy",
+           "apply_thread_policy", "pin_to_first_cpus"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,12 @@ def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:
     if cpus > 2:
         return ThreadPolicy(cpus - 1, cpus, "one CPU left to the event loop")
     return ThreadPolicy(cpus, cpus, "all of them")
+
+
+def rank_threads(cpus: int, ranks: int) -> int:
+    """The torch threads of each of `ranks` learners on one machine's `cpus` CPUs (`learn --nproc`):
+    the default rule on each rank's share of the CPUs (each rank has an event loop of its own)."""
+    return default_threads(max(1, cpus // ranks)).threads
 
 
 def thread_policy(threads: int | None, omp_threads: int | None = None) -> ThreadPolicy:

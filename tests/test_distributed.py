@@ -19,6 +19,7 @@ import pytest
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.distributed import Ranks
+from streamer.threads import available_cpus, rank_threads
 from producers.wire import Record
 from tests.conftest import write_corpus
 
@@ -146,9 +147,15 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     assert one.returncode == 0, one.stderr[-3000:]
     temporary = root / "tmp-poe"  # the launcher's temporary files: none may stay behind
     temporary.mkdir()
+    unset = {name: value for name, value in ENV.items() if name != "OMP_NUM_THREADS"}  # the ranks split the CPUs
     two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root,
-              env={**ENV, "TMPDIR": str(temporary)})
+              env={**unset, "TMPDIR": str(temporary)})
     assert two.returncode == 0, two.stderr[-3000:]
+    threads = rank_threads(available_cpus(), 2)
+    launched = two.stdout.splitlines()[0]  # the launcher's line (it applies no thread policy of its own)
+    assert launched.startswith("starting 2 ranks (") and f"--threads {threads})" in launched, launched
+    assert launched.endswith(f"; the {available_cpus()} CPUs split between them"), launched
+    assert two.stdout.count(f"torch threads: {threads} (") == 2  # each rank's policy line
     # torchrun's log folder: by default a new torchelastic_* each run; --nproc gives it one it removes.
     # (torch's inductor makes its one cache folder per user here too: that one is reused, not per run)
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []

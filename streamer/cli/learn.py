@@ -20,7 +20,8 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
-from streamer.settings import torchrun_environment
+from streamer.settings import omp_num_threads, torchrun_environment
+from streamer.threads import available_cpus, rank_threads
 
 __all__ = ["add_parser", "run"]
 
@@ -174,9 +175,13 @@ def _launch(args) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    command = _without_nproc(sys.argv[1:])
+    command, split = _without_nproc(sys.argv[1:]), ""
+    if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank
+        cpus = available_cpus()
+        command += ["--threads", str(rank_threads(cpus, args.nproc))]
+        split = f"; the {cpus} CPUs split between them"
     print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
-          f"{' '.join(command)})", flush=True)
+          f"{' '.join(command)}){split}", flush=True)
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
         with tempfile.TemporaryDirectory(prefix="streamer-ranks-") as logs:
             torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,

@@ -12,7 +12,7 @@ from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
-from streamer.settings import forbid_model_hub, omp_num_threads, choose_openmp_spin
+from streamer.settings import choose_openmp_spin, forbid_model_hub, omp_num_threads, torchrun_environment
 from streamer.spin import watchable
 from streamer.threads import thread_policy
 
@@ -79,8 +79,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
-    policy = thread_policy(getattr(args, "threads", None), omp_num_threads())
-    governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())  # before torch loads its OpenMP runtime
+    # `learn --nproc N` (outside torchrun) only starts the ranks: each decides its threads and spins itself
+    launcher = args.command == "learn" and args.nproc > 1 and torchrun_environment() is None
+    governed = False
+    if not launcher:
+        policy = thread_policy(getattr(args, "threads", None), omp_num_threads())
+        governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())  # before torch loads OpenMP
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
         sigterm_before_learning()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     known = _user_errors()
     try:
         check_args(args)  # before any work: nothing is created for flags that cannot run
-        if args.command in THREADED:
+        if args.command in THREADED and not launcher:
             from streamer.threads import apply_thread_policy
 
             print(apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed).describe(), flush=True)
