@@ -164,8 +164,8 @@ def test_thread_policy_defaults():
     assert default_threads(8, omp_threads=1) == ThreadPolicy(1, 8, "OMP_NUM_THREADS=1")
     assert default_threads(2, omp_threads=1).describe().startswith("torch threads: 1 (2 CPUs")
     # learn --nproc N: each rank the rule on its share of the CPUs (its own event loop beside it)
-    assert [rank_threads(cpus, ranks) for cpus, ranks in ((2, 2), (3, 2), (4, 2), (16, 2), (16, 4), (16, 16), (2, 4))] == [
-        1, 1, 2, 7, 3, 1, 1]
+    shares = ((2, 2), (3, 2), (4, 2), (16, 2), (16, 4), (16, 16), (2, 4))  # (CPUs, ranks)
+    assert [rank_threads(cpus, ranks) for cpus, ranks in shares] == [1, 1, 2, 7, 3, 1, 1]
 
 
 def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):
