@@ -216,9 +216,8 @@ def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None
     step and carry-over (its offsets are where the partitions are read from), the tracker, and last
     the random generators (nothing draws from them between here and the first step). The strategy's
     tensors go to the batches' device (a checkpoint loads on the CPU). Ranks: each takes its own
-    part of the checkpoint (written by as many ranks); a one-rank run and a plain process continue
-    each other's, the one rank's part being the checkpoint's own state."""
-    own = state if ranks is None or "ranks" not in state else state["ranks"][ranks.rank]
+    part of the checkpoint (written by as many ranks)."""
+    own = state if ranks is None else state["ranks"][ranks.rank]
     try:
         loop.strategy.load_state_dict(checkpoint.on_device(own["strategy"], loop.batcher.device))
     except (ValueError, RuntimeError, KeyError) as exc:  # another layout or shape: one line, not a traceback

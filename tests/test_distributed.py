@@ -119,28 +119,6 @@ def test_two_torchrun_ranks_give_the_losses_of_one_process_naive(broker, two_ran
          "status.json"])
 
 
-def test_one_torchrun_rank_is_a_rank_and_continues_with_a_plain_process(broker, stream, one_process_naive):
-    """torchrun with one process joins a group of one (gloo here; nccl on a GPU, tests/test_gpu.py),
-    learns one process's losses, and its checkpoint and a plain process's continue each other."""
-    root, manifest = stream
-    run_dir = root / "one-rank"
-    one_rank = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                "--log-dir", str(root / "torchrun-logs-1"), "-m", "streamer"]
-    first = run([*one_rank, *learn_flags(broker, manifest, run_dir, "--max-batches", str(BATCHES // 3))], root)
-    assert first.returncode == 0, first.stderr[-3000:]
-    saved = checkpoint.load(run_dir / "checkpoint.pt")
-    assert saved["world_size"] == 1 and [part["loop"]["step"] for part in saved["ranks"]] == [BATCHES // 3]
-    plain = run([*STREAMER, *learn_flags(broker, manifest, run_dir, "--max-batches", str(2 * BATCHES // 3))], root)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    assert f"resuming from the checkpoint at batch {BATCHES // 3}" in plain.stdout
-    assert "ranks" not in checkpoint.load(run_dir / "checkpoint.pt")
-    last = run([*one_rank, *learn_flags(broker, manifest, run_dir)], root)
-    assert last.returncode == 0, last.stderr[-3000:]
-    assert f"resuming from the checkpoint at batch {2 * BATCHES // 3}" in last.stdout
-    worst = worst_difference(losses(run_dir), one_process_naive)
-    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
-
-
 def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     root, manifest = stream
     one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-poe", *POE)], root)

@@ -190,7 +190,7 @@ def test_openmp_spins_long_and_governed_or_briefly_unless_the_user_chose(monkeyp
     if gnu:
         assert os.environ["GOMP_SPINCOUNT"] == "2000" and "OMP_WAIT_POLICY" not in os.environ
         assert os.environ["STREAMER_OPENMP_SPIN"] == "governed"
-        assert choose_openmp_spin(2, 2, True)  # a rank --nproc starts inherits the count: still the command's, governed
+        assert choose_openmp_spin(2, 2, True)  # a process it starts inherits the count: still the command's, governed
         for threads, cpus in ((15, 16), (3, 4)):  # the default policy on 16 and 4; a CPU left over:
             fresh()  # libgomp's own long spin, governed (the 2,000 let 15 threads sleep between regions)
             assert choose_openmp_spin(threads, cpus, True)

@@ -85,9 +85,7 @@ def run(args) -> int:
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=run_dir, manifest=manifest, manifest_path=manifest_path)
     ranks = None
-    # Under torchrun a process is a rank, one of one included (so a one-GPU machine runs nccl's path);
-    # a strategy that cannot span ranks runs as a plain process when it is the only one.
-    if environment is not None and (environment[1] > 1 or _refusal(config, 1) is None):
+    if environment is not None and environment[1] > 1:  # torchrun with one process: a plain learner
         _refuse_for_ranks(config, environment[1], leader=environment[0] == 0)
         from streamer import distributed
 
