@@ -38,6 +38,7 @@ import io
 import os
 import random
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -116,11 +117,15 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
 
 def on_device(state, device: torch.device):
     """`state` (nested dicts, lists and tuples, as a strategy's state_dict) with its tensors on `device`,
-    but for uint8 ones: the generators' states, which torch sets only from the CPU. A checkpoint loads
-    on the CPU (readable on any machine); a strategy's carried states, memories and penalties live
-    where its model does, so a run on a GPU moves them back there before loading them."""
+    but for uint8 ones, the generators' states, which torch sets only from the CPU, and for modules'
+    state dicts (OrderedDict, as nn.Module.state_dict gives them), which load_state_dict copies into
+    the parameters where they are (moved first, a GPU would hold the weights twice). A checkpoint
+    loads on the CPU (readable on any machine); a strategy's carried states, memories and penalties
+    live where its model does, so a run on a GPU moves them back there before loading them."""
     if isinstance(state, torch.Tensor):
         return state if state.dtype == torch.uint8 else state.to(device)
+    if isinstance(state, OrderedDict):
+        return state
     if isinstance(state, dict):
         return type(state)((key, on_device(value, device)) for key, value in state.items())
     if isinstance(state, (list, tuple)):

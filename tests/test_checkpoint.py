@@ -232,14 +232,18 @@ def test_on_device_moves_a_strategys_tensors_but_leaves_generator_states_on_the_
     from collections import OrderedDict
 
     generator = torch.Generator().get_state()
-    state = {"hidden": (torch.zeros(2, 3), torch.ones(2, 3)), "memory": {"inputs": torch.arange(6).view(2, 3)},
-             "fisher": OrderedDict(w=torch.full((2,), 0.5)), "write_generator": generator, "rows_learned": 7,
-             "found_at": [3, 9], "kind": "poe", "keys": None}
-    moved = checkpoint.on_device(state, torch.device("meta"))
+    model = LSTMLanguageModel(TINY).state_dict()
+    state = {"model": model, "hidden": (torch.zeros(2, 3), torch.ones(2, 3)),
+             "memory": {"inputs": torch.arange(6).view(2, 3)}, "fisher": {"w": torch.full((2,), 0.5)},
+             "write_generator": generator, "rows_learned": 7, "found_at": [3, 9], "kind": "poe", "keys": None}
+    saved = checkpoint.from_bytes(checkpoint.to_bytes(state))  # as a checkpoint loads it
+    assert type(saved["model"]) is OrderedDict and type(saved["fisher"]) is dict
+    moved = checkpoint.on_device(saved, torch.device("meta"))
     assert [t.device.type for t in moved["hidden"]] == ["meta", "meta"] and isinstance(moved["hidden"], tuple)
     assert moved["memory"]["inputs"].device.type == "meta" and moved["memory"]["inputs"].dtype == torch.int64
-    assert type(moved["fisher"]) is OrderedDict and moved["fisher"]["w"].device.type == "meta"
-    assert moved["write_generator"] is generator  # uint8, on the CPU: torch.Generator.set_state needs it there
+    assert moved["fisher"]["w"].device.type == "meta"
+    assert moved["model"] is saved["model"]  # load_state_dict copies it into the parameters, wherever they are
+    assert moved["write_generator"].device.type == "cpu"  # uint8: torch.Generator.set_state needs it there
     assert {k: moved[k] for k in ("rows_learned", "found_at", "kind", "keys")} == {
         "rows_learned": 7, "found_at": [3, 9], "kind": "poe", "keys": None}
-    assert state["hidden"][0].device.type == "cpu"  # the loaded state itself is left as it was
+    assert saved["hidden"][0].device.type == "cpu"  # the loaded state itself is left as it was
