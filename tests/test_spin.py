@@ -191,6 +191,12 @@ print("shared" if govern().shared else "never shared", round(time.monotonic() - 
 HOG = "import time\nwhile True:\n    pass\n"
 
 
+def end(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
 @linux_only
 def test_a_learner_beside_busy_processes_shortens_its_spins(tmp_path):
     """Two busy processes on the learner's 2 CPUs: the governor reads their CPU time in /proc/stat and
@@ -214,11 +220,7 @@ def test_a_learner_beside_busy_processes_shortens_its_spins(tmp_path):
         verdict = learner.stdout.readline().split()  # the learner stops by itself within 60 s
         assert learner.wait(timeout=30) == 0, errors.read_text()[-2000:]
     finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-        learner.kill()
-        learner.wait()
+        end(*hogs, learner)
     assert verdict[0] == "shared", verdict
 
 
@@ -341,11 +343,7 @@ def test_a_learners_short_spins_show_in_its_metrics(broker, tmp_path):
         assert learner.returncode == 0, output[-3000:]
         assert "OpenMP spins shortened while other work shares them" in output  # the policy line
     finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-        learner.kill()
-        learner.wait()
+        end(*hogs, learner)
 
 
 def test_the_spins_gauge_follows_the_governor(monkeypatch):
