@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--nproc", type=positive_int, default=1,
                    help="ranks on this machine learning as one model (torchrun's elastic agent starts them; "
                         "each learns streams / nproc of the --streams, from its own partitions: produce with "
-                        "--partitions <streams>; default %(default)s). Several machines: run `torchrun "
+                        "--partitions <streams>; each takes its share of the CPUs' torch threads unless --threads "
+                        "or OMP_NUM_THREADS says; default %(default)s). Several machines: run `torchrun "
                         "--nnodes ... -m streamer learn` on each (see the README)")
     add_model_flags(p)
     add_security_flags(p)
