@@ -11,8 +11,8 @@ measured in the same invocation (the daemon issue's bound: at most 2.5x).
 
 --spins runs the same three for each OpenMP spin count given (GOMP_SPINCOUNT in the learners'
 environment, as a user would set it: the command keeps it, fixed, with OMP_WAIT_POLICY=ACTIVE beside it;
-300000 is libgomp's own count, about 3 ms here; the word governed is the command's own, 2,000 turns
-and 100 while other work shares the CPUs) and ends with a table: the trade-off between the
+300000 is libgomp's own count, about 3 ms here; the word governed is the command's own: 300,000
+turns, and 100 while other work shares the CPUs) and ends with a table: the trade-off between the
 step's speed alone (a longer spin catches more of the step's parallel regions before the helper
 thread sleeps) and its slowdown beside another job (a longer spin wastes the learner's share of
 contended CPUs). The alone rate at each count over the alone rate at the largest is, without the

@@ -20,18 +20,16 @@
   threads). With GNU libgomp (torch's on Linux), /proc/stat to watch the CPUs by, and a second
   team that takes libgomp over the CPU count (libgomp counts 2 x threads - 1 threads for two
   teams: the default policy on 2 CPUs and on 4 or more, not on 3):
-  ``GOMP_SPINCOUNT=2000`` (an idle OpenMP thread spins about 20 microseconds, so the step's
-  helpers catch its next parallel region) where the torch threads take every CPU, libgomp's own
-  300,000 where one is left to the event loop (many cores: there 2,000 let 15 threads fall asleep
-  between regions, and the memory path ran at 0.68 of torch's default on 16 cores), and
-  ``OMP_WAIT_POLICY`` left unset, so that
+  ``GOMP_SPINCOUNT=300000``, libgomp's own long spin (about 3 ms: the step's helpers catch its
+  next parallel region; with 2,000 they fell asleep between regions, and the memory path ran at
+  0.93 of torch's default on 2 cores, 0.68 on 16), and ``OMP_WAIT_POLICY`` left unset, so that
   streamer.spin can shorten every spin to libgomp's throttled 100 turns while other work shares
   the CPUs; ``STREAMER_OPENMP_SPIN=governed`` beside it tells the processes this one starts
-  (compare's jobs, a learner started from it) that the spin count is the command's, not the user's. Otherwise a fixed
-  short spin: ``GOMP_SPINCOUNT=500`` (or the user's) with ``OMP_WAIT_POLICY=ACTIVE`` beside it on
+  (compare's jobs, a learner started from it) that the spin count is the command's, not the
+  user's. Otherwise a fixed short spin: ``GOMP_SPINCOUNT=500`` (or the user's) with ``OMP_WAIT_POLICY=ACTIVE`` beside it on
   libgomp, which keeps the 500 where libgomp would throttle them to 100 once a second thread has
-  run a parallel op. libgomp's own default (about 3 ms) lets two learners on the same 2 CPUs slow
-  each other 300x; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
+  run a parallel op. libgomp's own default (about 3 ms), ungoverned, lets two learners on the same
+  2 CPUs slow each other 300x; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.
@@ -85,8 +83,7 @@ def torchrun_environment() -> tuple[int, int, int] | None:
     return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
 
 
-GOVERNED_SPINS = 2_000  # streamer.spin shortens them while the CPUs are shared (benchmarks/contention.py)
-SPARE_CPU_SPINS = 300_000  # libgomp's own, governed too, where the threads leave a CPU to the event loop
+GOVERNED_SPINS = 300_000  # libgomp's own; streamer.spin shortens them while shared (benchmarks/contention.py)
 FIXED_SPINS = 500  # where no governor acts: 1,000 let two learners on 2 CPUs slow each other 2.5-3.9x
 
 
@@ -100,7 +97,7 @@ def choose_openmp_spin(threads: int, cpus: int, watchable: bool) -> bool:
     gnu = torch_openmp_is_gnu()
     ours = "GOMP_SPINCOUNT" not in os.environ or os.environ.get("STREAMER_OPENMP_SPIN") == "governed"
     if ours and gnu and watchable and 1 < threads and cpus < 2 * threads - 1:
-        os.environ["GOMP_SPINCOUNT"] = str(SPARE_CPU_SPINS if threads < cpus else GOVERNED_SPINS)
+        os.environ["GOMP_SPINCOUNT"] = str(GOVERNED_SPINS)
         os.environ["STREAMER_OPENMP_SPIN"] = "governed"
         return True
     os.environ.pop("STREAMER_OPENMP_SPIN", None)

@@ -10,8 +10,9 @@ threads hold the CPUs the other job's threads wait for). No fixed count is good 
 
 libgomp itself has the second setting: a throttled spin (100 turns, with OMP_WAIT_POLICY unset) that
 it uses, checked at every wait, while it manages more threads than the CPUs the process may use.
-The learning commands set GOMP_SPINCOUNT to 2,000, or libgomp's own 300,000 where the torch
-threads leave a CPU to the event loop (streamer.settings), and `SpinGovernor` watches how much
+The learning commands set GOMP_SPINCOUNT to libgomp's own 300,000 (streamer.settings; 2,000, tried
+first, let the helpers sleep between regions: the memory path ran at 0.93 of torch's default on 2
+cores and 0.68 on 16), and `SpinGovernor` watches how much
 CPU other work takes on the CPUs this process may use (their busy time in /proc/stat less this
 process's own CPU time): when it is shared, a parked thread runs one parallel torch op and
 waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count (it counts

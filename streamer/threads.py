@@ -3,13 +3,12 @@
 Default: the CPUs this process may use (its affinity mask, not the machine's count), less one
 for the asyncio loop that fetches and decodes records when there are more than 2; an
 ``OMP_NUM_THREADS`` the user set wins over that default, ``--threads`` over both. OpenMP's
-idle threads spin about 20 microseconds and then sleep (``GOMP_SPINCOUNT=2000``, set by the
-command line before torch loads; streamer.settings), or libgomp's 300,000 turns where a CPU is
-left to the event loop, so the step's parallel regions find their threads awake, and 100 turns
-while other work shares the CPUs (streamer.spin), so a second torch job on the same CPUs slows
-the learner instead of starving it. Where the threads are too few for
-that (at most half the CPUs, rounded up: the default on 3 CPUs, or a small --threads) or there is
-no /proc/stat to watch the CPUs by, the spin is a fixed 500 turns.
+idle threads spin libgomp's own 300,000 turns, about 3 ms, before they sleep (``GOMP_SPINCOUNT``,
+set by the command line before torch loads; streamer.settings), so the step's parallel regions
+find their threads awake, and 100 turns while other work shares the CPUs (streamer.spin), so a
+second torch job on the same CPUs slows the learner instead of starving it. Where the threads are
+too few for that (at most half the CPUs, rounded up: the default on 3 CPUs, or a small --threads)
+or there is no /proc/stat to watch the CPUs by, the spin is a fixed 500 turns.
 """
 
 from __future__ import annotations
