@@ -26,10 +26,11 @@
   streamer.spin can shorten every spin to libgomp's throttled 100 turns while other work shares
   the CPUs; ``STREAMER_OPENMP_SPIN=governed`` beside it tells the processes this one starts
   (compare's jobs, a learner started from it) that the spin count is the command's, not the
-  user's. Otherwise a fixed short spin: ``GOMP_SPINCOUNT=500`` (or the user's) with ``OMP_WAIT_POLICY=ACTIVE`` beside it on
-  libgomp, which keeps the 500 where libgomp would throttle them to 100 once a second thread has
-  run a parallel op. libgomp's own default (about 3 ms), ungoverned, lets two learners on the same
-  2 CPUs slow each other 300x; ``OMP_WAIT_POLICY=PASSIVE`` (no spin) made the 2-thread step 1.5x slower.
+  user's. Otherwise a fixed short spin: ``GOMP_SPINCOUNT=500`` (or the user's) with
+  ``OMP_WAIT_POLICY=ACTIVE`` beside it on libgomp, which keeps the 500 where libgomp would throttle
+  them to 100 once a second thread has run a parallel op. libgomp's own default (about 3 ms),
+  ungoverned, lets two learners on the same 2 CPUs slow each other 300x; ``OMP_WAIT_POLICY=PASSIVE``
+  (no spin) made the 2-thread step 1.5x slower.
 
 Library code receives these values as arguments; only the command line (streamer/cli/) and
 this module look at the environment.

@@ -12,12 +12,11 @@ libgomp itself has the second setting: a throttled spin (100 turns, with OMP_WAI
 it uses, checked at every wait, while it manages more threads than the CPUs the process may use.
 The learning commands set GOMP_SPINCOUNT to libgomp's own 300,000 (streamer.settings; 2,000, tried
 first, let the helpers sleep between regions: the memory path ran at 0.93 of torch's default on 2
-cores and 0.68 on 16), and `SpinGovernor` watches how much
-CPU other work takes on the CPUs this process may use (their busy time in /proc/stat less this
-process's own CPU time): when it is shared, a parked thread runs one parallel torch op and
-waits; its idle OpenMP team (as large as the step's) takes libgomp over the CPU count (it counts
-2 x threads - 1 for the two teams; streamer.settings governs only where that is over the CPUs),
-so every wait spins 100 turns. When other work has stayed low long enough, the parked thread
+cores and 0.68 on 16), and `SpinGovernor` watches how much CPU other work takes on the CPUs this
+process may use (their busy time in /proc/stat less this process's own CPU time): when it is
+shared, a parked thread runs one parallel torch op and waits; its idle OpenMP team (as large as
+the step's) takes libgomp over the CPU count (it counts 2 x threads - 1 for the two teams;
+streamer.settings governs only where that is over the CPUs), so every wait spins 100 turns. When other work has stayed low long enough, the parked thread
 ends, its team with it, and the long spins come back. The thread count does not change
 (streamer.threads decides it once), nor do the results: spinning only moves when a thread notices
 its next region. (Our own threads' run delay would not do as the signal: with the short spins they
@@ -41,7 +40,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governing", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
+__all__ = ["SpinGovernor", "govern", "governing", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable",
+           "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
