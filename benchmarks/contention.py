@@ -33,11 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LEARNER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from streamer.settings import choose_openmp_spin, omp_num_threads
-from streamer.spin import watchable
-from streamer.threads import apply_thread_policy, thread_policy
-chosen = thread_policy({threads}, omp_num_threads())
-governed = choose_openmp_spin(chosen.threads, chosen.cpus, watchable())
+from streamer.settings import omp_num_threads
+from streamer.threads import apply_thread_policy, choose_spin
+governed = choose_spin({threads}, omp_num_threads())
 policy = apply_thread_policy({threads}, omp_num_threads(), govern_spin=governed)
 import torch
 from streamer.models import LSTMLanguageModel

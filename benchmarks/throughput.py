@@ -165,12 +165,10 @@ def measure(args) -> None:
     command does; the baseline leaves OpenMP and torch alone."""
     governed = False
     if args.path != "baseline":
-        from streamer.settings import choose_openmp_spin, omp_num_threads
-        from streamer.spin import watchable
-        from streamer.threads import thread_policy
+        from streamer.settings import omp_num_threads
+        from streamer.threads import choose_spin
 
-        policy = thread_policy(args.threads, omp_num_threads())
-        governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())
+        governed = choose_spin(args.threads, omp_num_threads())
     import torch
 
     if args.path == "baseline":

@@ -14,7 +14,7 @@ from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from streamer.spin import governing
+from streamer.spin import governor
 from streamer.threads import apply_thread_policy
 
 __all__ = ["Outcome", "one_line", "run_jobs"]
@@ -71,12 +71,13 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
     outcomes: list[Outcome | None] = [None] * len(tasks)
     waiting = list(range(len(tasks)))
     running: dict[int, tuple] = {}  # index -> (process, the parent's end of its pipe)
+    governed = governor() is not None  # where the parent's spins are governed, the jobs' are too
     try:
         while waiting or running:
             while waiting and len(running) < max(1, jobs):
                 index = waiting.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(function, tasks[index], threads, governing(), sender),
+                process = context.Process(target=_child, args=(function, tasks[index], threads, governed, sender),
                                           name=f"streamer-job-{index}", daemon=True)
                 process.start()
                 sender.close()  # the child holds its copy

@@ -40,8 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governing", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable",
-           "Reader"]
+__all__ = ["SpinGovernor", "govern", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,13 +56,9 @@ def govern() -> SpinGovernor:
     return _governor
 
 
-def governing() -> bool:
-    """Whether this process's spins are governed (the job processes it starts then govern theirs)."""
-    return _governor is not None
-
-
 def governor() -> SpinGovernor | None:
-    """This process's SpinGovernor, None where the spins are not governed."""
+    """This process's SpinGovernor, None where the spins are not governed (the job processes it
+    starts then govern theirs the same way)."""
     return _governor
 
 

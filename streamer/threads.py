@@ -17,9 +17,10 @@ import os
 from dataclasses import dataclass, replace
 
 from streamer.allocator import keep_freed_memory
-from streamer.spin import govern
+from streamer.settings import choose_openmp_spin
+from streamer.spin import govern, watchable
 
-__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "rank_threads", "thread_policy",
+__all__ = ["ThreadPolicy", "available_cpus", "default_threads", "rank_threads", "thread_policy", "choose_spin",
            "apply_thread_policy", "pin_to_first_cpus"]
 
 
@@ -71,6 +72,14 @@ def thread_policy(threads: int | None, omp_threads: int | None = None) -> Thread
     """The policy for --threads `threads` (None: not given) on the CPUs this process may use."""
     cpus = available_cpus()
     return ThreadPolicy(threads, cpus, "--threads") if threads else default_threads(cpus, omp_threads)
+
+
+def choose_spin(threads: int | None, omp_threads: int | None = None) -> bool:
+    """Before torch loads: OpenMP's wait for the policy's threads on the CPUs this process may use
+    (streamer.settings.choose_openmp_spin, where /proc/stat shows them); True when
+    apply_thread_policy is to govern the spins (its `govern_spin`)."""
+    policy = thread_policy(threads, omp_threads)
+    return choose_openmp_spin(policy.threads, policy.cpus, watchable())
 
 
 def apply_thread_policy(threads: int | None, omp_threads: int | None = None, *,

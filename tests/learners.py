@@ -22,8 +22,9 @@ def produce_command(bootstrap: str, corpus: Path, topic: str, manifest: Path, fr
             "--manifest", str(manifest), *extra]
 
 
-def produce(bootstrap: str, corpus: Path, topic: str, manifest: Path, fragments: int = 6, mean_tokens: int = 2500):
-    result = subprocess.run(produce_command(bootstrap, corpus, topic, manifest, fragments, mean_tokens),
+def produce(bootstrap: str, corpus: Path, topic: str, manifest: Path, fragments: int = 6, mean_tokens: int = 2500,
+            *extra):
+    result = subprocess.run(produce_command(bootstrap, corpus, topic, manifest, fragments, mean_tokens, *extra),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import write_corpus
+from tests.learners import produce
 from tests.test_resume import STRATEGY_FLAGS, kill_after_checkpoint, read_lines
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -28,15 +29,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def stream(broker, tmp_path_factory):
+    """4 streams (2 ranks can split them), one partition each."""
     root = tmp_path_factory.mktemp("gpu")
-    corpus = write_corpus(root / "corpus")
     manifest = root / "manifest.json"
-    result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
-                             broker.bootstrap_servers, "--topic", TOPIC, "--fragments", "6", "--lambda", "2500",
-                             "--streams", "4", "--window", "10", "--seed", "0", "--partitions", "4",
-                             "--manifest", str(manifest), "--probe-tokens", "0"],
-                            capture_output=True, text=True, timeout=120, env=ENV)
-    assert result.returncode == 0, result.stderr
+    produce(broker.bootstrap_servers, write_corpus(root / "corpus"), TOPIC, manifest, 6, 2500,
+            "--streams", "4", "--partitions", "4", "--probe-tokens", "0")
     return root, manifest
 
 

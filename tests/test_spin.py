@@ -294,25 +294,19 @@ def test_a_learners_short_spins_show_in_its_metrics(broker, tmp_path):
     import json
 
     from tests.conftest import write_corpus
+    from tests.learners import learn_command, produce
 
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs")
     pin = ["taskset", "-c", ",".join(map(str, cpus))]
-    streamer = [sys.executable, "-m", "streamer"]
-    corpus = write_corpus(tmp_path / "corpus", lines=50)
-    produced = subprocess.run([*streamer, "produce", "--corpus", str(corpus), "--bootstrap-servers",
-                               broker.bootstrap_servers, "--topic", "spins", "--fragments", "2", "--lambda", "300",
-                               "--streams", "2", "--window", "10", "--probe-tokens", "0",
-                               "--manifest", str(tmp_path / "manifest.json")],
-                              capture_output=True, text=True, timeout=120)
-    assert produced.returncode == 0, produced.stderr
+    produce(broker.bootstrap_servers, write_corpus(tmp_path / "corpus", lines=50), "spins", tmp_path / "manifest.json",
+            2, 300, "--probe-tokens", "0")
     environment = {name: value for name, value in os.environ.items()
                    if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
     run_dir = tmp_path / "run"
-    learner = subprocess.Popen(pin + [*streamer, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
-                                      "spins", "--streams", "2", "--window", "10", "--hidden", "16", "--embedding", "8",
-                                      "--no-view", "--no-probe", "--metrics-port", "0", "--run-dir", str(run_dir)],
+    learner = subprocess.Popen(pin + learn_command(broker.bootstrap_servers, "spins", "--metrics-port", "0",
+                                                   "--run-dir", str(run_dir)),
                                cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     hogs = []

@@ -12,9 +12,8 @@ from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
-from streamer.settings import choose_openmp_spin, forbid_model_hub, omp_num_threads, torchrun_environment
-from streamer.spin import watchable
-from streamer.threads import thread_policy
+from streamer.settings import forbid_model_hub, omp_num_threads, torchrun_environment
+from streamer.threads import choose_spin
 
 __all__ = ["build_parser", "parse", "main"]
 
@@ -81,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
     # `learn --nproc N` (outside torchrun) only starts the ranks: each decides its threads and spins itself
     launcher = args.command == "learn" and args.nproc > 1 and torchrun_environment() is None
-    governed = False
-    if not launcher:
-        policy = thread_policy(getattr(args, "threads", None), omp_num_threads())
-        governed = choose_openmp_spin(policy.threads, policy.cpus, watchable())  # before torch loads OpenMP
+    governed = not launcher and choose_spin(getattr(args, "threads", None), omp_num_threads())  # before torch loads
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
         sigterm_before_learning()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
