@@ -1,26 +1,37 @@
 """Step time of `poe`'s batched experts (streamer.models.experts) against a Python loop over n
 nn.LSTM-based modules doing the same work, over a sweep of sizes, in the same run.
 
-    .venv/bin/python benchmarks/experts.py [--experts 5,10,30] [--hidden 32,200,550] [--repeats 2] [--device cpu]
-    .venv/bin/python benchmarks/experts.py --alternate [--iterations 5]   # steadier on a shared machine
+    .venv/bin/python benchmarks/experts.py [--experts 5,10,30] [--hidden 32,200,550] [--min-seconds 1] [--device cpu]
+    .venv/bin/python benchmarks/experts.py --separate [--repeats 2]   # each variant timed in its own process
 
 A step is one `poe` learning step: forward of every expert, the plastic gate phase
 (--gate-steps Adam steps on the gate vector against the detached expert logits), the
 product-of-experts loss, backward, per-expert gradient clipping and one Adam update. Per size
-it times three variants, each in its own child process (so its memory is measured alone: on
-CPU the peak resident set size minus the resident size once the model is built; on a GPU
-torch.cuda.max_memory_allocated): `modules` (n separate LSTMLanguageModel modules, the loop the
-batched model must not be slower than), and the batched model with each of its two kernels,
-`fused` (one torch.bmm per time step over stacked weights) and `loop` (one native torch.lstm per
-expert on its own weights). `auto` is the kernel the strategy picks for that device
-and size (streamer.models.experts.choose_kernel); the ratio is modules / auto. Achieved GFLOP/s
-counts the step's matrix products (forward, backward, gate phase) over its time; beside it the
+it times three variants: `modules` (n separate LSTMLanguageModel modules, the loop the batched
+model must not be slower than), and the batched model with each of its two kernels, `fused`
+(one torch.bmm per time step over stacked weights) and `loop` (one native torch.lstm per expert
+on its own weights). `auto` is the kernel the strategy picks for that device and size
+(streamer.models.experts.choose_kernel); the ratio is modules / auto. Achieved GFLOP/s counts
+the step's matrix products (forward, backward, gate phase) over its time; beside it the
 machine's one-thread matmul rate, for a large product and for the recurrence's own shape
 (b x H times H x 4H). Wall and process CPU time are both printed: on a shared machine the CPU
-time of a one-thread run is the steadier figure. With --alternate the three variants are built in
-one process per size and their steps alternate (modules, fused, loop, modules, ...), each figure
-the median over --iterations steps: load that comes and goes then falls on all three alike (no
-memory column in that mode). The last line is the worst ratio of the sweep.
+time of a one-thread run is the steadier figure.
+
+Timing: the three variants are built in one process per size and their steps alternate
+(modules, fused, loop, modules, ...), each figure the median over its timed steps, so load
+that comes and goes falls on all three alike. Each variant times at least --iterations steps
+and at least --min-seconds of them (counted from the fastest variant's warm-up step; the
+batches are reused in turn): three steps of a 15 ms step are 45 ms, too short a window to
+tell a 2% difference from noise. With --separate each variant is timed in a child process
+of its own instead (the earlier default): on the 2-core AMD host the same variant's step
+differed by up to 10% from one process to the next at 5 x 32, which the alternating medians
+do not see.
+
+Memory is always measured alone: each variant runs --warmup + 1 steps in a child process of its
+own (on CPU the peak resident set size minus the resident size once the model is built; on a
+GPU torch.cuda.max_memory_allocated). --no-memory skips those processes.
+
+The last line is the worst ratio of the sweep.
 """
 
 from __future__ import annotations
@@ -86,6 +97,16 @@ def _resident_kib() -> int:
     return pages * resource.getpagesize() // 1024
 
 
+def _peak_resident_kib() -> int:
+    """This process's own peak resident size (VmHWM). Not ru_maxrss: that keeps the peak of the process
+    before its exec, so a child of a parent that holds models would report the parent's size."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -121,6 +142,17 @@ def build(args, variant: str, n: int, hidden: int):
     return learner, [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
+def timed_steps(args, warm_step_s: float) -> int:
+    """Steps to time: --iterations, or more where that many would take under --min-seconds."""
+    return max(args.iterations, math.ceil(args.min_seconds / max(warm_step_s, 1e-6)))
+
+
+def timed_batch(args, batches: list, index: int) -> Batch:
+    """The batch of timed step `index`: those after the warm-up ones, reused in turn (alike for every variant)."""
+    timed = batches[args.warmup:]
+    return timed[index % len(timed)]
+
+
 def measure(args, variant: str, n: int, hidden: int) -> dict:
     """Run one variant in this process; return its mean step time and memory."""
     device = torch.device(args.device)
@@ -129,16 +161,18 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         baseline_gpu = torch.cuda.memory_allocated(device)
+    warm_started = time.perf_counter()
     for batch in batches[:args.warmup]:
         learner.learn(batch)
     _synchronize(device)
+    steps = timed_steps(args, (time.perf_counter() - warm_started) / max(args.warmup, 1))
     started, started_cpu = time.perf_counter(), time.process_time()
-    for batch in batches[args.warmup:]:
-        learner.learn(batch)
+    for index in range(steps):
+        learner.learn(timed_batch(args, batches, index))
     _synchronize(device)
-    result = {"variant": variant, "step_s": (time.perf_counter() - started) / args.iterations,
-              "cpu_s": (time.process_time() - started_cpu) / args.iterations,
-              "peak_rss_delta_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024}
+    result = {"variant": variant, "step_s": (time.perf_counter() - started) / steps,
+              "cpu_s": (time.process_time() - started_cpu) / steps, "steps": steps,
+              "peak_rss_delta_mib": (_peak_resident_kib() - baseline) / 1024}
     if device.type == "cuda":
         result["gpu_peak_mib"] = (torch.cuda.max_memory_allocated(device) - baseline_gpu) / 2**20
     return result
@@ -150,17 +184,27 @@ def alternate(args, n: int, hidden: int) -> dict[str, dict]:
     built = {variant: build(args, variant, n, hidden) for variant in VARIANTS}
     wall = {variant: [] for variant in VARIANTS}
     cpu = {variant: [] for variant in VARIANTS}
-    for step in range(args.warmup + args.iterations):
+
+    def step_all(batch_of) -> None:
         for variant, (learner, batches) in built.items():
             _synchronize(device)
             started, started_cpu = time.perf_counter(), time.process_time()
-            learner.learn(batches[step])
+            learner.learn(batch_of(batches))
             _synchronize(device)
-            if step >= args.warmup:
-                wall[variant].append(time.perf_counter() - started)
-                cpu[variant].append(time.process_time() - started_cpu)
+            wall[variant].append(time.perf_counter() - started)
+            cpu[variant].append(time.process_time() - started_cpu)
+
+    for step in range(args.warmup):
+        step_all(lambda batches: batches[step])
+    # rounds enough for the fastest variant's --min-seconds (each variant steps once a round)
+    steps = timed_steps(args, min(wall[variant][-1] for variant in VARIANTS) if args.warmup else 0.0)
+    for variant in VARIANTS:
+        wall[variant].clear()
+        cpu[variant].clear()
+    for step in range(steps):
+        step_all(lambda batches: timed_batch(args, batches, step))
     return {variant: {"variant": variant, "step_s": statistics.median(wall[variant]),
-                      "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan")}
+                      "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan"), "steps": steps}
             for variant in VARIANTS}
 
 
@@ -183,26 +227,33 @@ def _sizes(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def _child(args, variant: str, n: int, hidden: int) -> dict:
-    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                 if name not in ("only", "repeats", "experts", "hidden", "alternate", "json")]
+def _child(args, variant: str, n: int, hidden: int, **overrides) -> dict:
+    settings = {**vars(args), **overrides}
+    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()
+                 if name not in ("only", "repeats", "experts", "hidden", "separate", "no_memory", "json")]
     child = subprocess.run([sys.executable, __file__, *forwarded, f"--experts={n}", f"--hidden={hidden}",
                             "--only", variant], check=True, capture_output=True, text=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def sweep(args) -> list[dict]:
-    """Per size, the fastest of --repeats child runs of each variant (variants alternate)."""
+    """Per size, the fastest of --repeats timings of each variant (alternating in one process, or with
+    --separate in child processes), and each variant's memory from a child process of its own."""
     rows = []
     for n in _sizes(args.experts):
         for hidden in _sizes(args.hidden):
             best: dict[str, dict] = {}
             for _ in range(args.repeats):
-                results = alternate(args, n, hidden) if args.alternate else {
-                    variant: _child(args, variant, n, hidden) for variant in VARIANTS}
+                results = {variant: _child(args, variant, n, hidden) for variant in VARIANTS} if args.separate \
+                    else alternate(args, n, hidden)
                 for variant, result in results.items():
                     if variant not in best or result["cpu_s"] < best[variant]["cpu_s"]:
                         best[variant] = result
+            if not args.separate and not args.no_memory:  # memory alone: warm-up and one step, no timing
+                for variant in VARIANTS:
+                    alone = _child(args, variant, n, hidden, iterations=1, min_seconds=0)
+                    best[variant] = {**best[variant], **{key: value for key, value in alone.items()
+                                                         if key in ("peak_rss_delta_mib", "gpu_peak_mib")}}
             auto = choose_kernel(torch.device(args.device), n, hidden)
             rows.append({"experts": n, "hidden": hidden, "auto": auto, "flop": step_flop(args, n, hidden),
                          "shape_gflops": matmul_gflops(torch.device(args.device), args.streams, hidden, 4 * hidden),
@@ -217,8 +268,8 @@ def _mib(value: float) -> str:
 def print_table(args, rows: list[dict], peak: float) -> None:
     print(f"embedding {args.embedding}, vocab {args.vocab}, {args.layers} layers, b={args.streams}, w={args.window}, "
           f"{args.gate_steps} gate steps, device {args.device}, {torch.get_num_threads()} threads, "
-          f"{args.iterations} timed steps, best of {args.repeats} (by CPU time)"
-          + (", variants alternating in one process (medians)" if args.alternate else ""))
+          f"at least {args.iterations} timed steps and {args.min_seconds:g} s a variant, best of {args.repeats} (by CPU time)"
+          + (", each variant in its own process (means)" if args.separate else ", variants alternating in one process (medians)"))
     print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
     print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
           "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
@@ -248,16 +299,20 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=10, help="b")
     p.add_argument("--window", type=int, default=20, help="w")
     p.add_argument("--gate-steps", type=int, default=100)
-    p.add_argument("--iterations", type=int, default=3, help="timed steps per variant")
+    p.add_argument("--iterations", type=int, default=3, help="timed steps per variant, at least")
+    p.add_argument("--min-seconds", type=float, default=1.0,
+                   help="time at least this many seconds of steps per variant (more steps for small sizes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=1,
-                   help="child processes per variant and size, alternating; the fastest (CPU time) counts")
+                   help="timings per variant and size (with --separate: child processes); the fastest (CPU time) counts")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a small shared machine more threads made both variants "
                         "slower; 0: torch's default)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--alternate", action="store_true",
-                   help="time the variants in one process per size, their steps alternating (medians; no memory)")
+    p.add_argument("--separate", action="store_true",
+                   help="time each variant in a child process of its own (the earlier default) instead of "
+                        "alternating their steps in one process")
+    p.add_argument("--no-memory", action="store_true", help="skip the child processes that measure each variant's memory")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()
