@@ -1,7 +1,7 @@
 """N ranks learn as one model (streamer.distributed): 2 gloo ranks x 5 streams give, batch for batch, the
 losses of 1 process x 10 streams on the same topic (produced with one partition per stream) and seed,
-to 1e-4 nats, for naive (started by torchrun itself) and poe (by `streamer learn --nproc 2`); a
-SIGTERM stops every rank at the same step with rank 0's checkpoint of all ranks' offsets, and the
+to 1e-4 nats, for naive (started by torchrun itself, and by the README's two-host commands with
+both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at the same step with rank 0's checkpoint of all ranks' offsets, and the
 same command continues to the same losses; the errors a user can make are one line. Real processes
 through the embedded broker, a tiny LSTM, one torch thread per rank."""
 
@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -139,6 +140,38 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
     worst = worst_difference(losses(root / "two-poe"), losses(root / "one-poe"))
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, one_process_naive):
+    """The README's two machines (torchrun's c10d rendezvous, --nnodes 2), both on this one with the
+    rendezvous on 127.0.0.1: each node's only rank has local rank 0, and the global ranks still own
+    their own streams and partitions."""
+    root, manifest = stream
+    run_dir = root / "two-nodes"
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = []
+    for node in range(2):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "calm-run",
+                   "--log-dir", str(root / f"node-{node}-logs"), "-m", "streamer",
+                   *learn_flags(broker, manifest, run_dir)]
+        nodes.append(subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-2000:] for output in outputs)
+    worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+    saved = checkpoint.load(run_dir / "checkpoint.pt")
+    assert saved["world_size"] == 2 and sorted(saved["offsets"]) == sorted(f"{TOPIC}:{p}" for p in range(10))
+    assert [sorted(part["loop"]["offsets"]) for part in saved["ranks"]] == [
+        [(TOPIC, p) for p in range(5)], [(TOPIC, p) for p in range(5, 10)]]
+    assert sum("run directory:" in output for output in outputs) == 1  # rank 0's node alone writes the run
 
 
 def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
