@@ -142,9 +142,12 @@ def build(args, variant: str, n: int, hidden: int):
     return learner, [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def timed_steps(args, warm_step_s: float) -> int:
-    """Steps to time: --iterations, or more where that many would take under --min-seconds."""
-    return max(args.iterations, math.ceil(args.min_seconds / max(warm_step_s, 1e-6)))
+def timed_steps(args, warm_step_s: float | None) -> int:
+    """Steps to time: --iterations, or more where that many would take under --min-seconds (judged by
+    a warm-up step's time; with --warmup 0 there is none, and --iterations it is)."""
+    if warm_step_s is None:
+        return args.iterations
+    return max(args.iterations, math.ceil(args.min_seconds / max(warm_step_s, 1e-4)))
 
 
 def timed_batch(args, batches: list, index: int) -> Batch:
@@ -165,7 +168,7 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     for batch in batches[:args.warmup]:
         learner.learn(batch)
     _synchronize(device)
-    steps = timed_steps(args, (time.perf_counter() - warm_started) / max(args.warmup, 1))
+    steps = timed_steps(args, (time.perf_counter() - warm_started) / args.warmup if args.warmup else None)
     started, started_cpu = time.perf_counter(), time.process_time()
     for index in range(steps):
         learner.learn(timed_batch(args, batches, index))
@@ -197,7 +200,7 @@ def alternate(args, n: int, hidden: int) -> dict[str, dict]:
     for step in range(args.warmup):
         step_all(lambda batches: batches[step])
     # rounds enough for the fastest variant's --min-seconds (each variant steps once a round)
-    steps = timed_steps(args, min(wall[variant][-1] for variant in VARIANTS) if args.warmup else 0.0)
+    steps = timed_steps(args, min(wall[variant][-1] for variant in VARIANTS) if args.warmup else None)
     for variant in VARIANTS:
         wall[variant].clear()
         cpu[variant].clear()
@@ -268,8 +271,9 @@ def _mib(value: float) -> str:
 def print_table(args, rows: list[dict], peak: float) -> None:
     print(f"embedding {args.embedding}, vocab {args.vocab}, {args.layers} layers, b={args.streams}, w={args.window}, "
           f"{args.gate_steps} gate steps, device {args.device}, {torch.get_num_threads()} threads, "
-          f"at least {args.iterations} timed steps and {args.min_seconds:g} s a variant, best of {args.repeats} (by CPU time)"
-          + (", each variant in its own process (means)" if args.separate else ", variants alternating in one process (medians)"))
+          f"at least {args.iterations} timed steps and {args.min_seconds:g} s a variant, "
+          f"best of {args.repeats} (by CPU time), "
+          + ("each variant in its own process (means)" if args.separate else "variants alternating in one process (medians)"))
     print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
     print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
           "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
@@ -304,7 +308,8 @@ def main() -> None:
                    help="time at least this many seconds of steps per variant (more steps for small sizes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=1,
-                   help="timings per variant and size (with --separate: child processes); the fastest (CPU time) counts")
+                   help="timings per variant and size (with --separate: child processes); "
+                        "the fastest (CPU time) counts")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a small shared machine more threads made both variants "
                         "slower; 0: torch's default)")
@@ -312,7 +317,8 @@ def main() -> None:
     p.add_argument("--separate", action="store_true",
                    help="time each variant in a child process of its own (the earlier default) instead of "
                         "alternating their steps in one process")
-    p.add_argument("--no-memory", action="store_true", help="skip the child processes that measure each variant's memory")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the child processes that measure each variant's memory")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()

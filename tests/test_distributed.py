@@ -1,9 +1,10 @@
 """N ranks learn as one model (streamer.distributed): 2 gloo ranks x 5 streams give, batch for batch, the
 losses of 1 process x 10 streams on the same topic (produced with one partition per stream) and seed,
 to 1e-4 nats, for naive (started by torchrun itself, and by the README's two-host commands with
-both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at the same step with rank 0's checkpoint of all ranks' offsets, and the
-same command continues to the same losses; the errors a user can make are one line. Real processes
-through the embedded broker, a tiny LSTM, one torch thread per rank."""
+both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at
+the same step with rank 0's checkpoint of all ranks' offsets, and the same command continues to
+the same losses; the errors a user can make are one line. Real processes through the embedded
+broker, a tiny LSTM, one torch thread per rank."""
 
 import asyncio
 import json

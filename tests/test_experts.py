@@ -96,6 +96,16 @@ def test_batched_experts_equal_separate_lstms_forward_backward_and_clipping():
             assert torch.allclose(batched, separate, atol=1e-7)
 
 
+@pytest.mark.parametrize("bad_id", [20, 25, -1])
+def test_a_token_outside_the_vocabulary_is_an_error_not_another_experts_row(bad_id):
+    # the experts look their tables up as one joint table: id 20 of expert 0 would be expert 1's row 0
+    experts = LSTMExperts(3, LSTMConfig(embedding=6, hidden=10, layers=1, vocab=20))
+    inputs = torch.randint(0, 20, (4, 7))
+    inputs[1, 2] = bad_id
+    with pytest.raises(IndexError):
+        experts(inputs, experts.initial_state(4))
+
+
 def test_the_recurrence_backward_passes_gradcheck():
     torch.manual_seed(0)
     w, n, b, hidden = 3, 2, 2, 3

@@ -227,11 +227,14 @@ class LSTMExperts(nn.Module):
         """inputs (b, w) token ids -> top-layer hidden states (n, b, w, H), next state."""
         h0, c0 = state
         # one embedding lookup over the experts' tables as one (n*V, E) table, expert i's ids offset by i*V:
-        # its backward is one embedding_dense_backward, about half the cost of indexing's index_put
-        # (0.23 against 0.41 ms at 10 experts of E 200, b 10, w 20, one thread) and below n lookups' 0.45
+        # its backward is one embedding_dense_backward, not indexing's index_put (forward and backward
+        # 0.28 against 0.41 ms at 10 experts of E 200, b 10, w 20, one thread; n lookups: 0.32-0.45). An id
+        # outside the vocabulary is sent beyond the joint table: an IndexError, as with a table each, not
+        # expert i + 1's row
         n, vocab, width = self.embedding.shape
+        ids = torch.where((inputs >= 0) & (inputs < vocab), inputs, n * vocab)
         offsets = torch.arange(0, n * vocab, vocab, device=inputs.device).view(n, 1, 1)
-        x = self._drop(F.embedding(inputs.unsqueeze(0) + offsets, self.embedding.view(n * vocab, width)))  # (n, b, w, E)
+        x = self._drop(F.embedding(ids.unsqueeze(0) + offsets, self.embedding.view(n * vocab, width)))  # n, b, w, E
         last_h, last_c = [], []
         for layer in range(self.config.layers):
             if layer > 0:
