@@ -273,7 +273,8 @@ def print_table(args, rows: list[dict], peak: float) -> None:
           f"{args.gate_steps} gate steps, device {args.device}, {torch.get_num_threads()} threads, "
           f"at least {args.iterations} timed steps and {args.min_seconds:g} s a variant, "
           f"best of {args.repeats} (by CPU time), "
-          + ("each variant in its own process (means)" if args.separate else "variants alternating in one process (medians)"))
+          + ("each variant in its own process (means)" if args.separate
+             else "variants alternating in one process (medians)"))
     print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
     print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
           "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
