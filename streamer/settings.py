@@ -14,7 +14,8 @@
   (streamer.threads), so a job pinned to N threads keeps N.
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: set by ``torchrun`` (and ``streamer learn --nproc``) for each
   rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
-  ``MASTER_ADDR`` and ``MASTER_PORT``.
+  ``MASTER_ADDR`` and ``MASTER_PORT``. ``LOCAL_WORLD_SIZE`` (torchrun's ranks on this machine) sizes
+  each rank's share of the CPUs under ``learn --pin-cpus`` (``torchrun_local_world``).
 - ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``: written before torch loads its OpenMP runtime, unless
   the user set either (``choose_openmp_spin``, called by the command line once it knows the torch
   threads). With GNU libgomp (torch's on Linux), /proc/stat to watch the CPUs by, and a second
@@ -45,7 +46,7 @@ from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
            "choose_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
-           "secret_variable", "torchrun_environment"]
+           "secret_variable", "torchrun_environment", "torchrun_local_world"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
@@ -82,6 +83,12 @@ def torchrun_environment() -> tuple[int, int, int] | None:
     if rank is None or world is None:
         return None
     return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
+
+
+def torchrun_local_world() -> int | None:
+    """LOCAL_WORLD_SIZE: the ranks torchrun started on this machine; None outside torchrun."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(local) if local else None
 
 
 GOVERNED_SPINS = 300_000  # libgomp's own; streamer.spin shortens them while shared (benchmarks/contention.py)

@@ -9,6 +9,10 @@ find their threads awake, and 100 turns while other work shares the CPUs (stream
 second torch job on the same CPUs slows the learner instead of starving it. Where the threads are
 too few for that (at most half the CPUs, rounded up: the default on 3 CPUs, or a small --threads)
 or there is no /proc/stat to watch the CPUs by, the spin is a fixed 500 turns.
+
+The ranks of `learn --nproc N` each pin themselves first to an equal share of the CPUs
+(``--pin-cpus``: rank_cpu_share, pin_to_rank_share), so each decides all of the above on its own
+share, as one learner on a machine of that size.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from streamer.settings import choose_openmp_spin
 from streamer.spin import govern, watchable
 
 __all__ = ["ThreadPolicy", "available_cpus", "default_threads", "rank_threads", "thread_policy", "choose_spin",
-           "apply_thread_policy", "pin_to_first_cpus"]
+           "apply_thread_policy", "pin_to_first_cpus", "rank_cpu_share", "pin_to_rank_share"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,26 @@ def pin_to_first_cpus(cpus: int) -> list[int]:
         raise ValueError(f"--cpus {cpus}, but this process may use only {len(allowed)} CPUs")
     os.sched_setaffinity(0, allowed[:cpus])
     return allowed[:cpus]
+
+
+def rank_cpu_share(allowed: list[int], local_rank: int, local_world: int) -> list[int] | None:
+    """Local rank `local_rank`'s share of the CPUs `allowed` (sorted) among the `local_world` ranks on one
+    machine: len(allowed) // local_world consecutive ones, the same count for every rank (the ranks step
+    together, so the slowest sets the pace; a remainder is left to the agent and whatever else runs);
+    None when there are fewer CPUs than ranks."""
+    share = len(allowed) // local_world if local_world > 0 else 0
+    if share == 0 or not 0 <= local_rank < local_world:
+        return None
+    return allowed[local_rank * share:(local_rank + 1) * share]
+
+
+def pin_to_rank_share(local_rank: int, local_world: int) -> list[int] | None:
+    """Pin this process (before torch loads: its threads inherit the mask) to its rank_cpu_share of the
+    CPUs it may use; returns them, or None (nothing done) when there are fewer CPUs than ranks."""
+    share = rank_cpu_share(sorted(os.sched_getaffinity(0)), local_rank, local_world)
+    if share is not None:
+        os.sched_setaffinity(0, share)
+    return share
 
 
 def default_threads(cpus: int, omp_threads: int | None = None) -> ThreadPolicy:

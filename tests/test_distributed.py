@@ -131,11 +131,16 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root,
               env={**unset, "TMPDIR": str(temporary)})
     assert two.returncode == 0, two.stderr[-3000:]
-    threads = rank_threads(available_cpus(), 2)
+    cpus, share = sorted(os.sched_getaffinity(0)), available_cpus() // 2  # this machine: 2 CPUs, 1 each
     launched = two.stdout.splitlines()[0]  # the launcher's line (it applies no thread policy of its own)
-    assert launched.startswith("starting 2 ranks (") and f"--threads {threads})" in launched, launched
-    assert launched.endswith(f"; the {available_cpus()} CPUs split between them"), launched
-    assert two.stdout.count(f"torch threads: {threads} (") == 2  # each rank's policy line
+    threads = rank_threads(len(cpus), 2)  # given as --threads: torchrun sets OMP_NUM_THREADS=1 in the ranks
+    assert launched.startswith("starting 2 ranks (") and launched.endswith(
+        f" --threads {threads} --pin-cpus); each pinned to its {share} of the {len(cpus)} CPUs"), launched
+    for rank in range(2):  # each rank on its own CPUs, its policy decided there as one learner's
+        own = cpus[rank * share:(rank + 1) * share]
+        shown = f"{own[0]}-{own[-1]}" if len(own) > 1 else str(own[0])
+        assert f"CPUs {shown}: local rank {rank}'s share of 2 (--pin-cpus)" in two.stdout, two.stdout
+    assert two.stdout.count(f"torch threads: {threads} ({share} CPUs, --threads") == 2, two.stdout
     # torchrun's log folder: by default a new torchelastic_* each run; --nproc gives it one it removes.
     # (torch's inductor makes its one cache folder per user here too: that one is reused, not per run)
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
@@ -215,6 +220,10 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
         "streamer learn: error: --nproc 2: --streams 9 is not divisible by 2 ranks (each rank learns streams / ranks "
         "of them); use a multiple of 2"])
     assert not (root / "odd").exists()
+    alone = run([*STREAMER, *learn_flags(broker, manifest, root / "alone", "--pin-cpus")], root, timeout=60)
+    assert (alone.returncode, alone.stderr.strip().splitlines()) == (2, [
+        "streamer learn: error: --pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
+        "this is one process: leave it out, or use taskset"])
     # a checkpoint of 2 ranks continued by one process (it would read 10 partitions with rank 0's carry-over)
     other_n = run([*STREAMER, *learn_flags(broker, manifest, two_ranks_naive, "--max-batches", str(BATCHES + 5))], root)
     assert (other_n.returncode, other_n.stderr.strip().splitlines()) == (2, [

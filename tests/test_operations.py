@@ -20,7 +20,7 @@ from monitor.losslog import LossLogWriter, iter_loss_log, loss_log_files, read_l
 from monitor.report import build_report
 from streamer.broker import BrokerError, EmbeddedBroker
 from streamer.settings import omp_num_threads, choose_openmp_spin, torch_openmp_is_gnu
-from streamer.threads import ThreadPolicy, default_threads, rank_threads
+from streamer.threads import ThreadPolicy, default_threads, rank_cpu_share, rank_threads
 
 
 def gone(pid: int) -> bool:
@@ -166,6 +166,30 @@ def test_thread_policy_defaults():
     # learn --nproc N: each rank the rule on its share of the CPUs (its own event loop beside it)
     shares = ((2, 2), (3, 2), (4, 2), (16, 2), (16, 4), (16, 16), (2, 4))  # (CPUs, ranks)
     assert [rank_threads(cpus, ranks) for cpus, ranks in shares] == [1, 1, 2, 7, 3, 1, 1]
+
+
+def test_each_rank_of_a_machine_gets_its_own_equal_share_of_the_cpus():
+    sixteen = list(range(16))
+    assert [rank_cpu_share(sixteen, rank, 2) for rank in range(2)] == [list(range(8)), list(range(8, 16))]
+    # 3 ranks on 16: 5 each (they step together: the slowest sets the pace), CPU 15 left to the rest
+    assert [rank_cpu_share(sixteen, rank, 3) for rank in range(3)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9],
+                                                                       [10, 11, 12, 13, 14]]
+    assert [rank_cpu_share([2, 3, 6, 7], rank, 2) for rank in range(2)] == [[2, 3], [6, 7]]  # the mask's CPUs
+    assert rank_cpu_share([0, 1], 0, 4) is None and rank_cpu_share([0, 1], 2, 2) is None  # fewer CPUs than ranks
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="sched_setaffinity is Linux only")
+def test_a_pinned_rank_and_the_threads_it_starts_run_on_its_share_alone():
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs 2 CPUs to give 2 ranks a share each")
+    code = ("import json, os, threading; from streamer.threads import pin_to_rank_share; "
+            "share = pin_to_rank_share(1, 2); seen = []; "
+            "thread = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0)))); "
+            "thread.start(); thread.join(); print(json.dumps([share, sorted(os.sched_getaffinity(0)), seen[0]]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    share = allowed[len(allowed) // 2:2 * (len(allowed) // 2)]  # local rank 1 of 2
+    assert done.returncode == 0 and json.loads(done.stdout) == [share, share, share], done.stderr
 
 
 def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):

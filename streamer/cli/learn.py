@@ -20,8 +20,8 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
-from streamer.settings import omp_num_threads, torchrun_environment
-from streamer.threads import available_cpus, rank_threads
+from streamer.settings import omp_num_threads, torchrun_environment, torchrun_local_world
+from streamer.threads import available_cpus, pin_to_rank_share, rank_threads
 
 __all__ = ["add_parser", "run"]
 
@@ -51,9 +51,15 @@ def add_parser(sub) -> None:
     p.add_argument("--nproc", type=positive_int, default=1,
                    help="ranks on this machine learning as one model (torchrun's elastic agent starts them; "
                         "each learns streams / nproc of the --streams, from its own partitions: produce with "
-                        "--partitions <streams>; each takes its share of the CPUs' torch threads unless --threads "
-                        "or OMP_NUM_THREADS says; default %(default)s). Several machines: run `torchrun "
-                        "--nnodes ... -m streamer learn` on each (see the README)")
+                        "--partitions <streams>; each is pinned to its own equal share of the CPUs (--pin-cpus) "
+                        "and takes its threads there, unless --threads or OMP_NUM_THREADS says; default "
+                        "%(default)s). Several machines: run `torchrun --nnodes ... -m streamer learn` on each "
+                        "(see the README)")
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="under torchrun: pin this rank to its own equal share of the CPUs it may use (by "
+                        "LOCAL_RANK of LOCAL_WORLD_SIZE), so the ranks of one machine never share a CPU and each "
+                        "decides its torch threads and OpenMP spin on its share as one learner does on the "
+                        "whole machine; --nproc sets it")
     add_model_flags(p)
     add_security_flags(p)
     add_metrics_security_flags(p)
@@ -74,10 +80,34 @@ def _manifest(args) -> tuple[Path | None, dict | None]:
         raise UserError(f"--manifest {path}: cannot read it ({exc})") from None
 
 
+def pin_rank(args) -> str | None:
+    """--pin-cpus under torchrun: pin this rank to its share of the CPUs (before torch loads and the
+    thread policy is decided); the line that says so, or None without --pin-cpus or torchrun."""
+    environment = torchrun_environment()
+    if not getattr(args, "pin_cpus", False) or environment is None:
+        return None
+    local_rank, local_world = environment[2], torchrun_local_world() or 1
+    share = pin_to_rank_share(local_rank, local_world)
+    if share is None:
+        return (f"CPUs not pinned: {available_cpus()} CPUs for {local_world} ranks on this machine, "
+                f"fewer than one each (--pin-cpus)")
+    return f"CPUs {_cpu_list(share)}: local rank {local_rank}'s share of {local_world} (--pin-cpus)"
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """0-7 for consecutive CPUs, else 0,2,5."""
+    if len(cpus) > 1 and cpus == list(range(cpus[0], cpus[-1] + 1)):
+        return f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(map(str, cpus))
+
+
 def run(args) -> int:
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     if args.nproc > 1 and environment is None:
         return _launch(args)
+    if args.pin_cpus and environment is None:
+        raise UserError("--pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
+                        "this is one process: leave it out, or use taskset")
     manifest_path, manifest = _manifest(args)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
@@ -175,10 +205,15 @@ def _launch(args) -> int:
     from torch.distributed.run import main as torchrun
 
     command, split = _without_nproc(sys.argv[1:]), ""
-    if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank
+    if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank, unpinned
+        # --threads: torchrun sets OMP_NUM_THREADS=1 in the ranks where the user has not set it
         cpus = available_cpus()
         command += ["--threads", str(rank_threads(cpus, args.nproc))]
-        split = f"; the {cpus} CPUs split between them"
+        if cpus >= args.nproc:  # the rule on each rank's share, on that share alone
+            command += [] if args.pin_cpus else ["--pin-cpus"]
+            split = f"; each pinned to its {cpus // args.nproc} of the {cpus} CPUs"
+        else:
+            split = f"; {cpus} CPUs for {args.nproc} ranks: not pinned"
     print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
           f"{' '.join(command)}){split}", flush=True)
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)

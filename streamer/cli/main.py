@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
     # `learn --nproc N` (outside torchrun) only starts the ranks: each decides its threads and spins itself
     launcher = args.command == "learn" and args.nproc > 1 and torchrun_environment() is None
+    if args.command == "learn" and (pinned := learn.pin_rank(args)):  # a rank's share of the CPUs, before the policy
+        print(pinned, flush=True)
     governed = not launcher and choose_spin(getattr(args, "threads", None), omp_num_threads())  # before torch loads
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
         sigterm_before_learning()
