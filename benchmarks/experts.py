@@ -20,9 +20,9 @@ time of a one-thread run is the steadier figure.
 Timing: the three variants are built in one process per size and their steps alternate
 (modules, fused, loop, modules, ...), each figure the median over its timed steps, so load
 that comes and goes falls on all three alike. Each variant times at least --iterations steps
-and at least --min-seconds of them (counted from the fastest variant's warm-up step; the
-batches are reused in turn): three steps of a 15 ms step are 45 ms, too short a window to
-tell a 2% difference from noise. With --separate each variant is timed in a child process
+and until each has stepped for at least --min-seconds (wall time; the batches are reused in
+turn): three steps of a 15 ms step are 45 ms, too short a window to tell a 2% difference from
+noise. With --separate each variant is timed in a child process
 of its own instead (the earlier default): on the 2-core AMD host the same variant's step
 differed by up to 10% from one process to the next at 5 x 32, which the alternating medians
 do not see.
@@ -142,14 +142,6 @@ def build(args, variant: str, n: int, hidden: int):
     return learner, [Batch(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def timed_steps(args, warm_step_s: float | None) -> int:
-    """Steps to time: --iterations, or more where that many would take under --min-seconds (judged by
-    a warm-up step's time; with --warmup 0 there is none, and --iterations it is)."""
-    if warm_step_s is None:
-        return args.iterations
-    return max(args.iterations, math.ceil(args.min_seconds / max(warm_step_s, 1e-4)))
-
-
 def timed_batch(args, batches: list, index: int) -> Batch:
     """The batch of timed step `index`: those after the warm-up ones, reused in turn (alike for every variant)."""
     timed = batches[args.warmup:]
@@ -164,15 +156,15 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         baseline_gpu = torch.cuda.memory_allocated(device)
-    warm_started = time.perf_counter()
     for batch in batches[:args.warmup]:
         learner.learn(batch)
     _synchronize(device)
-    steps = timed_steps(args, (time.perf_counter() - warm_started) / args.warmup if args.warmup else None)
     started, started_cpu = time.perf_counter(), time.process_time()
-    for index in range(steps):
-        learner.learn(timed_batch(args, batches, index))
-    _synchronize(device)
+    steps = 0
+    while steps < args.iterations or time.perf_counter() - started < args.min_seconds:
+        learner.learn(timed_batch(args, batches, steps))
+        steps += 1
+        _synchronize(device)
     result = {"variant": variant, "step_s": (time.perf_counter() - started) / steps,
               "cpu_s": (time.process_time() - started_cpu) / steps, "steps": steps,
               "peak_rss_delta_mib": (_peak_resident_kib() - baseline) / 1024}
@@ -199,13 +191,13 @@ def alternate(args, n: int, hidden: int) -> dict[str, dict]:
 
     for step in range(args.warmup):
         step_all(lambda batches: batches[step])
-    # rounds enough for the fastest variant's --min-seconds (each variant steps once a round)
-    steps = timed_steps(args, min(wall[variant][-1] for variant in VARIANTS) if args.warmup else None)
     for variant in VARIANTS:
         wall[variant].clear()
         cpu[variant].clear()
-    for step in range(steps):
-        step_all(lambda batches: timed_batch(args, batches, step))
+    steps = 0  # rounds (each variant steps once a round) until every variant has had --min-seconds
+    while steps < args.iterations or min(sum(wall[variant]) for variant in VARIANTS) < args.min_seconds:
+        step_all(lambda batches: timed_batch(args, batches, steps))
+        steps += 1
     return {variant: {"variant": variant, "step_s": statistics.median(wall[variant]),
                       "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan"), "steps": steps}
             for variant in VARIANTS}
@@ -224,6 +216,13 @@ def matmul_gflops(device: torch.device, m: int, k: int, n: int, seconds: float =
         _synchronize(device)
         best = max(best, 2 * m * k * n * count / (clock() - started))
     return best / 1e9
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _sizes(text: str) -> list[int]:
@@ -304,7 +303,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=10, help="b")
     p.add_argument("--window", type=int, default=20, help="w")
     p.add_argument("--gate-steps", type=int, default=100)
-    p.add_argument("--iterations", type=int, default=3, help="timed steps per variant, at least")
+    p.add_argument("--iterations", type=_at_least_one, default=3, help="timed steps per variant, at least")
     p.add_argument("--min-seconds", type=float, default=1.0,
                    help="time at least this many seconds of steps per variant (more steps for small sizes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")

@@ -69,11 +69,21 @@ def rank_cpu_share(allowed: list[int], local_rank: int, local_world: int) -> lis
 
 
 def pin_to_rank_share(local_rank: int, local_world: int) -> list[int] | None:
-    """Pin this process (before torch loads: its threads inherit the mask) to its rank_cpu_share of the
-    CPUs it may use; returns them, or None (nothing done) when there are fewer CPUs than ranks."""
+    """Pin this process to its rank_cpu_share of the CPUs it may use: every thread it has (numpy's
+    OpenBLAS pool starts at import) and, through the mask they inherit, those it starts later (before
+    torch loads: OpenMP's team); returns them, or None (nothing done) when there are fewer CPUs than ranks."""
     share = rank_cpu_share(sorted(os.sched_getaffinity(0)), local_rank, local_world)
-    if share is not None:
-        os.sched_setaffinity(0, share)
+    if share is None:
+        return None
+    try:
+        threads = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread alone
+        threads = [0]
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, share)
+        except ProcessLookupError:  # ended meanwhile
+            continue
     return share
 
 

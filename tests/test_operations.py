@@ -178,18 +178,52 @@ def test_each_rank_of_a_machine_gets_its_own_equal_share_of_the_cpus():
     assert rank_cpu_share([0, 1], 0, 4) is None and rank_cpu_share([0, 1], 2, 2) is None  # fewer CPUs than ranks
 
 
+def test_pin_cpus_says_in_one_line_why_it_pins_nothing(monkeypatch):
+    from types import SimpleNamespace
+
+    from streamer.cli.learn import pin_rank
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.delenv("RANK", raising=False)
+    assert pin_rank(SimpleNamespace(pin_cpus=True)) is None  # not under torchrun (learn refuses it then)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert pin_rank(SimpleNamespace(pin_cpus=True)) == (
+        "CPUs not pinned: LOCAL_WORLD_SIZE is not set (torchrun sets it in every rank; --pin-cpus)")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # two hosts of one rank each, but LOCAL_RANK says 1
+    assert pin_rank(SimpleNamespace(pin_cpus=True)) == (
+        "CPUs not pinned: local rank 1 is not below LOCAL_WORLD_SIZE 1 (--pin-cpus)")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(before) + 1))
+    assert pin_rank(SimpleNamespace(pin_cpus=True)) == (
+        f"CPUs not pinned: {len(before)} CPUs for {len(before) + 1} ranks on this machine, fewer than one each "
+        "(--pin-cpus)")
+    assert pin_rank(SimpleNamespace(pin_cpus=False)) is None
+    assert os.sched_getaffinity(0) == before  # none of these pinned this process
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="sched_setaffinity is Linux only")
 def test_a_pinned_rank_and_the_threads_it_starts_run_on_its_share_alone():
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("needs 2 CPUs to give 2 ranks a share each")
-    code = ("import json, os, threading; from streamer.threads import pin_to_rank_share; "
-            "share = pin_to_rank_share(1, 2); seen = []; "
-            "thread = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0)))); "
-            "thread.start(); thread.join(); print(json.dumps([share, sorted(os.sched_getaffinity(0)), seen[0]]))")
+    code = ("import json, os, threading\n"
+            "from streamer.threads import pin_to_rank_share\n"
+            "go, seen = threading.Event(), []\n"
+            "def read():\n"
+            "    go.wait()\n"
+            "    seen.append(sorted(os.sched_getaffinity(0)))\n"
+            "before = threading.Thread(target=read)\n"  # a thread that already runs (as OpenBLAS's pool)
+            "before.start()\n"
+            "share = pin_to_rank_share(1, 2)\n"
+            "after = threading.Thread(target=read)\n"  # one started later (as OpenMP's team)
+            "after.start()\n"
+            "go.set(); before.join(); after.join()\n"
+            "print(json.dumps([share, sorted(os.sched_getaffinity(0)), *seen]))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     share = allowed[len(allowed) // 2:2 * (len(allowed) // 2)]  # local rank 1 of 2
-    assert done.returncode == 0 and json.loads(done.stdout) == [share, share, share], done.stderr
+    assert done.returncode == 0 and json.loads(done.stdout) == [share] * 4, done.stderr
 
 
 def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):

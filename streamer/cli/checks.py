@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from streamer.cli.errors import UserError
+from streamer.settings import torchrun_environment
 
 __all__ = ["check_args", "check_hyperparameters", "check_port", "check_bootstrap", "check_run_dir",
            "check_model_name", "hyperparameter_defaults", "strategy_signature", "route_trainer_keys"]
@@ -203,3 +204,6 @@ def check_args(args) -> None:
         check_model_name(args.model_options)
     if getattr(args, "strategy_options", None) is not None:
         _check_strategy_options(args)
+    if getattr(args, "pin_cpus", False) and args.nproc == 1 and torchrun_environment() is None:
+        raise UserError("--pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
+                        "this is one process: leave it out, or use taskset")

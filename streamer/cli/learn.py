@@ -58,8 +58,10 @@ def add_parser(sub) -> None:
     p.add_argument("--pin-cpus", action="store_true",
                    help="under torchrun: pin this rank to its own equal share of the CPUs it may use (by "
                         "LOCAL_RANK of LOCAL_WORLD_SIZE), so the ranks of one machine never share a CPU and each "
-                        "decides its torch threads and OpenMP spin on its share as one learner does on the "
-                        "whole machine; --nproc sets it")
+                        "decides its OpenMP spin on its share as one learner does on the whole machine; give "
+                        "--threads too (torchrun sets OMP_NUM_THREADS=1 in its ranks unless you set it). --nproc "
+                        "adds both on the CPU where there are at least as many CPUs as ranks and neither "
+                        "--threads nor OMP_NUM_THREADS is given")
     add_model_flags(p)
     add_security_flags(p)
     add_metrics_security_flags(p)
@@ -86,7 +88,11 @@ def pin_rank(args) -> str | None:
     environment = torchrun_environment()
     if not getattr(args, "pin_cpus", False) or environment is None:
         return None
-    local_rank, local_world = environment[2], torchrun_local_world() or 1
+    local_rank, local_world = environment[2], torchrun_local_world()
+    if local_world is None:
+        return "CPUs not pinned: LOCAL_WORLD_SIZE is not set (torchrun sets it in every rank; --pin-cpus)"
+    if not 0 <= local_rank < local_world:
+        return f"CPUs not pinned: local rank {local_rank} is not below LOCAL_WORLD_SIZE {local_world} (--pin-cpus)"
     share = pin_to_rank_share(local_rank, local_world)
     if share is None:
         return (f"CPUs not pinned: {available_cpus()} CPUs for {local_world} ranks on this machine, "
@@ -105,9 +111,6 @@ def run(args) -> int:
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     if args.nproc > 1 and environment is None:
         return _launch(args)
-    if args.pin_cpus and environment is None:
-        raise UserError("--pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
-                        "this is one process: leave it out, or use taskset")
     manifest_path, manifest = _manifest(args)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
@@ -200,6 +203,7 @@ def _launch(args) -> int:
     reason = _refusal(config, args.nproc)
     if reason is not None:
         raise UserError(f"--nproc {args.nproc}: {reason}")
+    import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -209,7 +213,9 @@ def _launch(args) -> int:
         # --threads: torchrun sets OMP_NUM_THREADS=1 in the ranks where the user has not set it
         cpus = available_cpus()
         command += ["--threads", str(rank_threads(cpus, args.nproc))]
-        if cpus >= args.nproc:  # the rule on each rank's share, on that share alone
+        if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+            split = "; CPUs not pinned for GPU ranks (torchrun's --numa-binding places them near their GPUs)"
+        elif cpus >= args.nproc:  # the rule on each rank's share, on that share alone
             command += [] if args.pin_cpus else ["--pin-cpus"]
             split = f"; each pinned to its {cpus // args.nproc} of the {cpus} CPUs"
         else:

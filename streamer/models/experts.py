@@ -40,7 +40,7 @@ def choose_kernel(device: torch.device, n: int, hidden: int) -> str:
     kernel makes the same native LSTM calls as n separate nn.LSTM modules, with the decoder,
     clipping and Adam batched, so it matches the module loop at every size; the fused kernel's
     cost per time step is shared by all experts, which pays only for many small ones, and where
-    it pays depends on the CPU. Measured by `benchmarks/experts.py` (one `poe`
+    it pays depends on the CPU. Measured by `benchmarks/experts.py --alternate` of the time (one `poe`
     learning step, 1 thread, b=10, w=20, embedding 200, 100 gate steps, the variants' steps
     alternating in one process, median CPU time; +-5% is noise), module loop / kernel for fused
     and loop. An AMD EPYC: 10x32 0.97, 0.97; 30x32 0.92, 1.02; 60x32 0.91, 1.01; 100x32 0.97,
@@ -234,7 +234,7 @@ class LSTMExperts(nn.Module):
         n, vocab, width = self.embedding.shape
         ids = torch.where((inputs >= 0) & (inputs < vocab), inputs, n * vocab)
         offsets = torch.arange(0, n * vocab, vocab, device=inputs.device).view(n, 1, 1)
-        x = self._drop(F.embedding(ids.unsqueeze(0) + offsets, self.embedding.view(n * vocab, width)))  # n, b, w, E
+        x = self._drop(F.embedding(ids.unsqueeze(0) + offsets, self.embedding.reshape(n * vocab, width)))  # n,b,w,E
         last_h, last_c = [], []
         for layer in range(self.config.layers):
             if layer > 0:
