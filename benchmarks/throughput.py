@@ -36,9 +36,16 @@ hands it the next batch), and the process's CPU time per 1,000 tokens (all its t
 memory's is the fetch side's and the bookkeeping's cost. Kafka's line under them gives the
 event-loop thread's own CPU time per batch: on 2 cores with 2 torch threads it is time the step
 loses (it takes a core from the step's threads, and its Python holds the GIL the step's Python
-needs). On a loaded machine the ratios mean little: a process with more runnable threads (kafka's
-event loop, worker and broker) gets a larger share of contended CPUs, and the baseline's spinning
-OpenMP threads collapse; compare the figures of a quiet machine.
+needs). Two more lines say where the rest of the CPUs' time went: the broker's CPU per
+batch during each path's slices (kafka's is the fetch's cost on the broker's side; the others'
+show the broker's idle cost), and each path's involuntary context switches per batch (the kernel
+took one of its threads off a CPU while it could run: a thread of another process, the broker's
+or the path's own event loop, displaced it; with every CPU running a torch thread, each such
+switch can hold a parallel region up until the displaced thread runs again; in brackets, the
+main thread's: kafka's event loop, the memory paths' step). On a loaded machine the ratios mean
+little: a process with more runnable threads (kafka's event loop, worker and broker) gets a
+larger share of contended CPUs, and the baseline's spinning OpenMP threads collapse; compare the
+figures of a quiet machine.
 
 Last lines: `ratio kafka/memory: X` (the lower of the two models; the target is >= 0.95) and
 `memory/baseline: X` (the lower of the two; >= 1 means the policy keeps the memory path's speed).
@@ -240,24 +247,58 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
 
 
-def benchmark_model(args, model: str, slice_s: float, bootstrap: str) -> dict:
+def preemptions(pid: int) -> tuple[int, int]:
+    """(all threads, the main thread): times the threads of process `pid` were taken off a CPU while
+    they could run (the kernel's nonvoluntary_ctxt_switches in /proc/PID/task; threads that ended
+    meanwhile are not in it)."""
+    total = main = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+                    main += int(line.split()[1]) if task.name == str(pid) else 0
+        except OSError:
+            continue
+    return total, main
+
+
+def run_seconds(pid: int) -> float:
+    """CPU seconds all threads of process `pid` have run, to the nanosecond (/proc/PID/task/*/schedstat;
+    /proc/PID/stat counts 10 ms ticks, too coarse for the broker's share of a slice)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
+def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid: int | None = None) -> dict:
     # kafka last: from its start on it is never stopped for longer than two slices (its group's session)
     children = {}
     try:
         for path in ("memory", "baseline", "kafka"):
             children[path] = start_child(args, model, path, bootstrap, group=f"bench-{model}")
         windows = {path: [] for path in PATHS}
+        broker_cpu = {path: 0.0 for path in PATHS}  # the broker's CPU seconds during each path's slices
         cpu_before = {path: cpu_seconds(child.pid) for path, child in children.items()}
+        switches_before = {path: preemptions(child.pid) for path, child in children.items()}
         for round_ in range(args.rounds):
             for path in PATHS[round_ % 3:] + PATHS[:round_ % 3]:
                 pid = children[path].pid
+                broker_before = run_seconds(broker_pid) if broker_pid else 0.0
                 began = time.time()
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(slice_s)
                 ended = time.time()
                 os.kill(pid, signal.SIGSTOP)
                 windows[path].append((began, ended))
+                broker_cpu[path] += run_seconds(broker_pid) - broker_before if broker_pid else 0.0
         cpu_after = {path: cpu_seconds(child.pid) for path, child in children.items()}
+        switches = {path: tuple(after - before for after, before in zip(preemptions(child.pid), switches_before[path]))
+                    for path, child in children.items()}
         measured = {path: finish_child(child, model, path) for path, child in children.items()}
     finally:
         for child in children.values():
@@ -284,6 +325,9 @@ def benchmark_model(args, model: str, slice_s: float, bootstrap: str) -> dict:
             "stepping": sum(batch[2] for slice_ in whole for batch in slice_) / spans if spans else float("nan"),
             "cpu_ms_per_ktoken": 1e6 * process_cpu / tokens, "batches": len(counted),
             "event_loop_ms_per_batch": 1e3 * (cpu_after[path][1] - cpu_before[path][1]) / len(counted),
+            "preemptions_per_batch": switches[path][0] / len(counted),
+            "main_preemptions_per_batch": switches[path][1] / len(counted),
+            "broker_ms_per_batch": 1e3 * broker_cpu[path] / len(counted) if broker_pid else float("nan"),
             "threads": measured[path]["threads"], "wait": measured[path]["wait"]}
         per_round[path] = [sum(batch[1] for batch in slice_) / (ended - began)
                            for slice_, (began, ended) in zip(inside, windows[path])]
@@ -308,7 +352,12 @@ def show(model: str, label: str, slice_s: float, rounds: int, result: dict) -> N
               f"{f['cpu_ms_per_ktoken']:6.1f} CPU ms per 1k tokens  ({f['threads']} torch threads, OpenMP wait "
               f"{f['wait']}; {f['batches']} batches)")
     print(f"  kafka's event loop (fetch, decode, batching, metrics, loss log): "
-          f"{figures['kafka']['event_loop_ms_per_batch']:.2f} CPU ms per batch")
+          f"{figures['kafka']['event_loop_ms_per_batch']:.2f} CPU ms per batch; the broker during each path's "
+          "slices: " + ", ".join(f"{path} {figures[path]['broker_ms_per_batch']:.2f}" for path in PATHS)
+          + " CPU ms per batch")
+    print("  threads taken off a CPU while runnable (involuntary switches) per batch, all (main thread): "
+          + ", ".join(f"{path} {figures[path]['preemptions_per_batch']:.2f} "
+                      f"({figures[path]['main_preemptions_per_batch']:.2f})" for path in PATHS))
     print(f"  {model}: kafka/memory {result['kafka']:.3f} (rounds' middle half {middle_half(result['kafka_rounds'])}), "
           f"memory/baseline {result['kept']:.3f} (rounds' middle half {middle_half(result['kept_rounds'])}); "
           f"CPU per token kafka/memory {cpu_ratio:.3f}", flush=True)
@@ -357,7 +406,7 @@ def main() -> None:
     with EmbeddedBroker() as broker:
         asyncio.run(produce(records, broker.bootstrap_servers, args.topic))
         for model in models:
-            results[model] = benchmark_model(args, model, slices[model], broker.bootstrap_servers)
+            results[model] = benchmark_model(args, model, slices[model], broker.bootstrap_servers, broker.pid)
             show(model, labels[model], slices[model], args.rounds, results[model])
     print(f"load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - started:.0f} s in all")
     low = min(models, key=lambda model: results[model]["kafka"])
