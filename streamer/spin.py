@@ -31,6 +31,7 @@ through `in_passing`, in a thread that ends at once.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -49,10 +50,14 @@ _governor: SpinGovernor | None = None  # this process's, once started
 
 
 def govern() -> SpinGovernor:
-    """Start this process's SpinGovernor (once; later calls return the same one)."""
+    """Start this process's SpinGovernor (once; later calls return the same one), stopped at the
+    interpreter's exit: a thread left inside torch's C++ there (the parked thread making its team)
+    aborts the process ("terminate called without an active exception"), seen once in a full suite
+    after a learner's one-line error."""
     global _governor
     if _governor is None:
         _governor = SpinGovernor().start()
+        atexit.register(_governor.stop)
     return _governor
 
 
@@ -191,6 +196,7 @@ class SpinGovernor:
         self._reads: deque[tuple[float, float]] = deque(maxlen=window)  # kept reads: (CPU seconds, seconds)
         self._calm = 0  # reads in a row under alone_below while shared
         self._release: threading.Event | None = None  # set: the parked thread (and its team) ends
+        self._team: threading.Thread | None = None  # the parked thread, while the spins are short
         self._stopped = threading.Event()
         self._watch: threading.Thread | None = None
 
@@ -200,11 +206,16 @@ class SpinGovernor:
         self._watch.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the watch and the short spins, and wait (up to `timeout_s` each) for the watcher and
+        the parked thread to end: neither is left inside torch's C++. Once is enough; again, nothing."""
         self._stopped.set()
         if self._watch is not None:
-            self._watch.join()
+            self._watch.join(timeout_s)
         self._short(False)
+        team, self._team = self._team, None
+        if team is not None:
+            team.join(timeout_s)
 
     def decide(self, others: float, seconds: float) -> bool:
         """Take one kept read (`others` CPU seconds of other work over `seconds`); True when the
@@ -225,8 +236,9 @@ class SpinGovernor:
         if on:
             self._release = threading.Event()
             team_made, failed = threading.Event(), []
-            threading.Thread(target=_hold_a_team, args=(team_made, self._release, failed), name="streamer-spin-team",
-                             daemon=True).start()
+            self._team = threading.Thread(target=_hold_a_team, args=(team_made, self._release, failed),
+                                          name="streamer-spin-team", daemon=True)
+            self._team.start()
             if not team_made.wait(10) or failed:
                 self._release.set()
                 self._release = None

@@ -69,6 +69,43 @@ def test_the_spins_go_short_on_a_shared_window_and_long_after_calm_reads():
         governor.stop()
 
 
+def test_stopping_the_governor_ends_its_parked_thread():
+    import threading
+
+    governor = SpinGovernor(window=1)
+    assert governor.decide(2.0, 0.1) and governor.shared  # 20 CPUs of others: short, a thread parks a team
+    assert any(thread.name == "streamer-spin-team" for thread in threading.enumerate())
+    governor.stop()
+    assert not governor.shared and not any(thread.name.startswith("streamer-spin") for thread in threading.enumerate())
+    governor.stop()  # again: nothing
+
+
+AT_EXIT = """
+import atexit, sys, threading
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(2)
+# registered first, so it runs after the governor's own handler (atexit runs them last in, first out)
+atexit.register(lambda: print(sorted(t.name for t in threading.enumerate() if t.name.startswith("streamer-spin"))))
+from streamer.spin import govern
+governor = govern()
+for _ in range(governor.window):
+    governor.decide(2.0, 0.1)  # others take 20 CPUs: the spins go short and a thread parks a team
+print(governor.shared, flush=True)
+sys.exit(2)  # as a learner's one-line error does, with the team parked
+"""
+
+
+def test_the_governor_is_stopped_at_the_interpreters_exit(tmp_path):
+    """A thread left inside torch's C++ at exit aborts the process ("terminate called without an
+    active exception"): the governor's atexit handler ends its watcher and its parked thread first."""
+    script = tmp_path / "at_exit.py"
+    script.write_text(AT_EXIT.format(root=str(ROOT)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split()) == (2, ["True", "[]"]), done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+
+
 def test_in_passing_returns_or_raises_in_the_callers_thread():
     assert in_passing(lambda a, b: a + b, 2, 3) == 5
     with pytest.raises(ZeroDivisionError):
