@@ -157,13 +157,11 @@ class IPv6Server(FinalScrapeServer):
 
 
 def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[[], bool] = lambda: True,
-          labels: tuple[str, ...] = (), security: MetricsSecurity | None = None,
-          on_scrape: Callable[[], None] = lambda: None):
+          labels: tuple[str, ...] = (), security: MetricsSecurity | None = None):
     """Serve, in a daemon thread: /metrics; /healthz, 200 while the process answers; /readyz, 200
     when `ready()` is true (the learner: consuming, broker reachable), else 503. With `labels`
-    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. `on_scrape()` runs
-    before each /metrics answer (gauges of state kept elsewhere: the learner's OpenMP spins).
-    `security`: HTTPS and/or basic auth on /metrics (monitor.web_security). Returns (server, thread)."""
+    (run, strategy), the streamer_ready gauge follows `ready()` at each scrape. `security`: HTTPS
+    and/or basic auth on /metrics (monitor.web_security). Returns (server, thread)."""
     metrics_app = make_wsgi_app(metrics.registry)
 
     def is_ready() -> bool:
@@ -182,7 +180,6 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"not ready\n"]
         is_ready()
-        on_scrape()
         scrapes.append(time.monotonic())
         return metrics_app(environ, start_response)
 

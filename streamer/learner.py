@@ -146,10 +146,10 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                            broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks)
     server = None
     if config.metrics_port is not None and monitor.metrics is not None:
+        _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
         server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
                           ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
-                          security=config.metrics_security,
-                          on_scrape=_spins_gauge(monitor.metrics, (config.run_name, config.strategy)))
+                          security=config.metrics_security)
         log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
         _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
     probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
@@ -201,14 +201,12 @@ def _note_in_run_config(run_dir: Path, **values) -> None:
     replace_text(path, json.dumps(data, indent=2, default=str))
 
 
-def _spins_gauge(metrics, labels: tuple[str, str]):
-    """What a scrape runs first: streamer_openmp_short_spins follows this process's spin governor
-    (streamer.spin); nothing where the spins are not governed (the series is then absent)."""
+def _spins_gauge(metrics, labels: tuple[str, str]) -> None:
+    """streamer_openmp_short_spins follows this process's spin governor (streamer.spin), read at each
+    scrape (Gauge.set_function); nothing where the spins are not governed (the series is then absent)."""
     watching = governor()
-    if watching is None:
-        return lambda: None
-    gauge = metrics.openmp_short_spins.labels(*labels)
-    return lambda: gauge.set(1 if watching.shared else 0)
+    if watching is not None:
+        metrics.openmp_short_spins.labels(*labels).set_function(lambda: 1 if watching.shared else 0)
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from streamer import checkpoint
 from streamer.batching import Batcher
+from streamer.broker import free_port
 from streamer.distributed import Ranks
 from streamer.threads import available_cpus, rank_threads
 from producers.wire import Record
@@ -157,9 +157,7 @@ def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, on
     their own streams and partitions."""
     root, manifest = stream
     run_dir = root / "two-nodes"
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for the rendezvous
     nodes = []
     for node in range(2):  # --local-addr: the workers' master address, not this machine's host name
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",

@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import write_corpus
 from tests.learners import produce
+from tests.test_distributed import worst_difference
 from tests.test_resume import STRATEGY_FLAGS, kill_after_checkpoint, read_lines
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -47,11 +48,6 @@ def learn(broker, manifest, run_dir: Path, *extra) -> list[str]:
 
 def losses(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in read_lines(run_dir / "losses.jsonl")]
-
-
-def worst_difference(got: list[dict], expected: list[dict]) -> float:
-    assert [line["batch"] for line in got] == list(range(len(expected)))  # each batch once, in order
-    return max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected))
 
 
 def uninterrupted_run(broker, stream, strategy: str = "naive") -> list[dict]:

@@ -234,18 +234,28 @@ def end(*processes: subprocess.Popen) -> None:
         process.wait()
 
 
+def on_two_cpus() -> list[str]:
+    """`taskset -c` to the first two CPUs this process may use (these tests need two: skipped with fewer)."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    return ["taskset", "-c", ",".join(map(str, cpus))]
+
+
+def spin_free_environment() -> dict[str, str]:
+    """This environment less the variables the command's thread and spin policy reads (its own defaults apply)."""
+    return {name: value for name, value in os.environ.items()
+            if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
+
+
 @linux_only
 def test_a_learner_beside_busy_processes_shortens_its_spins(tmp_path):
     """Two busy processes on the learner's 2 CPUs: the governor reads their CPU time in /proc/stat and
     turns the short spins on within seconds."""
     script = tmp_path / "governed.py"
     script.write_text(GOVERNED.format(root=str(ROOT)))
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
-    cpus = sorted(os.sched_getaffinity(0))[:2]
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs")
-    pin = ["taskset", "-c", ",".join(map(str, cpus))]
+    environment = spin_free_environment()
+    pin = on_two_cpus()
     errors = tmp_path / "stderr"
     with errors.open("w") as stderr:
         learner = subprocess.Popen(pin + [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr,
@@ -294,14 +304,12 @@ def test_the_parked_team_throttles_openmp_and_its_end_lifts_it(tmp_path):
     the step's idle helper thread spins, taking CPU time while the process sleeps; the governor's
     short spins (a parked thread's team taking libgomp over the CPU count) make it sleep after 100
     turns, and ending the parked thread brings the spinning back."""
-    cpus = sorted(os.sched_getaffinity(0))[:2]  # two teams of 2 threads take libgomp over 2 CPUs' count
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs")
+    pin = on_two_cpus()  # two teams of 2 threads take libgomp over 2 CPUs' count
     script = tmp_path / "throttle.py"
     script.write_text(THROTTLE.format(root=str(ROOT)))
     environment = {name: value for name, value in os.environ.items() if name not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     environment["GOMP_SPINCOUNT"] = str(10 ** 10)
-    done = subprocess.run(["taskset", "-c", ",".join(map(str, cpus)), sys.executable, str(script)], capture_output=True,
+    done = subprocess.run([*pin, sys.executable, str(script)], capture_output=True,
                           text=True, timeout=120, env=environment)
     assert done.returncode == 0, done.stderr[-2000:]
     long_, short, long_again = (float(word) for word in done.stdout.split())
@@ -333,14 +341,10 @@ def test_a_learners_short_spins_show_in_its_metrics(broker, tmp_path):
     from tests.conftest import write_corpus
     from tests.learners import learn_command, produce
 
-    cpus = sorted(os.sched_getaffinity(0))[:2]
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs")
-    pin = ["taskset", "-c", ",".join(map(str, cpus))]
+    pin = on_two_cpus()
     produce(broker.bootstrap_servers, write_corpus(tmp_path / "corpus", lines=50), "spins", tmp_path / "manifest.json",
             2, 300, "--probe-tokens", "0")
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STREAMER_OPENMP_SPIN", "OMP_NUM_THREADS")}
+    environment = spin_free_environment()
     run_dir = tmp_path / "run"
     learner = subprocess.Popen(pin + learn_command(broker.bootstrap_servers, "spins", "--metrics-port", "0",
                                                    "--run-dir", str(run_dir)),
@@ -378,8 +382,8 @@ def test_a_learners_short_spins_show_in_its_metrics(broker, tmp_path):
 
 
 def test_the_spins_gauge_follows_the_governor(monkeypatch):
-    """The scrape hook sets streamer_openmp_short_spins from the governor's state as it is at that
-    scrape, 0 and 1; with no governor (the spin not governed) it sets nothing, and no series appears."""
+    """streamer_openmp_short_spins reads the governor's state as it is at each scrape, 0 and 1; with
+    no governor (the spin not governed) nothing is set, and no series appears."""
     from types import SimpleNamespace
 
     from monitor.exporter import create_metrics
@@ -391,16 +395,13 @@ def test_the_spins_gauge_follows_the_governor(monkeypatch):
     watched = SimpleNamespace(shared=False)
     monkeypatch.setattr(learner, "governor", lambda: watched)
     metrics = create_metrics()
-    scrape = learner._spins_gauge(metrics, ("r", "naive"))
-    scrape()
+    learner._spins_gauge(metrics, ("r", "naive"))
     assert value(metrics) == 0
     watched.shared = True
-    scrape()
     assert value(metrics) == 1
     watched.shared = False
-    scrape()
     assert value(metrics) == 0
     monkeypatch.setattr(learner, "governor", lambda: None)
     ungoverned = create_metrics()
-    learner._spins_gauge(ungoverned, ("r", "naive"))()
+    learner._spins_gauge(ungoverned, ("r", "naive"))
     assert value(ungoverned) is None

@@ -82,6 +82,12 @@ def _manifest(args) -> tuple[Path | None, dict | None]:
         raise UserError(f"--manifest {path}: cannot read it ({exc})") from None
 
 
+def launches_ranks(args) -> bool:
+    """`learn --nproc N` outside torchrun: this process only starts the ranks (torchrun's agent); each
+    rank decides its own CPUs, threads and spins."""
+    return args.nproc > 1 and torchrun_environment() is None
+
+
 def pin_rank(args) -> str | None:
     """--pin-cpus under torchrun: pin this rank to its share of the CPUs (before torch loads and the
     thread policy is decided); the line that says so, or None without --pin-cpus or torchrun."""
@@ -108,9 +114,9 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def run(args) -> int:
-    environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
-    if args.nproc > 1 and environment is None:
+    if launches_ranks(args):
         return _launch(args)
+    environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     manifest_path, manifest = _manifest(args)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
@@ -216,7 +222,8 @@ def _launch(args) -> int:
         if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
             split = "; CPUs not pinned for GPU ranks (torchrun's --numa-binding places them near their GPUs)"
         elif cpus >= args.nproc:  # the rule on each rank's share, on that share alone
-            command += [] if args.pin_cpus else ["--pin-cpus"]
+            if not args.pin_cpus:
+                command.append("--pin-cpus")
             split = f"; each pinned to its {cpus // args.nproc} of the {cpus} CPUs"
         else:
             split = f"; {cpus} CPUs for {args.nproc} ranks: not pinned"

@@ -12,7 +12,7 @@ from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.runs import sigterm_before_learning
-from streamer.settings import forbid_model_hub, omp_num_threads, torchrun_environment
+from streamer.settings import forbid_model_hub, omp_num_threads
 from streamer.threads import choose_spin
 
 __all__ = ["build_parser", "parse", "main"]
@@ -78,8 +78,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
-    # `learn --nproc N` (outside torchrun) only starts the ranks: each decides its threads and spins itself
-    launcher = args.command == "learn" and args.nproc > 1 and torchrun_environment() is None
+    launcher = args.command == "learn" and learn.launches_ranks(args)  # each rank decides its threads and spins
     if args.command == "learn" and (pinned := learn.pin_rank(args)):  # a rank's share of the CPUs, before the policy
         print(pinned, flush=True)
     governed = not launcher and choose_spin(getattr(args, "threads", None), omp_num_threads())  # before torch loads

@@ -146,6 +146,8 @@ class LSTMExperts(nn.Module):
         self.embedding = nn.Parameter(torch.empty(n, vocab, embedding))
         self.decoder_weight = nn.Parameter(torch.empty(n, hidden, vocab))
         self.decoder_bias = nn.Parameter(torch.empty(n, vocab))
+        # expert i's first row in the embedding tables seen as one (n*V, E) table (features); not saved
+        self.register_buffer("_offsets", torch.arange(0, n * vocab, vocab).view(n, 1, 1), persistent=False)
         for layer in range(config.layers):
             inputs = embedding if layer == 0 else hidden
             shapes = {"weight_ih": (4 * hidden, inputs), "weight_hh": (4 * hidden, hidden),
@@ -233,8 +235,7 @@ class LSTMExperts(nn.Module):
         # expert i + 1's row
         n, vocab, width = self.embedding.shape
         ids = torch.where((inputs >= 0) & (inputs < vocab), inputs, n * vocab)
-        offsets = torch.arange(0, n * vocab, vocab, device=inputs.device).view(n, 1, 1)
-        x = self._drop(F.embedding(ids.unsqueeze(0) + offsets, self.embedding.reshape(n * vocab, width)))  # n,b,w,E
+        x = self._drop(F.embedding(ids.unsqueeze(0) + self._offsets, self.embedding.reshape(n * vocab, width)))
         last_h, last_c = [], []
         for layer in range(self.config.layers):
             if layer > 0:
