@@ -37,7 +37,7 @@ class LearnConfig:
     clip: float = 1.0
     seed: int = 0
     device: str = "auto"
-    queue_size: int = 8
+    queue_size: int = 64  # batches cut ahead of the worker (streamer.loop: two bursts of short steps)
     max_batches: int | None = None  # stop after this many batches
     minutes: float | None = None  # stop after this much wall time
     idle_timeout_s: float | None = None  # stop when nothing arrives for this long

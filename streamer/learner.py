@@ -8,7 +8,7 @@
                                --> ProbeScheduler (probes.jsonl)
     The next steps run ahead of these consumers (streamer.loop's snapshot_wanted) unless a checkpoint or
     a probe is due after one in flight: they take in result k while the worker learns batch k + 1 (short
-    steps: up to 4 behind it, their results taken in a burst).
+    steps: a quarter second of them behind it, at most 32, their results taken in a burst).
     loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
         --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 

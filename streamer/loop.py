@@ -26,13 +26,14 @@ k + 1 is queued behind it in the worker, so the worker goes from one step to the
 waiting for the consumer to take in result k; the loop asks snapshot_wanted(k + 1, batch, truth
 after k) first, and a True (a checkpoint or a probe due after step k) keeps step k + 1 until result
 k has been taken in. A result is then a snapshot point only where `at_snapshot` says so. While steps
-are short (the last under `burst_below_s`, 50 ms), up to `burst` (4) batches are queued behind the
-running step and the worker wakes the event loop only after every `burst`-th step and after the last
-one handed to it: the consumer takes results in bursts, and the fetch side refills at the same
-wake-up. Each wake-up finds the event loop's Python and data cold in the caches the step has used;
-beside the default LSTM's 7 ms step on 2 cores the event loop went from 0.57 to 0.34-0.38 CPU ms a
-batch. `stop()` lets the running step finish; the steps queued behind it learn nothing and their
-batches go back to the queue.
+are short (the last under `burst_below_s`, 50 ms), a burst of batches is queued behind the running
+step, as many as `burst_span_s` (0.25 s) of steps at the last one's pace and at most `burst` (32), and
+the worker wakes the event loop only when one step is left behind the one it finished: the consumer
+takes results in bursts, and the fetch side refills at the same wake-up. Each wake-up finds the
+event loop's Python and data cold in the caches the step has used; beside the default LSTM's 7 ms
+step on 2 cores the event loop took 0.57 CPU ms a batch with a wake-up a result, 0.38 with bursts of
+4 and 0.20-0.25 with bursts of 16-32 (benchmarks/throughput.py). `stop()` lets the running step
+finish; the steps queued behind it learn nothing and their batches go back to the queue.
 
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
@@ -67,9 +68,10 @@ class PrequentialLoop:
 
     def __init__(self, strategy, batcher, source, *, max_batches: int | None = None,
                  total_batches: int | None = None, total_records: int | None = None,
-                 max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 8,
+                 max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
-                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 4, burst_below_s: float = 0.05):
+                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
+                 burst_below_s: float = 0.05):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -107,10 +109,11 @@ class PrequentialLoop:
         self._snapshot_asked = 0  # snapshot_point() callers waiting
         # Steps handed to the worker, oldest first: (batch, future of its StepResult); up to burst + 1 ahead
         self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
-        # Results in bursts: while steps are short (the worker's last under `burst_below_s`), up to
-        # `burst` + 1 run ahead of the consumer and the worker wakes the event loop after every
-        # `burst`-th step and after the last one handed to it, not after each (see _stepped)
-        self.burst, self.burst_below_s = max(1, burst), burst_below_s
+        # Results in bursts: while steps are short (the worker's last under `burst_below_s`), a burst
+        # (`burst_span_s` of steps, at most `burst`) runs ahead of the consumer, plus one, and the worker
+        # wakes the event loop once one step is left behind the one it finished, not after each (_stepped)
+        self.burst, self.burst_span_s, self.burst_below_s = max(1, burst), burst_span_s, burst_below_s
+        self._step_s = 0.0  # the worker's last step, wall seconds
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
         self._short_steps = False  # the last step took less than burst_below_s
@@ -231,10 +234,17 @@ class PrequentialLoop:
         self._queue.extendleft(ready for ready, _ in reversed(self._running))
         self._running.clear()
 
+    @property
+    def _burst_size(self) -> int:
+        """Steps in a burst: `burst_span_s` of them at the last step's pace, 1 to `burst`."""
+        return min(self.burst, max(1, int(self.burst_span_s / max(self._step_s, 1e-6))))
+
     def _stepped(self, index: int, stepped: concurrent.futures.Future) -> None:
         """In the worker, once step `index` is done: wake the event loop for its result, unless results
-        come in bursts and more steps were handed over behind this one (the `burst`-th wakes it)."""
-        if (not self._bursting or index >= self._handed or (index + 1) % self.burst == 0
+        come in bursts and more than one step was handed over behind this one. The wake-up at the
+        next to last leaves the worker the last one to learn while the consumer takes in the burst
+        and hands over the next."""
+        if (not self._bursting or index >= self._handed - 1
                 or stepped.cancelled() or stepped.exception() is not None):
             with contextlib.suppress(RuntimeError):  # the event loop closed under an abort: nobody waits
                 self._event_loop.call_soon_threadsafe(self._results.set)
@@ -254,11 +264,11 @@ class PrequentialLoop:
         two thread wake-ups: 0.6 ms a batch of the default LSTM, 4% of its step) unless anything needs
         the state after a step in flight: `snapshot_wanted` (a checkpoint due, a probe before the next
         batch), a snapshot_point() asked for (a rebalance), a stop; never for ranks, which agree first.
-        While steps are short, up to `burst` batches go behind it (results then come in bursts), each
+        While steps are short, a burst of batches goes behind it (results then come in bursts), each
         asked for in turn."""
         if self.snapshot_wanted is None or self.ranks is not None or not self._running:
             return
-        self._queue_ahead(self.burst + 1 if self._bursting else 2)
+        self._queue_ahead(self._burst_size + 1 if self._bursting else 2)
         if self._bursting and len(self._queue) <= self._refill_at:
             self._changed.set()  # the fetch side refills at this wake-up, not at one of its own (_stepping)
 
@@ -293,7 +303,8 @@ class PrequentialLoop:
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
-        self._short_steps = time.perf_counter() - started < self.burst_below_s
+        self._step_s = time.perf_counter() - started
+        self._short_steps = self._step_s < self.burst_below_s
         return result
 
     @contextlib.asynccontextmanager

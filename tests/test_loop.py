@@ -367,6 +367,46 @@ def test_a_slow_worker_step_takes_no_burst(stream):
     assert [r.index for r in results] == list(range(8)) and max(ahead) <= 1 and len(wakes) == 8
 
 
+def test_a_burst_holds_burst_span_s_of_steps_and_fast_steps_fill_burst(stream):
+    """A burst is as many steps as `burst_span_s` holds at the last step's pace, at most `burst`: steps
+    stretched to 10 ms in the worker (under `burst_below_s`) with a 45 ms span go 4 ahead at most
+    and wake the event loop about once per burst, with the in-memory run's results; short steps with
+    a long span and the default `burst` and queue run 32 ahead."""
+    records, _ = stream
+    batches = batches_from_records(records, 2, 10)
+
+    def learn_ahead(loop, pause_s):
+        loop.snapshot_wanted = lambda index, upcoming, previous: False
+        ahead, wakes = [], []
+        wake = loop._results.set
+        loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
+
+        def paced_step(*args, **kwargs):
+            time.sleep(pause_s)
+            return prequential_step(*args, **kwargs)
+
+        async def go():
+            results = []
+            async with loop:
+                async for result in loop:
+                    results.append(result)
+                    ahead.append(len(loop._running))  # steps handed over, not yet taken in
+            return results
+        with mock.patch("streamer.loop.prequential_step", paced_step):
+            results = asyncio.run(go())
+        return results, ahead, wakes
+
+    slow = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
+                           burst=32, burst_span_s=0.045, burst_below_s=0.05)
+    results, ahead, wakes = learn_ahead(slow, 0.01)
+    assert [r.loss for r in results] == [r.loss for r in run(naive(), batches)]
+    assert 2 <= max(ahead) <= 4 and len(wakes) < len(results) / 2
+    fast = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
+                           burst_span_s=5.0)  # 32 steps of up to 150 ms: a loaded machine's too
+    results, ahead, _ = learn_ahead(fast, 0.001)
+    assert len(results) > 40 and max(ahead) == 32
+
+
 def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
     """Backpressure with hysteresis: once the queue is full, the fetch side waits until the worker has
     taken it down to half (queue_size // 2) and then cuts the batches in one burst, instead of one
