@@ -1,11 +1,13 @@
 """Tokens per second of the full Kafka path beside the same model fed from memory, for the default
 LSTM and for poe, with the memory path under the issue's-time thread setting as a baseline.
 
-    ./dev bench [--cpus N] [--rounds 20] [--slice 0.5] [--poe-slice 1.0] [--hidden 256] [--threads N]
+    ./dev bench [--cpus N] [--processes 2] [--rounds 16] [--slice 0.5] [--poe-slice 0.5]
+                [--hidden 256] [--threads N]
 
-Each path is a process of its own, started on the CPUs this one may use; `--cpus N` first pins
-this process to the first N of them (os.sched_setaffinity; the children inherit the mask and
-torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machine:
+Each path runs in processes of its own (--processes, 2), started on the CPUs this one may use;
+`--cpus N` first pins this process to the first N of them (os.sched_setaffinity; the children
+inherit the mask and torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one
+machine:
 
 - memory: the strategy fed from memory (batcher, prequential step) under the learner's thread policy
   (streamer.threads, OpenMP's spin as streamer.settings chooses it and streamer.spin governs it),
@@ -17,16 +19,21 @@ torch's OpenMP reads it when it loads), so 1, 2 or 16 cores show from one machin
   OpenMP's default (spinning) wait and malloc's defaults, so a slower memory path cannot raise the
   ratio unseen.
 
-The three run interleaved, not one after another: each is started, learns its first batch (process
-start, torch import, the consumer group's join excluded) and is stopped (SIGSTOP); then they take
-turns, each continued (SIGCONT) for a slice of --slice seconds (poe: --poe-slice) while the other
-two are stopped, --rounds times, the order rotating. A path's tokens/s counts the batches that
-finished inside its own slices over their total length, so all three are measured over the same
-minutes and a host whose speed drifts (on a 2-core VM the same run moved 20-30% between runs a
-minute apart) moves them alike: the ratios are of these pooled rates, and each line also gives the
-middle half of the per-round ratios. A slice starts with the caches the other paths left, alike
-for all three; a batch cut by a slice's end counts in the slice where it finishes. Periodic
-checkpoints are off (the final one, at the SIGTERM that ends a path, is outside the slices).
+The processes run interleaved, not one after another: each is started, learns its first batch
+(process start, torch import, the consumer group's join excluded) and is stopped (SIGSTOP); then
+they take turns, each continued (SIGCONT) for a slice of --slice seconds (poe: --poe-slice) while
+all others are stopped, --rounds times, the paths' order rotating. A path's tokens/s counts the
+batches that finished inside its processes' slices over their total length, so all three are
+measured over the same minutes and a host whose speed drifts (on a 2-core VM the same run moved
+20-30% between runs a minute apart) moves them alike: the ratios are of these pooled rates, and
+each line also gives the middle half of the per-round ratios. Two processes of one path differ
+too, by up to 11% on the 2-core VM in one run (the same code and stream; 1-3% in most), so one
+process a path gave a ratio that moved more from run to run than the paths differ: each path's
+processes are pooled, and a line gives each one's own tokens/s. A slice starts with the caches the
+other processes left, alike for all; a batch cut by a slice's end counts in the slice where it
+finishes. Periodic checkpoints are off (the final one, at the SIGTERM that ends a path, is outside
+the slices). A Kafka process stays in its consumer group while stopped: the first one, stopped
+for over 10 s while the others started, was neither dropped nor rebalanced (aiokafka's log at INFO).
 
 Each path's line also says how much of its time was spent inside the step (predict and learn, from
 the step's own timings): what is left is the hand-over between batches (for kafka: the worker
@@ -276,61 +283,75 @@ def run_seconds(pid: int) -> float:
 
 
 def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid: int | None = None) -> dict:
-    # kafka last: from its start on it is never stopped for longer than two slices (its group's session)
+    """Each path in --processes processes, interleaved (module docstring); each path's figures pooled
+    over its processes, and each process's own tokens/s under "processes"."""
+    # the paths' order rotates: each round the last path goes to the front of each set
+    instances = range(args.processes)
+    keys = [(path, i) for i in instances for path in ("memory", "baseline", "kafka")]
     children = {}
     try:
-        for path in ("memory", "baseline", "kafka"):
-            children[path] = start_child(args, model, path, bootstrap, group=f"bench-{model}")
-        windows = {path: [] for path in PATHS}
-        broker_cpu = {path: 0.0 for path in PATHS}  # the broker's CPU seconds during each path's slices
-        cpu_before = {path: cpu_seconds(child.pid) for path, child in children.items()}
-        switches_before = {path: preemptions(child.pid) for path, child in children.items()}
+        for path, i in keys:
+            children[path, i] = start_child(args, model, path, bootstrap, group=f"bench-{model}-{i}")
+        windows = {key: [] for key in keys}
+        broker_cpu = {key: 0.0 for key in keys}  # the broker's CPU seconds during each process's slices
+        cpu_before = {key: cpu_seconds(child.pid) for key, child in children.items()}
+        switches_before = {key: preemptions(child.pid) for key, child in children.items()}
         for round_ in range(args.rounds):
-            for path in PATHS[round_ % 3:] + PATHS[:round_ % 3]:
-                pid = children[path].pid
+            turn = -round_ % 3
+            for key in [(path, i) for i in instances for path in PATHS[turn:] + PATHS[:turn]]:
+                pid = children[key].pid
                 broker_before = run_seconds(broker_pid) if broker_pid else 0.0
                 began = time.time()
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(slice_s)
                 ended = time.time()
                 os.kill(pid, signal.SIGSTOP)
-                windows[path].append((began, ended))
-                broker_cpu[path] += run_seconds(broker_pid) - broker_before if broker_pid else 0.0
-        cpu_after = {path: cpu_seconds(child.pid) for path, child in children.items()}
-        switches = {path: tuple(after - before for after, before in zip(preemptions(child.pid), switches_before[path]))
-                    for path, child in children.items()}
-        measured = {path: finish_child(child, model, path) for path, child in children.items()}
+                windows[key].append((began, ended))
+                broker_cpu[key] += run_seconds(broker_pid) - broker_before if broker_pid else 0.0
+        cpu_after = {key: cpu_seconds(child.pid) for key, child in children.items()}
+        switches = {key: tuple(after - before for after, before in zip(preemptions(child.pid), switches_before[key]))
+                    for key, child in children.items()}
+        measured = {key: finish_child(child, model, key[0]) for key, child in children.items()}
     finally:
         for child in children.values():
             if child.poll() is None:
                 child.kill()
                 child.wait()
+    inside, whole = {}, {}
+    for key in keys:
+        batches = measured[key]["batches"]
+        if not batches or batches[-1][0] < windows[key][-1][0]:
+            raise SystemExit(f"throughput: the stream ran out before the {model} {key[0]} run's last slice "
+                             "(fewer --rounds or a shorter --slice)")
+        inside[key] = [[batch for batch in batches if began <= batch[0] <= ended] for began, ended in windows[key]]
+        # the step's share: of the batches that started in a slice too (a cut one's step spans a stop)
+        whole[key] = [[batch for batch in slice_ if batch[0] - batch[2] >= began]
+                      for slice_, (began, _) in zip(inside[key], windows[key])]
     figures, per_round = {}, {}
     for path in PATHS:
-        batches = measured[path]["batches"]
-        if not batches or batches[-1][0] < windows[path][-1][0]:
-            raise SystemExit(f"throughput: the stream ran out before the {model} {path} run's last slice "
-                             "(fewer --rounds or a shorter --slice)")
-        inside = [[batch for batch in batches if began <= batch[0] <= ended] for began, ended in windows[path]]
-        counted = [batch for slice_ in inside for batch in slice_]
-        seconds = sum(ended - began for began, ended in windows[path])
+        mine = [(path, i) for i in instances]
+        counted = [batch for key in mine for slice_ in inside[key] for batch in slice_]
+        seconds = sum(ended - began for key in mine for began, ended in windows[key])
         tokens = sum(batch[1] for batch in counted)
-        process_cpu = cpu_after[path][0] - cpu_before[path][0]
-        # the step's share: of the batches that started in a slice too (a cut one's step spans a stop)
-        whole = [[batch for batch in slice_ if batch[0] - batch[2] >= began]
-                 for slice_, (began, _) in zip(inside, windows[path])]
-        spans = sum(slice_[-1][0] - (slice_[0][0] - slice_[0][2]) for slice_ in whole if slice_)
+        spans = sum(slice_[-1][0] - (slice_[0][0] - slice_[0][2]) for key in mine for slice_ in whole[key] if slice_)
+        stepping = sum(batch[2] for key in mine for slice_ in whole[key] for batch in slice_)
         figures[path] = {
             "tokens_per_s": tokens / seconds,
-            "stepping": sum(batch[2] for slice_ in whole for batch in slice_) / spans if spans else float("nan"),
-            "cpu_ms_per_ktoken": 1e6 * process_cpu / tokens, "batches": len(counted),
-            "event_loop_ms_per_batch": 1e3 * (cpu_after[path][1] - cpu_before[path][1]) / len(counted),
-            "preemptions_per_batch": switches[path][0] / len(counted),
-            "main_preemptions_per_batch": switches[path][1] / len(counted),
-            "broker_ms_per_batch": 1e3 * broker_cpu[path] / len(counted) if broker_pid else float("nan"),
-            "threads": measured[path]["threads"], "wait": measured[path]["wait"]}
-        per_round[path] = [sum(batch[1] for batch in slice_) / (ended - began)
-                           for slice_, (began, ended) in zip(inside, windows[path])]
+            "processes": [sum(batch[1] for slice_ in inside[key] for batch in slice_)
+                          / sum(ended - began for began, ended in windows[key]) for key in mine],
+            "stepping": stepping / spans if spans else float("nan"),
+            "cpu_ms_per_ktoken": 1e6 * sum(cpu_after[key][0] - cpu_before[key][0] for key in mine) / tokens,
+            "batches": len(counted),
+            "event_loop_ms_per_batch": 1e3 * sum(cpu_after[key][1] - cpu_before[key][1] for key in mine) / len(counted),
+            "preemptions_per_batch": sum(switches[key][0] for key in mine) / len(counted),
+            "main_preemptions_per_batch": sum(switches[key][1] for key in mine) / len(counted),
+            "broker_ms_per_batch": 1e3 * sum(broker_cpu[key] for key in mine) / len(counted) if broker_pid
+            else float("nan"),
+            "threads": measured[path, 0]["threads"], "wait": measured[path, 0]["wait"]}
+        # a round's rate: the path's tokens in that round's slices (all its processes) over their length
+        per_round[path] = [sum(batch[1] for key in mine for batch in inside[key][round_])
+                           / sum(windows[key][round_][1] - windows[key][round_][0] for key in mine)
+                           for round_ in range(args.rounds)]
     rate = {path: figures[path]["tokens_per_s"] for path in PATHS}
     return {"figures": figures, "kafka": rate["kafka"] / rate["memory"], "kept": rate["memory"] / rate["baseline"],
             "kafka_rounds": [k / m for k, m in zip(per_round["kafka"], per_round["memory"]) if m],
@@ -342,10 +363,11 @@ def middle_half(values: list[float]) -> str:
     return f"{quartiles[0]:.3f}-{quartiles[2]:.3f}"
 
 
-def show(model: str, label: str, slice_s: float, rounds: int, result: dict) -> None:
+def show(model: str, label: str, slice_s: float, args, result: dict) -> None:
     figures = result["figures"]
     cpu_ratio = figures["kafka"]["cpu_ms_per_ktoken"] / figures["memory"]["cpu_ms_per_ktoken"]
-    print(f"{label}, {rounds} rounds of {slice_s:g} s slices:")
+    processes = f"each path in {args.processes} processes, " if args.processes > 1 else ""
+    print(f"{label}, {processes}{args.rounds} rounds of {slice_s:g} s slices:")
     for path in PATHS:
         f = figures[path]
         print(f"  {path:8s} {f['tokens_per_s']:9,.0f} tokens/s, {f['stepping']:4.0%} of it inside the step, "
@@ -358,6 +380,9 @@ def show(model: str, label: str, slice_s: float, rounds: int, result: dict) -> N
     print("  threads taken off a CPU while runnable (involuntary switches) per batch, all (main thread): "
           + ", ".join(f"{path} {figures[path]['preemptions_per_batch']:.2f} "
                       f"({figures[path]['main_preemptions_per_batch']:.2f})" for path in PATHS))
+    if args.processes > 1:
+        print("  each process's own tokens/s: " + "; ".join(
+            f"{path} " + " / ".join(f"{rate:,.0f}" for rate in figures[path]["processes"]) for path in PATHS))
     print(f"  {model}: kafka/memory {result['kafka']:.3f} (rounds' middle half {middle_half(result['kafka_rounds'])}), "
           f"memory/baseline {result['kept']:.3f} (rounds' middle half {middle_half(result['kept_rounds'])}); "
           f"CPU per token kafka/memory {cpu_ratio:.3f}", flush=True)
@@ -366,9 +391,11 @@ def show(model: str, label: str, slice_s: float, rounds: int, result: dict) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", type=int, help="pin the benchmark to the first N CPUs it may use (default: all)")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of one slice per path (default 20)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="processes per path, their slices interleaved and their batches pooled (default 2)")
+    parser.add_argument("--rounds", type=int, default=16, help="rounds of one slice per process (default 16)")
     parser.add_argument("--slice", type=float, default=0.5, help="seconds a path runs per round, lstm (default 0.5)")
-    parser.add_argument("--poe-slice", type=float, default=1.0, help="the same for poe (default 1.0)")
+    parser.add_argument("--poe-slice", type=float, default=0.5, help="the same for poe (default 0.5)")
     parser.add_argument("--hidden", type=int, default=256, help="LSTM hidden size, both models (default 256)")
     parser.add_argument("--experts", type=int, default=10, help="poe's experts (default 10)")
     parser.add_argument("--gate-steps", type=int, default=10, help="poe's gate steps per batch (default 10)")
@@ -387,8 +414,8 @@ def main() -> None:
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     if not models or set(models) - {"lstm", "poe"}:
         parser.error("--models takes lstm, poe or both, comma-separated")
-    if args.rounds < 1 or args.slice <= 0 or args.poe_slice <= 0:
-        parser.error("--rounds must be at least 1 and the slices longer than 0 s")
+    if args.rounds < 1 or args.processes < 1 or args.slice <= 0 or args.poe_slice <= 0:
+        parser.error("--rounds and --processes must be at least 1 and the slices longer than 0 s")
     cpus = pin_to_first_cpus(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
     load = os.getloadavg()[0]
     started = time.monotonic()
@@ -407,7 +434,7 @@ def main() -> None:
         asyncio.run(produce(records, broker.bootstrap_servers, args.topic))
         for model in models:
             results[model] = benchmark_model(args, model, slices[model], broker.bootstrap_servers, broker.pid)
-            show(model, labels[model], slices[model], args.rounds, results[model])
+            show(model, labels[model], slices[model], args, results[model])
     print(f"load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - started:.0f} s in all")
     low = min(models, key=lambda model: results[model]["kafka"])
     kept = min(models, key=lambda model: results[model]["kept"])
