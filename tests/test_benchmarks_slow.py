@@ -1,0 +1,37 @@
+"""The throughput benchmark stays runnable: a short run of every path through the real broker prints
+its figures and headline lines. Speed is the benchmark's to judge, never a test's. Run with -m slow."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--rounds", "2",
+                             "--processes", "2", "--hidden", "32", "--experts", "2", "--gate-steps", "2"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for model in ("lstm", "poe"):
+        # each path's two processes, each with its own tokens/s, and the pooled ratios
+        rates = re.findall(r"each process's own tokens/s: memory ([\d,]+) / ([\d,]+); kafka ([\d,]+) / ([\d,]+); "
+                           r"baseline ([\d,]+) / ([\d,]+)", out)
+        assert len(rates) == 2 and all(int(rate.replace(",", "")) > 0 for line in rates for rate in line), out
+        assert re.search(rf"  {model}: kafka/memory \d\.\d{{3}} .*memory/baseline \d\.\d{{3}}", out), out
+    assert re.search(r"^ratio kafka/memory: \d\.\d{3} \(lower of lstm \d\.\d{3}, poe \d\.\d{3}; target >= 0\.95\)$",
+                     out, re.M), out
+    assert re.search(r"^memory/baseline: \d\.\d{3} \(lower of lstm", out, re.M), out
+
+
+def test_throughput_refuses_no_processes():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--processes", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--processes must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr
