@@ -338,21 +338,16 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
     assert loop.state_dict()["step"] == len(results)
 
 
-def test_a_slow_worker_step_takes_no_burst(stream):
-    """A step that holds the worker for longer than `burst_below_s` (a slower device; here the step
-    stretched in the worker, as test_spikes paces it) runs one ahead at most and wakes the event loop
-    for every result, so each result's metrics are written as its step ends."""
-    records, _ = stream
-    strategy, learned = counting(naive())
-    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=16,
-                           max_batches=8, burst=4, burst_below_s=0.02)
+def paced_ahead(loop, pause_s: float):
+    """Learn with every step stretched by `pause_s` in the worker (as test_spikes paces it) and nothing
+    wanting a snapshot: (results, steps handed over and not yet taken in after each, wake-ups)."""
     loop.snapshot_wanted = lambda index, upcoming, previous: False
     ahead, wakes = [], []
     wake = loop._results.set
     loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
 
-    def slow_step(*args, **kwargs):
-        time.sleep(0.03)
+    def paced_step(*args, **kwargs):
+        time.sleep(pause_s)
         return prequential_step(*args, **kwargs)
 
     async def go():
@@ -362,8 +357,20 @@ def test_a_slow_worker_step_takes_no_burst(stream):
                 results.append(result)
                 ahead.append(len(loop._running))
         return results
-    with mock.patch("streamer.loop.prequential_step", slow_step):
+    with mock.patch("streamer.loop.prequential_step", paced_step):
         results = asyncio.run(go())
+    return results, ahead, wakes
+
+
+def test_a_slow_worker_step_takes_no_burst(stream):
+    """A step that holds the worker for longer than `burst_below_s` (a slower device; here the step
+    stretched in the worker, as test_spikes paces it) runs one ahead at most and wakes the event loop
+    for every result, so each result's metrics are written as its step ends."""
+    records, _ = stream
+    strategy, learned = counting(naive())
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=16,
+                           max_batches=8, burst=4, burst_below_s=0.02)
+    results, ahead, wakes = paced_ahead(loop, 0.03)
     assert [r.index for r in results] == list(range(8)) and max(ahead) <= 1 and len(wakes) == 8
 
 
@@ -375,35 +382,14 @@ def test_a_burst_holds_burst_span_s_of_steps_and_fast_steps_fill_burst(stream):
     records, _ = stream
     batches = batches_from_records(records, 2, 10)
 
-    def learn_ahead(loop, pause_s):
-        loop.snapshot_wanted = lambda index, upcoming, previous: False
-        ahead, wakes = [], []
-        wake = loop._results.set
-        loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
-
-        def paced_step(*args, **kwargs):
-            time.sleep(pause_s)
-            return prequential_step(*args, **kwargs)
-
-        async def go():
-            results = []
-            async with loop:
-                async for result in loop:
-                    results.append(result)
-                    ahead.append(len(loop._running))  # steps handed over, not yet taken in
-            return results
-        with mock.patch("streamer.loop.prequential_step", paced_step):
-            results = asyncio.run(go())
-        return results, ahead, wakes
-
     slow = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
                            burst=32, burst_span_s=0.045, burst_below_s=0.05)
-    results, ahead, wakes = learn_ahead(slow, 0.01)
+    results, ahead, wakes = paced_ahead(slow, 0.01)
     assert [r.loss for r in results] == [r.loss for r in run(naive(), batches)]
     assert 2 <= max(ahead) <= 4 and len(wakes) < len(results) / 2
     fast = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
                            burst_span_s=5.0)  # 32 steps of up to 150 ms: a loaded machine's too
-    results, ahead, _ = learn_ahead(fast, 0.001)
+    results, ahead, _ = paced_ahead(fast, 0.001)
     assert len(results) > 40 and max(ahead) == 32
 
 
