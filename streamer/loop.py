@@ -26,10 +26,10 @@ k + 1 is queued behind it in the worker, so the worker goes from one step to the
 waiting for the consumer to take in result k; the loop asks snapshot_wanted(k + 1, batch, truth
 after k) first, and a True (a checkpoint or a probe due after step k) keeps step k + 1 until result
 k has been taken in. A result is then a snapshot point only where `at_snapshot` says so. While steps
-are short (the last under `burst_below_s`, 50 ms), a burst of batches is queued behind the running
-step, as many as `burst_span_s` (0.25 s) of steps at the last one's pace and at most `burst` (32), and
-the worker wakes the event loop only when one step is left behind the one it finished: the consumer
-takes results in bursts, and the fetch side refills at the same wake-up. Each wake-up finds the
+are short, a burst of batches is queued behind the running step: as many as `burst_span_s` (0.25 s)
+holds at the last step's pace, at most `burst` (32), where that is two or more (steps of up to
+125 ms). The worker wakes the event loop only when one step is left behind the one it finished: the
+consumer takes results in bursts, and the fetch side refills at the same wake-up. Each wake-up finds the
 event loop's Python and data cold in the caches the step has used; beside the default LSTM's 7 ms
 step on 2 cores the event loop took 0.57 CPU ms a batch with a wake-up a result, 0.38 with bursts of
 4 and 0.20-0.25 with bursts of 16-32 (benchmarks/throughput.py). `stop()` lets the running step
@@ -70,8 +70,7 @@ class PrequentialLoop:
                  total_batches: int | None = None, total_records: int | None = None,
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
-                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
-                 burst_below_s: float = 0.05):
+                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -109,14 +108,15 @@ class PrequentialLoop:
         self._snapshot_asked = 0  # snapshot_point() callers waiting
         # Steps handed to the worker, oldest first: (batch, future of its StepResult); up to burst + 1 ahead
         self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
-        # Results in bursts: while steps are short (the worker's last under `burst_below_s`), a burst
-        # (`burst_span_s` of steps, at most `burst`) runs ahead of the consumer, plus one, and the worker
-        # wakes the event loop once one step is left behind the one it finished, not after each (_stepped)
-        self.burst, self.burst_span_s, self.burst_below_s = max(1, burst), burst_span_s, burst_below_s
+        # Results in bursts: while steps are short (`burst_span_s` holds two or more of the worker's last),
+        # a burst (`burst_span_s` of steps, at most `burst`) runs ahead of the consumer, plus one, and the
+        # worker wakes the event loop once one step is left behind the one it finished, not after each
+        # (_stepped)
+        self.burst, self.burst_span_s = max(1, burst), burst_span_s
         self._step_s = 0.0  # the worker's last step, wall seconds
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
-        self._short_steps = False  # the last step took less than burst_below_s
+        self._short_steps = False  # the last step took at most half of burst_span_s
         self._halting = False  # stop() was called: the worker begins no further step
         self._stepped_loss = float("nan")  # the worker's last recorded loss (a step's stand-in for a non-finite one)
         # Set by the consumer to let a step run ahead of its consumer: snapshot_wanted(index, upcoming, previous
@@ -304,7 +304,7 @@ class PrequentialLoop:
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         self._step_s = time.perf_counter() - started
-        self._short_steps = self._step_s < self.burst_below_s
+        self._short_steps = self._burst_size >= 2
         return result
 
     @contextlib.asynccontextmanager

@@ -363,27 +363,27 @@ def paced_ahead(loop, pause_s: float):
 
 
 def test_a_slow_worker_step_takes_no_burst(stream):
-    """A step that holds the worker for longer than `burst_below_s` (a slower device; here the step
+    """A step that holds the worker for longer than half of `burst_span_s` (a slower device; here the step
     stretched in the worker, as test_spikes paces it) runs one ahead at most and wakes the event loop
     for every result, so each result's metrics are written as its step ends."""
     records, _ = stream
     strategy, learned = counting(naive())
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=16,
-                           max_batches=8, burst=4, burst_below_s=0.02)
+                           max_batches=8, burst=4, burst_span_s=0.05)
     results, ahead, wakes = paced_ahead(loop, 0.03)
     assert [r.index for r in results] == list(range(8)) and max(ahead) <= 1 and len(wakes) == 8
 
 
 def test_a_burst_holds_burst_span_s_of_steps_and_fast_steps_fill_burst(stream):
     """A burst is as many steps as `burst_span_s` holds at the last step's pace, at most `burst`: steps
-    stretched to 10 ms in the worker (under `burst_below_s`) with a 45 ms span go 4 ahead at most
+    stretched to 10 ms in the worker with a 45 ms span go 4 ahead at most
     and wake the event loop about once per burst, with the in-memory run's results; short steps with
     a long span and the default `burst` and queue run 32 ahead."""
     records, _ = stream
     batches = batches_from_records(records, 2, 10)
 
     slow = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
-                           burst=32, burst_span_s=0.045, burst_below_s=0.05)
+                           burst=32, burst_span_s=0.045)
     results, ahead, wakes = paced_ahead(slow, 0.01)
     assert [r.loss for r in results] == [r.loss for r in run(naive(), batches)]
     assert 2 <= max(ahead) <= 4 and len(wakes) < len(results) / 2
