@@ -47,6 +47,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -113,10 +114,9 @@ class PrequentialLoop:
         # worker wakes the event loop once one step is left behind the one it finished, not after each
         # (_stepped)
         self.burst, self.burst_span_s = max(1, burst), burst_span_s
-        self._step_s = 0.0  # the worker's last step, wall seconds
+        self._step_s = math.inf  # the worker's last step, wall seconds (none yet: no burst)
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
-        self._short_steps = False  # the last step took at most half of burst_span_s
         self._halting = False  # stop() was called: the worker begins no further step
         self._stepped_loss = float("nan")  # the worker's last recorded loss (a step's stand-in for a non-finite one)
         # Set by the consumer to let a step run ahead of its consumer: snapshot_wanted(index, upcoming, previous
@@ -223,8 +223,8 @@ class PrequentialLoop:
     @property
     def _bursting(self) -> bool:
         """Results come in bursts: steps run ahead (one process, a consumer that set snapshot_wanted) and
-        the last one was short."""
-        return self._short_steps and self.snapshot_wanted is not None and self.ranks is None
+        burst_span_s holds two or more of the last one (none before the first step)."""
+        return self._burst_size >= 2 and self.snapshot_wanted is not None and self.ranks is None
 
     async def _put_back(self) -> None:
         """The batches handed to the worker but not begun before a stop go back to the front of the queue
@@ -304,7 +304,6 @@ class PrequentialLoop:
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         self._step_s = time.perf_counter() - started
-        self._short_steps = self._burst_size >= 2
         return result
 
     @contextlib.asynccontextmanager
