@@ -72,11 +72,15 @@ def test_the_spins_go_short_on_a_shared_window_and_long_after_calm_reads():
 def test_stopping_the_governor_ends_its_parked_thread():
     import threading
 
+    def spin_threads() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name.startswith("streamer-spin")}
+
+    before = spin_threads()  # an in-process command run earlier in this worker keeps its own governor
     governor = SpinGovernor(window=1)
     assert governor.decide(2.0, 0.1) and governor.shared  # 20 CPUs of others: short, a thread parks a team
-    assert any(thread.name == "streamer-spin-team" for thread in threading.enumerate())
+    assert any(thread.name == "streamer-spin-team" for thread in spin_threads() - before)
     governor.stop()
-    assert not governor.shared and not any(thread.name.startswith("streamer-spin") for thread in threading.enumerate())
+    assert not governor.shared and spin_threads() - before == set()
     governor.stop()  # again: nothing
 
 
