@@ -37,16 +37,16 @@ def test_a_read_is_kept_only_when_it_came_on_time(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text(stat_text(100, 0))
     tick = os.sysconf("SC_CLK_TCK")
-    reader = Reader({0}, every_s=0.2, stat=str(stat))
+    reader = Reader({0}, every_s=0.6, stat=str(stat))  # reads kept 0.3-0.9 s apart: a loaded CI host oversleeps
     stat.write_text(stat_text(100 + tick // 4, 0))  # a quarter CPU second on cpu0, none of it this (sleeping) process's
-    time.sleep(0.2)
+    time.sleep(0.6)
     others, seconds = reader.read()
-    assert others == pytest.approx(0.25, abs=0.02) and seconds == pytest.approx(0.2, abs=0.1)
-    stat.write_text(stat_text(100 + 3 * tick, 0))  # three CPU seconds in a gap four reads long (the process was
-    time.sleep(0.8)  # stopped, say): not a read of what shares the CPUs while this process runs
+    assert others == pytest.approx(0.25, abs=0.02) and seconds == pytest.approx(0.6, abs=0.3)
+    stat.write_text(stat_text(100 + 3 * tick, 0))  # three CPU seconds in a gap three reads long (the process was
+    time.sleep(1.8)  # stopped, say): not a read of what shares the CPUs while this process runs
     assert reader.read() is None
     stat.write_text(stat_text(100 + 3 * tick, 0))  # and the next read starts from the end of the gap
-    time.sleep(0.2)
+    time.sleep(0.6)
     others, _ = reader.read()
     assert others == pytest.approx(0.0, abs=0.02)
 
