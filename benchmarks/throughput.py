@@ -327,18 +327,24 @@ def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid
         # the step's share: of the batches that started in a slice too (a cut one's step spans a stop)
         whole[key] = [[batch for batch in slice_ if batch[0] - batch[2] >= began]
                       for slice_, (began, _) in zip(inside[key], windows[key])]
+    rounds = range(args.rounds)
+
+    def tokens_per_s(keys, in_rounds=rounds) -> float:
+        """The tokens of the batches that finished inside these processes' slices of these rounds over
+        the slices' length."""
+        tokens = sum(batch[1] for key in keys for round_ in in_rounds for batch in inside[key][round_])
+        return tokens / sum(windows[key][round_][1] - windows[key][round_][0] for key in keys for round_ in in_rounds)
+
     figures, per_round = {}, {}
     for path in PATHS:
         mine = [(path, i) for i in instances]
         counted = [batch for key in mine for slice_ in inside[key] for batch in slice_]
-        seconds = sum(ended - began for key in mine for began, ended in windows[key])
         tokens = sum(batch[1] for batch in counted)
         spans = sum(slice_[-1][0] - (slice_[0][0] - slice_[0][2]) for key in mine for slice_ in whole[key] if slice_)
         stepping = sum(batch[2] for key in mine for slice_ in whole[key] for batch in slice_)
         figures[path] = {
-            "tokens_per_s": tokens / seconds,
-            "processes": [sum(batch[1] for slice_ in inside[key] for batch in slice_)
-                          / sum(ended - began for began, ended in windows[key]) for key in mine],
+            "tokens_per_s": tokens_per_s(mine),
+            "processes": [tokens_per_s([key]) for key in mine],
             "stepping": stepping / spans if spans else float("nan"),
             "cpu_ms_per_ktoken": 1e6 * sum(cpu_after[key][0] - cpu_before[key][0] for key in mine) / tokens,
             "batches": len(counted),
@@ -348,10 +354,7 @@ def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid
             "broker_ms_per_batch": 1e3 * sum(broker_cpu[key] for key in mine) / len(counted) if broker_pid
             else float("nan"),
             "threads": measured[path, 0]["threads"], "wait": measured[path, 0]["wait"]}
-        # a round's rate: the path's tokens in that round's slices (all its processes) over their length
-        per_round[path] = [sum(batch[1] for key in mine for batch in inside[key][round_])
-                           / sum(windows[key][round_][1] - windows[key][round_][0] for key in mine)
-                           for round_ in range(args.rounds)]
+        per_round[path] = [tokens_per_s(mine, [round_]) for round_ in rounds]  # all its processes, a round
     rate = {path: figures[path]["tokens_per_s"] for path in PATHS}
     return {"figures": figures, "kafka": rate["kafka"] / rate["memory"], "kept": rate["memory"] / rate["baseline"],
             "kafka_rounds": [k / m for k, m in zip(per_round["kafka"], per_round["memory"]) if m],
