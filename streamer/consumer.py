@@ -7,7 +7,10 @@ commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
-and a group with another running member is refused (SourceError: one learner per group). Afterwards
+and a group with another running member is refused (SourceError: one learner per group), and so is a
+run without offsets of its own (no checkpoint, not --fresh) in a group that has committed some on the
+topic: the model that learned up to them is elsewhere. Every partition is read from the learner's own
+offset, or from the earliest one: never from the group's committed offset. Afterwards
 `reachable()` tells the loop whether the broker answers, and a rebalance hands the learner's state
 over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it never raises.
 """
@@ -99,14 +102,16 @@ class KafkaSource:
     def seek_on_assign(self, positions, from_beginning: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
         {(topic, partition): next offset} (the learner's own: a checkpoint's, then what it has read);
-        a partition it has no position for starts at the group's committed offset, or at the earliest
-        (`from_beginning`, or nothing committed)."""
+        a partition it has no position for starts at the earliest offset. `from_beginning` (--fresh):
+        a run without positions may start in a group that has committed offsets (start() refuses
+        that otherwise)."""
         self._seek_positions, self._from_beginning = positions, from_beginning
 
     async def start(self) -> None:
         """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
         SourceError naming the address), wait for the topic to exist (said in one line), join the group,
-        and refuse (SourceError) when another running member is in it."""
+        and refuse (SourceError) when another running member is in it, or when the group's committed
+        offsets belong to a model that is not this run's (_refuse_if_elsewhere)."""
         admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
         try:
             await self._until_topic_exists(admin)
@@ -122,10 +127,11 @@ class KafkaSource:
             if self.partitions is not None:
                 await self._assigned(admin)
             else:
-                self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._from_beginning, self._log)
+                self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._log)
                 self._consumer.subscribe([self.topic], listener=self._listener)
                 await self._joined()
                 await self._refuse_if_shared(admin)
+                await self._refuse_if_elsewhere(admin)
             if self.dead_letter:
                 self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **self._client_options)
                 await self._started(self._producer.start())
@@ -201,8 +207,8 @@ class KafkaSource:
             await asyncio.sleep(every_s)
 
     async def _assigned(self, admin) -> None:
-        """Take `partitions` by assignment and seek each to the learner's own offset (else the group's
-        committed one, or the earliest with from_beginning or nothing committed)."""
+        """Take `partitions` by assignment and seek each to the learner's own offset, else the earliest
+        (refused first when the group's committed offsets are another model's: _refuse_if_elsewhere)."""
         chosen = self.partitions
         if callable(chosen):
             async with asyncio.timeout(self.broker_timeout_s):
@@ -212,9 +218,10 @@ class KafkaSource:
             except ValueError as exc:
                 raise SourceError(f"topic {self.topic}: {exc}") from None
         await self._joined()
+        await self._refuse_if_elsewhere(admin)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
-        await seek_to_own(self._consumer, assigned, self._seek_positions(), self._from_beginning)
+        seek_to_own(self._consumer, assigned, self._seek_positions())
 
     async def _joined(self) -> None:
         """Start the consumer: bootstrap and the group's JoinGroup (a member killed before us expires
@@ -240,6 +247,32 @@ class KafkaSource:
             raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {members - 1} other running "
                               f"member(s): another learner reads topic {self.topic} in it; stop that one, or "
                               f"give this one another --group")
+
+    async def _refuse_if_elsewhere(self, admin) -> None:
+        """SourceError when this run has no offsets of its own (no checkpoint, and not from_beginning) but
+        the group has committed offsets on the topic. Offsets are committed only after a checkpoint that
+        holds them is written, so that checkpoint, and the model that learned up to them, are in another
+        run directory or on another machine (a ranked run's rank 0 on another host): starting a new model
+        here would be a restart that silently loses the model. Every rank asks for the whole topic, so
+        all decide alike."""
+        if self._from_beginning or self._seek_positions():
+            return
+        try:
+            async with asyncio.timeout(self.probe_timeout_s * 5):
+                described = await admin.describe_topics([self.topic])
+                held = []
+                for partition in sorted(p["partition"] for p in described[0]["partitions"]):
+                    offset = await self._consumer.committed(TopicPartition(self.topic, partition))
+                    if offset is not None and offset >= 0:
+                        held.append(f"{self.topic}:{partition}={offset}")
+        except Exception:  # noqa: BLE001 - a broker that cannot say: no check
+            return
+        if held:
+            shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+            raise SourceError(f"group {self.group_id} has committed offsets on topic {self.topic} ({shown}), but "
+                              "this run has no checkpoint: the model that learned up to them is in another run "
+                              "directory or on another machine; continue it there (its --run-dir), or start a new "
+                              "model here with --fresh (from the topic's beginning) or with another --group")
 
     async def stop(self) -> None:
         """Close the clients, leaving the group; a broker that is away does not hold it up (5 s each, 1 s
@@ -386,24 +419,24 @@ class KafkaSource:
         return lags
 
 
-async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, from_beginning: bool) -> None:
+def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict) -> None:
     """Seek each assigned partition to the learner's own next offset in `known` ({(topic, partition):
-    offset}); one it has none for stays at the group's committed offset, or goes to the earliest
-    with `from_beginning`."""
+    offset}); one it has none for goes to the earliest: this run has read nothing of it (it started
+    from the beginning or from a checkpoint, KafkaSource._refuse_if_elsewhere), so whatever the group
+    committed there is not this run's. The earliest is offset 0 (a log that retention has trimmed
+    starts later: the consumer's auto_offset_reset, earliest, moves it there). A seek sets the
+    position at once; with seek_to_beginning, whose reset completes later, some records of a new
+    group's partitions were read twice (tests/test_kafka_path.py's dead letters counted twice)."""
     for tp in assigned:
-        position = known.get((tp.topic, tp.partition))
-        if position is not None:
-            consumer.seek(tp, position)
-        elif from_beginning:
-            await consumer.seek_to_beginning(tp)
+        consumer.seek(tp, known.get((tp.topic, tp.partition), 0))
 
 
 class SeekOnAssign(ConsumerRebalanceListener):
     """The learner's offsets, not the group's, decide where each assigned partition is read from
     (aiokafka's local-state consumer example). Never raises: a rebalance must not crash a learner."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, positions, from_beginning: bool, log, on_revoke=None):
-        self.consumer, self.positions, self.from_beginning, self.log = consumer, positions, from_beginning, log
+    def __init__(self, consumer: AIOKafkaConsumer, positions, log, on_revoke=None):
+        self.consumer, self.positions, self.log = consumer, positions, log
         self.on_revoke = on_revoke  # set once the learner has started: a refused joiner hands nothing over
 
     async def on_partitions_revoked(self, revoked) -> None:
@@ -419,7 +452,7 @@ class SeekOnAssign(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned) -> None:
         try:
-            await seek_to_own(self.consumer, assigned, self.positions(), self.from_beginning)
+            seek_to_own(self.consumer, assigned, self.positions())
         except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
             self.log(f"seek after a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
                      "reading from the committed offsets")

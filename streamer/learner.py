@@ -107,8 +107,9 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     shows one progress line); otherwise a LiveView on `console` (plain lines when not config.live_view).
     `resume`: a checkpoint's dict (streamer.resume.resume_state) to continue from: strategy, RNG, the
     loop's carry-over and step, the tracker; partitions are read from its offsets, and the run's logs
-    are cut back to its step and appended to. `from_beginning`: partitions without an offset of the
-    run's own start at the earliest record, not at the group's committed offset (--fresh).
+    are cut back to its step and appended to; partitions without an offset of the run's own start at
+    the earliest record. `from_beginning` (--fresh): start without `resume` even where the group has
+    committed offsets (refused otherwise: they are another model's, KafkaSource).
     `stop_signals`: signals that stop the run cleanly (the step in flight, a checkpoint, a commit);
     a second SIGINT exits at once with status 130."""
     started = time.monotonic()

@@ -5,17 +5,26 @@ and another run directory is refused with one line and exit 2 (its join and leav
 for the first, which hands over and seeks back to its own offsets), (2) a short learner of another
 strategy with the default group flags gets a group of its own and learns its batches from the start,
 (3) the same command again is refused (the run directory is locked). The first learns the whole
-stream to the losses of an uninterrupted run. Real processes through the session's embedded broker."""
+stream to the losses of an uninterrupted run. Real processes through the session's embedded broker.
 
+A run's offsets are its own: one with no checkpoint in a group that has committed offsets (the model
+that learned up to them is elsewhere) is refused, and a partition the run has not read starts at the
+earliest offset, never at the group's."""
+
+import asyncio
 import json
 import signal
+import subprocess
 import time
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from producers.kafka import ensure_topic
+from streamer.consumer import KafkaSource, SourceError
 from tests.conftest import write_corpus
-from tests.learners import (assert_equal_losses, error_lines, finish, kill_leftovers, learn_command, line_count,
-                            losses, produce, start, wait_for_lines)
+from tests.learners import (ENV, assert_equal_losses, error_lines, finish, kill_leftovers, learn_command,
+                            line_count, losses, produce, start, wait_for_lines)
 
 TOPIC = "grouped"
 
@@ -72,3 +81,76 @@ def test_learners_beside_a_running_one_leave_it_alone(broker, stream):
     assert finish(whole) is not None and whole.returncode == 0
     assert line_count(root / "first" / "losses.jsonl") == total
     assert_equal_losses(root / "first", [line["loss"] for line in losses(root / "whole")])
+
+
+def test_a_run_without_its_checkpoint_is_refused_where_the_group_holds_another_models_offsets(broker, stream):
+    """Offsets are committed only after the checkpoint holding them is written. A run with no checkpoint
+    (another --run-dir or working directory, rank 0 on another host) in a group with committed offsets
+    would be a new model starting mid-stream: refused in one line, nothing learned. --fresh starts a new
+    model from the topic's beginning; the first run still continues from its checkpoint."""
+    root, manifest, total = stream
+    assert total > 30
+
+    def learn(*extra):
+        command = learn_command(broker.bootstrap_servers, TOPIC, "--manifest", str(manifest), "--group", "moved")
+        return subprocess.run([*command, *extra], cwd=root, env=ENV, capture_output=True, text=True, timeout=240)
+
+    first = learn("--run-dir", "here", "--max-batches", "20")
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    elsewhere = learn("--run-dir", "there", "--max-batches", "20")
+    errors = error_lines(elsewhere.stderr)
+    assert elsewhere.returncode == 2 and len(errors) == 1, elsewhere.stderr[-3000:]
+    assert f"group moved has committed offsets on topic {TOPIC} ({TOPIC}:0=" in errors[0]
+    assert "no checkpoint" in errors[0] and "--fresh" in errors[0] and "--run-dir" in errors[0]
+    assert line_count(root / "there" / "losses.jsonl") == 0
+
+    fresh = learn("--run-dir", "there", "--max-batches", "20", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert_equal_losses(root / "there", [line["loss"] for line in losses(root / "here")], tolerance=1e-6)
+
+    again = learn("--run-dir", "here", "--max-batches", "30")
+    assert again.returncode == 0 and "resuming from the checkpoint at batch 20" in again.stdout, again.stderr[-3000:]
+    assert [line["batch"] for line in losses(root / "here")] == list(range(30))
+
+
+def test_a_partition_the_run_has_not_read_starts_at_the_earliest_offset_not_the_groups(broker):
+    """KafkaSource on the real broker, a topic of 2 partitions of 5 records each, group offsets committed
+    at 2 and 3: with the run's own offset for partition 0 only (4), partition 0 is read from 4 and
+    partition 1 from 0; with none, the start is refused naming the group's offsets; with none and
+    from_beginning (--fresh), both are read from 0."""
+    bootstrap, topic, group = broker.bootstrap_servers, "unread", "unread-group"
+    parts = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+
+    async def prepare():
+        await ensure_topic(bootstrap, topic, partitions=2)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        for tp in parts:
+            for _ in range(5):
+                await producer.send_and_wait(topic, b"not a wire record", key=b"0", partition=tp.partition)
+        await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        consumer.assign(parts)
+        await consumer.commit({parts[0]: 2, parts[1]: 3})
+        await consumer.stop()
+
+    async def read(own: dict, from_beginning: bool = False, count: int = 0) -> list[tuple[int, int]]:
+        source = KafkaSource(bootstrap, topic, group, dead_letter=False, log=lambda line: None)
+        source.seek_on_assign(lambda: own, from_beginning)
+        await source.start()
+        got, deadline = [], time.monotonic() + 60
+        try:
+            while len(got) < count and time.monotonic() < deadline:
+                got += [(fetched.tp[1], fetched.offset) async for fetched in source.fetch()]
+        finally:
+            await source.stop()
+        return sorted(got)
+
+    asyncio.run(prepare())
+    assert asyncio.run(read({(topic, 0): 4}, count=6)) == [(0, 4), *((1, offset) for offset in range(5))]
+    with pytest.raises(SourceError, match=rf"group {group} has committed offsets on topic {topic} "
+                                          rf"\({topic}:0=2, {topic}:1=3\)"):
+        asyncio.run(read({}))
+    assert asyncio.run(read({}, from_beginning=True, count=10)) == [(p, o) for p in (0, 1) for o in range(5)]

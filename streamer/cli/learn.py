@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="start over: move the run directory's old files aside and read the topic from its "
                         "beginning (default: continue the run from its checkpoint, when it has one; the run "
-                        "directory defaults to runs/<topic>-<group>)")
+                        "directory defaults to runs/<topic>-<group>; a run without a checkpoint is refused in a "
+                        "group that has committed offsets: they belong to a model elsewhere)")
     p.add_argument("--manifest", type=Path,
                    help="the producer's manifest: total batches, classes, N, streams and window (default: "
                         f"{default_manifest_path('<topic>')} when `streamer produce` wrote it there)")
