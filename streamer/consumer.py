@@ -8,9 +8,9 @@ commits offsets only when asked (bounded in time), and reports consumer lag.
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
 and a group with another running member is refused (SourceError: one learner per group), and so is a
-run without offsets of its own (no checkpoint, not --fresh) in a group that has committed some on the
-topic: the model that learned up to them is elsewhere. Every partition is read from the learner's own
-offset, or from the earliest one: never from the group's committed offset. Afterwards
+new run (no checkpoint, not --fresh) in a group that has committed offsets on the topic: the model
+that learned up to them is elsewhere. Every partition is read from the learner's own offset, or from
+the earliest one: never from the group's committed offset. Afterwards
 `reachable()` tells the loop whether the broker answers, and a rebalance hands the learner's state
 over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it never raises.
 """
@@ -85,7 +85,7 @@ class KafkaSource:
         self.dead_letter_timeout_s = dead_letter_timeout_s
         self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
         self._log = log or _stderr
-        self._seek_positions, self._from_beginning = dict, False  # seek_on_assign() sets the learner's own
+        self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
         self._security = security
         self.on_revoke = on_revoke
@@ -99,13 +99,13 @@ class KafkaSource:
         self._answering = True  # the broker answered the last reachable()
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
 
-    def seek_on_assign(self, positions, from_beginning: bool = False) -> None:
+    def seek_on_assign(self, positions, new_run: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
         {(topic, partition): next offset} (the learner's own: a checkpoint's, then what it has read);
-        a partition it has no position for starts at the earliest offset. `from_beginning` (--fresh):
-        a run without positions may start in a group that has committed offsets (start() refuses
-        that otherwise)."""
-        self._seek_positions, self._from_beginning = positions, from_beginning
+        a partition it has no position for starts at the earliest offset. `new_run`: the run has no
+        checkpoint and was not asked to start over (--fresh), so start() refuses a group that has
+        committed offsets on the topic (_refuse_if_elsewhere)."""
+        self._seek_positions, self._new_run = positions, new_run
 
     async def start(self) -> None:
         """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
@@ -249,13 +249,13 @@ class KafkaSource:
                               f"give this one another --group")
 
     async def _refuse_if_elsewhere(self, admin) -> None:
-        """SourceError when this run has no offsets of its own (no checkpoint, and not from_beginning) but
+        """SourceError when this run is new (no checkpoint, and not --fresh: seek_on_assign's `new_run`) but
         the group has committed offsets on the topic. Offsets are committed only after a checkpoint that
         holds them is written, so that checkpoint, and the model that learned up to them, are in another
         run directory or on another machine (a ranked run's rank 0 on another host): starting a new model
         here would be a restart that silently loses the model. Every rank asks for the whole topic, so
         all decide alike."""
-        if self._from_beginning or self._seek_positions():
+        if not self._new_run:
             return
         try:
             async with asyncio.timeout(self.probe_timeout_s * 5):

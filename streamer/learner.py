@@ -139,7 +139,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                          max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
                          broker_timeout_s=config.broker_timeout_s,
                          partitions=None if ranks is None else ranks.partitions(config.streams))
-    source.seek_on_assign(batcher.offsets.next_positions, from_beginning)
+    source.seek_on_assign(batcher.offsets.next_positions, new_run=resume is None and not from_beginning)
     loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,

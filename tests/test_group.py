@@ -116,9 +116,9 @@ def test_a_run_without_its_checkpoint_is_refused_where_the_group_holds_another_m
 
 def test_a_partition_the_run_has_not_read_starts_at_the_earliest_offset_not_the_groups(broker):
     """KafkaSource on the real broker, a topic of 2 partitions of 5 records each, group offsets committed
-    at 2 and 3: with the run's own offset for partition 0 only (4), partition 0 is read from 4 and
-    partition 1 from 0; with none, the start is refused naming the group's offsets; with none and
-    from_beginning (--fresh), both are read from 0."""
+    at 2 and 3: a resumed run with its own offset for partition 0 only (4) reads partition 0 from 4 and
+    partition 1 from 0; a new run is refused, naming the group's offsets; one started over (--fresh,
+    not new) reads both from 0."""
     bootstrap, topic, group = broker.bootstrap_servers, "unread", "unread-group"
     parts = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
 
@@ -136,9 +136,9 @@ def test_a_partition_the_run_has_not_read_starts_at_the_earliest_offset_not_the_
         await consumer.commit({parts[0]: 2, parts[1]: 3})
         await consumer.stop()
 
-    async def read(own: dict, from_beginning: bool = False, count: int = 0) -> list[tuple[int, int]]:
+    async def read(own: dict, new_run: bool = False, count: int = 0) -> list[tuple[int, int]]:
         source = KafkaSource(bootstrap, topic, group, dead_letter=False, log=lambda line: None)
-        source.seek_on_assign(lambda: own, from_beginning)
+        source.seek_on_assign(lambda: own, new_run)
         await source.start()
         got, deadline = [], time.monotonic() + 60
         try:
@@ -152,5 +152,5 @@ def test_a_partition_the_run_has_not_read_starts_at_the_earliest_offset_not_the_
     assert asyncio.run(read({(topic, 0): 4}, count=6)) == [(0, 4), *((1, offset) for offset in range(5))]
     with pytest.raises(SourceError, match=rf"group {group} has committed offsets on topic {topic} "
                                           rf"\({topic}:0=2, {topic}:1=3\)"):
-        asyncio.run(read({}))
-    assert asyncio.run(read({}, from_beginning=True, count=10)) == [(p, o) for p in (0, 1) for o in range(5)]
+        asyncio.run(read({}, new_run=True))
+    assert asyncio.run(read({}, count=10)) == [(p, o) for p in (0, 1) for o in range(5)]
