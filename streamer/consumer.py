@@ -36,7 +36,13 @@ __all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign"]
 
 
 class SourceError(RuntimeError):
-    pass
+    """One line for the user. `every_rank`: a decision on the topic or the group that every rank of a
+    distributed learner makes alike (not on this rank's own connection): rank 0 says it, the others exit
+    quietly with the same status (streamer.cli.learn)."""
+
+    def __init__(self, message: str, *, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
@@ -216,7 +222,7 @@ class KafkaSource:
             try:
                 chosen = chosen(len(described[0]["partitions"]))
             except ValueError as exc:
-                raise SourceError(f"topic {self.topic}: {exc}") from None
+                raise SourceError(f"topic {self.topic}: {exc}", every_rank=True) from None
         await self._joined()
         await self._refuse_if_elsewhere(admin)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
@@ -272,7 +278,8 @@ class KafkaSource:
             raise SourceError(f"group {self.group_id} has committed offsets on topic {self.topic} ({shown}), but "
                               "this run has no checkpoint: the model that learned up to them is in another run "
                               "directory or on another machine; continue it there (its --run-dir), or start a new "
-                              "model here with --fresh (from the topic's beginning) or with another --group")
+                              "model here with --fresh (from the topic's beginning) or with another --group",
+                              every_rank=True)
 
     async def stop(self) -> None:
         """Close the clients, leaving the group; a broker that is away does not hold it up (5 s each, 1 s

@@ -3,8 +3,9 @@ losses of 1 process x 10 streams on the same topic (produced with one partition 
 to 1e-4 nats, for naive (started by torchrun itself, and by the README's two-host commands with
 both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at
 the same step with rank 0's checkpoint of all ranks' offsets, and the same command continues to
-the same losses; the errors a user can make are one line. Real processes through the embedded
-broker, a tiny LSTM, one torch thread per rank."""
+the same losses; the errors a user can make are one line (among them a group's offsets without their
+checkpoint: rank 0 on another host). Real processes through the embedded broker, a tiny LSTM, one
+torch thread per rank."""
 
 import asyncio
 import json
@@ -237,6 +238,17 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert (other_n.returncode, other_n.stderr.strip().splitlines()) == (2, [
         f"streamer learn: error: {two_ranks_naive} holds the checkpoint of a run of 2 rank(s); continue it with "
         "--nproc 2 (or torchrun --nproc-per-node 2), or start over with --fresh"])
+    # its group from a run directory without the checkpoint (rank 0 on another host): every rank refuses,
+    # rank 0 says why in one line, before anything is learned
+    flags = learn_flags(broker, manifest, root / "elsewhere", "--nproc", "2")
+    flags[flags.index("--group") + 1] = two_ranks_naive.name
+    elsewhere = run([*STREAMER, *flags], root)
+    said = [line for line in elsewhere.stderr.splitlines() if line.startswith("streamer learn: error:")]
+    assert elsewhere.returncode == 2 and len(said) == 2, elsewhere.stderr[-3000:]
+    assert said[0].startswith(f"streamer learn: error: group {two_ranks_naive.name} has committed offsets on topic "
+                              f"{TOPIC} ({TOPIC}:0=") and "no checkpoint" in said[0]
+    assert said[1].startswith("streamer learn: error: rank(s) ")  # the launcher's: their own lines are above
+    assert not (root / "elsewhere" / "losses.jsonl").exists()
 
 
 def test_a_rank_owns_its_streams_and_their_partitions():

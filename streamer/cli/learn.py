@@ -148,12 +148,17 @@ def run(args) -> int:
             if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
             from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
+            from streamer.consumer import SourceError
 
             try:
                 summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
                     config, manifest=manifest, resume=state, from_beginning=args.fresh)))
             except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
                 raise UserError(str(exc)) from None
+            except SourceError as exc:
+                if exc.every_rank and not leader:  # rank 0 says the same line
+                    raise SystemExit(2) from None
+                raise
     finally:
         if ranks is not None:
             from streamer import distributed
