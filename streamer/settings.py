@@ -11,7 +11,9 @@
 - ``GRAFANA_TOKEN``, or ``GRAFANA_USER`` and ``GRAFANA_PASSWORD``: credentials of
   ``streamer monitor push`` (never a flag, so they do not show in ``ps``).
 - ``OMP_NUM_THREADS``: when set to a positive integer, the default of ``--threads``
-  (streamer.threads), so a job pinned to N threads keeps N.
+  (streamer.threads), so a job pinned to N threads keeps N. Written by ``learn --nproc`` where the
+  user has not set it (``set_rank_threads``): the ranks' own thread count, passed on by torchrun,
+  which would otherwise set 1 and say so in a four-line warning.
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: set by ``torchrun`` (and ``streamer learn --nproc``) for each
   rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
   ``MASTER_ADDR`` and ``MASTER_PORT``. ``LOCAL_WORLD_SIZE`` (torchrun's ranks on this machine) sizes
@@ -46,7 +48,7 @@ from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
            "choose_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
-           "secret_variable", "torchrun_environment", "torchrun_local_world"]
+           "secret_variable", "torchrun_environment", "torchrun_local_world", "set_rank_threads"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
@@ -75,6 +77,12 @@ def omp_num_threads() -> int | None:
     """$OMP_NUM_THREADS as a positive integer, else None (unset or not a positive integer)."""
     text = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def set_rank_threads(threads: int) -> None:
+    """OMP_NUM_THREADS=`threads` for the ranks torchrun starts from this process, where the user has
+    not set it (torchrun then keeps it: no default of 1, no warning)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def torchrun_environment() -> tuple[int, int, int] | None:

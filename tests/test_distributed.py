@@ -145,6 +145,8 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     else:  # one CPU: nothing to share out
         assert launched.endswith(f" --threads {threads}); 1 CPUs for 2 ranks: not pinned"), launched
     assert two.stdout.count(f"torch threads: {threads} ({share or 1} CPUs, --threads") == 2, two.stdout
+    # the launcher hands the ranks their OpenMP count itself: torchrun neither sets 1 nor warns about it
+    assert "OMP_NUM_THREADS" not in two.stderr and "*****" not in two.stderr, two.stderr[-3000:]
     # torchrun's log folder: by default a new torchelastic_* each run; --nproc gives it one it removes.
     # (torch's inductor makes its one cache folder per user here too: that one is reused, not per run)
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
@@ -249,6 +251,20 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
                               f"{TOPIC} ({TOPIC}:0=") and "no checkpoint" in said[0]
     assert said[1].startswith("streamer learn: error: rank(s) ")  # the launcher's: their own lines are above
     assert not (root / "elsewhere" / "losses.jsonl").exists()
+    # a fault each rank meets on its own (here a broker none can reach) is that rank's line, named; then
+    # the launcher's line for the ranks, and none of torchrun's log records that say the same. What the
+    # config chose (--params' size) is said once, by rank 0, not by every rank and the launcher
+    flags = learn_flags(broker, manifest, root / "unreachable", "--nproc", "2", "--broker-timeout", "1",
+                        "--params", "5000")
+    flags[flags.index("--bootstrap-servers") + 1] = f"127.0.0.1:{free_port()}"
+    unreachable = run([*STREAMER, *flags], root)
+    said = [line for line in unreachable.stderr.splitlines() if not line.startswith("Kafka at ")]  # the retry notes
+    assert unreachable.returncode == 2 and 2 <= len(said) <= 3, unreachable.stderr[-3000:]
+    assert all(line.startswith("streamer learn: error: rank ")
+               and line.endswith(" (no answer for 1 s; --broker-timeout)")
+               for line in said[:-1]), said  # the agent may stop one rank before it says its line
+    assert said[-1].startswith("streamer learn: error: rank(s) ") and "their own lines are above" in said[-1], said
+    assert unreachable.stdout.count("--params 5,000: naive with hidden ") == 1, unreachable.stdout
 
 
 def test_a_rank_owns_its_streams_and_their_partitions():

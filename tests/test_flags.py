@@ -202,3 +202,26 @@ def test_a_resumed_run_keeps_the_span_it_started_with(tmp_path, capsys):
     assert _resumed_span(config, {"config": {"from_fragment": 5}}) is config
     assert _resumed_span(config, {"config": {"from_fragment": 0}}).from_fragment == 0
     assert "fragments >= 0 (not 5)" in capsys.readouterr().out
+
+
+def test_the_launchers_line_tells_failed_ranks_from_those_its_agent_then_stopped():
+    from streamer.cli.learn import failed_ranks
+
+    assert failed_ranks({1: 2, 0: -15}) == ("rank(s) 1 failed (exit status 2); their own lines are above; "
+                                            "torchrun's agent then stopped rank(s) 0")
+    assert failed_ranks({0: 2, 1: 2}) == "rank(s) 0, 1 failed (exit status 2); their own lines are above"
+    assert failed_ranks({2: 1, 0: 143, 1: -9, 3: -15}) == (  # 143: a rank that caught the SIGTERM and checkpointed
+        "rank(s) 1, 2 failed (exit status -9, 1); their own lines are above; "
+        "torchrun's agent then stopped rank(s) 0, 3")
+    assert failed_ranks({0: -15, 1: 143}) == "rank(s) 0, 1 ended by SIGTERM; their own lines are above"
+
+
+def test_what_a_config_chose_is_said_by_say_and_not_by_silent(tmp_path, capsys):
+    from streamer.cli.configs import learn_config, say, silent
+
+    args = parse(["learn", "--topic", "t", "--params", "200000"])
+    for log in (say, silent):
+        learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=None, log=log)
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 2 and said[0].startswith("--from-fragment half: no manifest") and \
+        said[1].startswith("--params 200,000: naive with hidden "), said

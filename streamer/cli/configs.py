@@ -11,7 +11,7 @@ from streamer.config import LearnConfig, span_start
 from streamer.models.catalog import LSTMConfig
 
 __all__ = ["schedule", "stream_options", "from_fragment", "stream_shape", "model_config", "learn_config",
-           "fit_budget", "MANIFEST_FIXES"]
+           "fit_budget", "say", "silent", "MANIFEST_FIXES"]
 
 # What a producer's manifest fixes for the learner: LearnConfig field -> (manifest key, flag)
 MANIFEST_FIXES = {"streams": ("streams", "--streams"), "window": ("window", "--window")}
@@ -30,7 +30,16 @@ def stream_options(args) -> dict:
     return {"probe_examples": args.probe_examples, "utterances": False if args.as_text else None}
 
 
-def from_fragment(spec: str | int, n_fragments: int | None, log=print) -> int:
+def say(line: str) -> None:
+    """The default `log` of what a config chose: one line on stdout, at once."""
+    print(line, flush=True)
+
+
+def silent(line: str) -> None:
+    """A `log` for a process whose config another says (torchrun's ranks other than 0, --nproc's launcher)."""
+
+
+def from_fragment(spec: str | int, n_fragments: int | None, log=say) -> int:
     """--from-fragment as a fragment index; 'half' without N (no manifest) is the whole stream, said once."""
     if spec == "half" and not n_fragments:
         log("--from-fragment half: no manifest gives the number of fragments N, so the whole stream is scored "
@@ -86,9 +95,9 @@ def model_config(args, **changes) -> LearnConfig:
 
 
 def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path, manifest: dict | None,
-                 manifest_path: Path | None = None, log=print) -> LearnConfig:
+                 manifest_path: Path | None = None, log=say) -> LearnConfig:
     """`learn` and `demo`: the run's config, with what the manifest fixes (a contradicting flag is a
-    UserError naming both values) and sized to --params."""
+    UserError naming both values) and sized to --params; `log` says what was chosen for the user."""
     where = f"the manifest {manifest_path}" if manifest_path else "the manifest"
     config = model_config(
         args, **stream_shape(args, manifest, where), bootstrap_servers=bootstrap, topic=topic, group_id=group,
@@ -97,10 +106,10 @@ def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, live_view=not args.no_view,
     ).with_manifest(manifest)
     config = dataclasses.replace(config, from_fragment=from_fragment(args.from_fragment, config.n_fragments, log))
-    return fit_budget(config, args.params, manifest)
+    return fit_budget(config, args.params, manifest, log)
 
 
-def fit_budget(config: LearnConfig, params: int | None, manifest: dict | None) -> LearnConfig:
+def fit_budget(config: LearnConfig, params: int | None, manifest: dict | None, log=say) -> LearnConfig:
     """--params N: the config with the hidden size that gives the strategy's model about N parameters."""
     if not params:
         return config
@@ -110,5 +119,5 @@ def fit_budget(config: LearnConfig, params: int | None, manifest: dict | None) -
         config, fitted = fit_to_budget(config, params, manifest)
     except ValueError as exc:  # BudgetError, or a bad --set or --model-opt found while sizing
         raise UserError(str(exc)) from None
-    print(fitted.describe(config.strategy), flush=True)
+    log(fitted.describe(config.strategy))
     return config

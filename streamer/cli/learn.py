@@ -7,12 +7,13 @@ import contextlib
 import dataclasses
 import gc
 import json
+import logging
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
-from streamer.cli.configs import learn_config
+from streamer.cli.configs import learn_config, say, silent
 from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flags, add_run_flags, default_of,
                                 positive_float, positive_int)
@@ -20,7 +21,7 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
-from streamer.settings import omp_num_threads, torchrun_environment, torchrun_local_world
+from streamer.settings import omp_num_threads, set_rank_threads, torchrun_environment, torchrun_local_world
 from streamer.threads import available_cpus, pin_to_rank_share, rank_threads
 
 __all__ = ["add_parser", "run"]
@@ -124,7 +125,8 @@ def run(args) -> int:
     group = args.group or default_group(args.topic, args.strategy)
     run_dir = args.run_dir or Path("runs") / f"{args.topic}-{group}"  # stable: the same command continues it
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
-                          run_dir=run_dir, manifest=manifest, manifest_path=manifest_path)
+                          run_dir=run_dir, manifest=manifest, manifest_path=manifest_path,
+                          log=say if environment is None or environment[0] == 0 else silent)  # rank 0 says it
     ranks = None
     if environment is not None and environment[1] > 1:  # torchrun with one process: a plain learner
         _refuse_for_ranks(config, environment[1], leader=environment[0] == 0)
@@ -158,6 +160,8 @@ def run(args) -> int:
             except SourceError as exc:
                 if exc.every_rank and not leader:  # rank 0 says the same line
                     raise SystemExit(2) from None
+                if ranks is not None and not exc.every_rank:  # each rank's own: which one says it
+                    raise SourceError(f"rank {ranks.rank}: {exc}") from None
                 raise
     finally:
         if ranks is not None:
@@ -211,7 +215,7 @@ def _launch(args) -> int:
     group = args.group or default_group(args.topic, args.strategy)
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=args.run_dir or Path("runs") / f"{args.topic}-{group}", manifest=manifest,
-                          manifest_path=manifest_path)
+                          manifest_path=manifest_path, log=silent)  # the ranks' rank 0 says what it chose
     reason = _refusal(config, args.nproc)
     if reason is not None:
         raise UserError(f"--nproc {args.nproc}: {reason}")
@@ -220,11 +224,11 @@ def _launch(args) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    command, split = _without_nproc(sys.argv[1:]), ""
+    command, split, threads = _without_nproc(sys.argv[1:]), "", args.threads
     if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank, unpinned
-        # --threads: torchrun sets OMP_NUM_THREADS=1 in the ranks where the user has not set it
         cpus = available_cpus()
-        command += ["--threads", str(rank_threads(cpus, args.nproc))]
+        threads = rank_threads(cpus, args.nproc)
+        command += ["--threads", str(threads)]
         if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
             split = "; CPUs not pinned for GPU ranks (torchrun's --numa-binding places them near their GPUs)"
         elif cpus >= args.nproc:  # the rule on each rank's share, on that share alone
@@ -233,17 +237,18 @@ def _launch(args) -> int:
             split = f"; each pinned to its {cpus // args.nproc} of the {cpus} CPUs"
         else:
             split = f"; {cpus} CPUs for {args.nproc} ranks: not pinned"
+    if threads is not None:  # OpenMP's count in the ranks too, where the user's OMP_NUM_THREADS does not say
+        set_rank_threads(threads)  # (torchrun would set 1 there, with a four-line warning)
     print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
           f"{' '.join(command)}){split}", flush=True)
+    for agent in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
+        logging.getLogger(agent).addFilter(_said_by_the_launcher)
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
         with tempfile.TemporaryDirectory(prefix="streamer-ranks-") as logs:
             torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
                       "-m", "streamer", *command])
     except ChildFailedError as exc:
-        failures = exc.failures
-        codes = sorted({failure.exitcode for failure in failures.values()})
-        raise UserError(f"rank(s) {', '.join(str(rank) for rank in sorted(failures))} failed "
-                        f"(exit status {', '.join(map(str, codes))}); their own lines are above") from None
+        raise UserError(failed_ranks({rank: failure.exitcode for rank, failure in exc.failures.items()})) from None
     except Exception as exc:
         # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
         # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
@@ -255,6 +260,27 @@ def _launch(args) -> int:
               file=sys.stderr, flush=True)
         return 128 + signalled.sigval
     return 0
+
+
+def failed_ranks(statuses: dict[int, int]) -> str:
+    """The launcher's one line for ranks that ended badly (`statuses`: global rank -> exit status):
+    those that failed, and those torchrun's agent then stopped with SIGTERM (status -15, or 143 where
+    the rank caught it); the failed ranks' own lines come before it."""
+    stopped = sorted(rank for rank, status in statuses.items() if status in (-signal.SIGTERM, 128 + signal.SIGTERM))
+    failed = sorted(set(statuses) - set(stopped))
+    if not failed:  # only SIGTERMs: sent to the ranks by someone else
+        return f"rank(s) {', '.join(map(str, stopped))} ended by SIGTERM; their own lines are above"
+    codes = sorted({statuses[rank] for rank in failed})
+    line = (f"rank(s) {', '.join(map(str, failed))} failed (exit status {', '.join(map(str, codes))}); "
+            "their own lines are above")
+    return line + (f"; torchrun's agent then stopped rank(s) {', '.join(map(str, stopped))}" if stopped else "")
+
+
+def _said_by_the_launcher(record: logging.LogRecord) -> bool:
+    """torchrun's agent's records that the launcher's own line restates: a rank's failure, the SIGTERM
+    it then sends the others, and a signal it passes on to the ranks (its other records, such as a
+    rank that will not stop, stay)."""
+    return not str(record.msg).startswith(("failed (exitcode: ", "Sending process ", "Received %s death signal"))
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
