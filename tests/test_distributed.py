@@ -3,7 +3,7 @@ losses of 1 process x 10 streams on the same topic (produced with one partition 
 to 1e-4 nats, for naive (started by torchrun itself, and by the README's two-host commands with
 both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at
 the same step with rank 0's checkpoint of all ranks' offsets, and the same command continues to
-the same losses; the errors a user can make are one line (among them a group's offsets without their
+the same losses, as it does after a rank is killed (-9); the errors a user can make are one line (among them a group's offsets without their
 checkpoint: rank 0 on another host). Real processes through the embedded broker, a tiny LSTM, one
 torch thread per rank."""
 
@@ -218,6 +218,54 @@ def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream,
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from the checkpoint at batch {step}" in again.stdout
     worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def rank_process(launcher: int, rank: int) -> int | None:
+    """The pid of global rank `rank` among the launcher's children (torchrun's agent runs in the launcher)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            if f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:  # gone meanwhile
+            continue
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_of_a_rank_is_one_line_and_the_same_command_continues(broker, stream, one_process_naive):
+    """A rank killed (-9, the OOM killer's signal): torchrun's agent stops the other, the launcher says
+    which rank failed, and the same command continues from the last checkpoint to the one-process losses."""
+    root, manifest = stream
+    run_dir = root / "rank-killed"
+    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
+    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    try:
+        log, saved = run_dir / "losses.jsonl", run_dir / "checkpoint.pt"
+        while not saved.exists() or log.read_text().count("\n") < BATCHES // 3:  # a checkpoint to continue from
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.05)
+        victim = rank_process(process.pid, 1)
+        assert victim is not None, "rank 1 not found among the launcher's children"
+        os.kill(victim, signal.SIGKILL)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 2 and "Traceback" not in output, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("streamer learn: error: rank(s) 1 failed (exit status -9 (SIGKILL)); their own lines "
+                           "are above"), output[-3000:]  # then rank 0, stopped by the agent (or failed with it)
+    step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
+    assert step < BATCHES, step
+
+    again = run(command, root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from the checkpoint at batch {step}" in again.stdout
+    worst = worst_difference(losses(run_dir), one_process_naive)  # each batch once, as in one process
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 

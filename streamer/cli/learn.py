@@ -271,8 +271,9 @@ def failed_ranks(statuses: dict[int, int]) -> str:
     if not failed:  # only SIGTERMs: sent to the ranks by someone else
         return f"rank(s) {', '.join(map(str, stopped))} ended by SIGTERM; their own lines are above"
     codes = sorted({statuses[rank] for rank in failed})
-    line = (f"rank(s) {', '.join(map(str, failed))} failed (exit status {', '.join(map(str, codes))}); "
-            "their own lines are above")
+    names = {member.value: f" ({member.name})" for member in signal.Signals}
+    shown = ", ".join(f"{code}{names.get(-code, '')}" for code in codes)  # a negative status: the signal
+    line = f"rank(s) {', '.join(map(str, failed))} failed (exit status {shown}); their own lines are above"
     return line + (f"; torchrun's agent then stopped rank(s) {', '.join(map(str, stopped))}" if stopped else "")
 
 
