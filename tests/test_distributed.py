@@ -8,6 +8,7 @@ checkpoint: rank 0 on another host). Real processes through the embedded broker,
 torch thread per rank."""
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -144,6 +145,10 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
             assert f"CPUs {shown}: local rank {rank}'s share of 2 (--pin-cpus)" in two.stdout, two.stdout
     else:  # one CPU: nothing to share out
         assert launched.endswith(f" --threads {threads}); 1 CPUs for 2 ranks: not pinned"), launched
+    said = two.stdout.splitlines()  # each rank says its own policy; rank 1's lines are labelled
+    assert [line.split("(")[0] for line in said if "torch threads:" in line] in (
+        [f"torch threads: {threads} ", f"rank 1: torch threads: {threads} "],
+        [f"rank 1: torch threads: {threads} ", f"torch threads: {threads} "]), said
     assert two.stdout.count(f"torch threads: {threads} ({share or 1} CPUs, --threads") == 2, two.stdout
     # the launcher hands the ranks their OpenMP count itself: torchrun neither sets 1 nor warns about it
     assert "OMP_NUM_THREADS" not in two.stderr and "*****" not in two.stderr, two.stderr[-3000:]
@@ -306,13 +311,25 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
                         "--params", "5000")
     flags[flags.index("--bootstrap-servers") + 1] = f"127.0.0.1:{free_port()}"
     unreachable = run([*STREAMER, *flags], root)
-    said = [line for line in unreachable.stderr.splitlines() if not line.startswith("Kafka at ")]  # the retry notes
-    assert unreachable.returncode == 2 and 2 <= len(said) <= 3, unreachable.stderr[-3000:]
-    assert all(line.startswith("streamer learn: error: rank ")
-               and line.endswith(" (no answer for 1 s; --broker-timeout)")
-               for line in said[:-1]), said  # the agent may stop one rank before it says its line
+    said = [line for line in unreachable.stderr.splitlines() if "Kafka at " not in line or "error:" in line]
+    assert unreachable.returncode == 2 and 2 <= len(said) <= 3, unreachable.stderr[-3000:]  # less the retry notes
+    line = f"streamer learn: error: cannot reach Kafka at {flags[flags.index('--bootstrap-servers') + 1]} (no answer " \
+           "for 1 s; --broker-timeout)"
+    assert set(said[:-1]) <= {line, f"rank 1: {line}"}, said  # the agent may stop one rank before it says it
     assert said[-1].startswith("streamer learn: error: rank(s) ") and "their own lines are above" in said[-1], said
     assert unreachable.stdout.count("--params 5,000: naive with hidden ") == 1, unreachable.stdout
+
+
+def test_a_ranks_lines_are_labelled_at_each_line_start_across_writes():
+    from streamer.cli.rank_lines import Labelled
+
+    out = io.StringIO()
+    labelled = Labelled(out, "rank 1: ")
+    assert labelled.write("a\nb") == 3
+    labelled.write("c\n\nprogress\r")
+    labelled.write("done\n")
+    assert out.getvalue() == "rank 1: a\nrank 1: bc\nrank 1: \nrank 1: progress\rrank 1: done\n"
+    assert labelled.getvalue() == out.getvalue()  # all else is the stream's
 
 
 def test_a_rank_owns_its_streams_and_their_partitions():

@@ -160,8 +160,6 @@ def run(args) -> int:
             except SourceError as exc:
                 if exc.every_rank and not leader:  # rank 0 says the same line
                     raise SystemExit(2) from None
-                if ranks is not None and not exc.every_rank:  # each rank's own: which one says it
-                    raise SourceError(f"rank {ranks.rank}: {exc}") from None
                 raise
     finally:
         if ranks is not None:
