@@ -196,34 +196,45 @@ def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, on
     assert sum("run directory:" in output for output in outputs) == 1  # rank 0's node alone writes the run
 
 
+def interrupted(command: list[str], root: Path, run_dir: Path, stop, checkpointed: bool = False) -> tuple[int, str]:
+    """Start `command` (a --nproc run), call stop(process) once a third of the batches are logged (and,
+    with `checkpointed`, a checkpoint written); its exit status and output."""
+    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    try:
+        log, saved = run_dir / "losses.jsonl", run_dir / "checkpoint.pt"
+        while (checkpointed and not saved.exists()) or not log.exists() or log.read_text().count("\n") < BATCHES // 3:
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "not far enough in time"
+            time.sleep(0.05)
+        stop(process)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return process.returncode, output
+
+
+def continued(command: list[str], root: Path, run_dir: Path, step: int, one_process: list[dict]) -> None:
+    """The same command continues from the checkpoint at `step` to the losses of one process."""
+    again = run(command, root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from the checkpoint at batch {step}" in again.stdout
+    worst = worst_difference(losses(run_dir), one_process)  # each batch once, as in one process
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
 def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
     root, manifest = stream
     run_dir = root / "resumed"
     command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
-    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    try:
-        log = run_dir / "losses.jsonl"
-        while not log.exists() or log.read_text().count("\n") < BATCHES // 3:
-            assert process.poll() is None, process.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no batches learned"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)  # the agent passes it to both ranks
-        output, _ = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    status, output = interrupted(command, root, run_dir, lambda process: process.send_signal(signal.SIGTERM))
+    assert status == 128 + signal.SIGTERM, output[-3000:]  # the agent passed it to both ranks
     saved = checkpoint.load(run_dir / "checkpoint.pt")
     step = saved["step"]
     assert BATCHES // 3 <= step < BATCHES, step
     assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step]  # stopped at the same step
     assert len(losses(run_dir)) == step  # the final checkpoint covers every logged batch
-
-    again = run(command, root)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from the checkpoint at batch {step}" in again.stdout
-    worst = worst_difference(losses(run_dir), one_process_naive)
-    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+    continued(command, root, run_dir, step, one_process_naive)
 
 
 def rank_process(launcher: int, rank: int) -> int | None:
@@ -246,32 +257,20 @@ def test_kill_9_of_a_rank_is_one_line_and_the_same_command_continues(broker, str
     root, manifest = stream
     run_dir = root / "rank-killed"
     command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
-    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    try:
-        log, saved = run_dir / "losses.jsonl", run_dir / "checkpoint.pt"
-        while not saved.exists() or log.read_text().count("\n") < BATCHES // 3:  # a checkpoint to continue from
-            assert process.poll() is None, process.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint written"
-            time.sleep(0.05)
+
+    def kill_rank_1(process: subprocess.Popen) -> None:
         victim = rank_process(process.pid, 1)
         assert victim is not None, "rank 1 not found among the launcher's children"
         os.kill(victim, signal.SIGKILL)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 2 and "Traceback" not in output, output[-3000:]
+
+    status, output = interrupted(command, root, run_dir, kill_rank_1, checkpointed=True)
+    assert status == 2 and "Traceback" not in output, output[-3000:]
     last = output.strip().splitlines()[-1]
     assert last.startswith("streamer learn: error: rank(s) 1 failed (exit status -9 (SIGKILL)); their own lines "
                            "are above"), output[-3000:]  # then rank 0, stopped by the agent (or failed with it)
     step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
     assert step < BATCHES, step
-
-    again = run(command, root)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from the checkpoint at batch {step}" in again.stdout
-    worst = worst_difference(losses(run_dir), one_process_naive)  # each batch once, as in one process
-    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+    continued(command, root, run_dir, step, one_process_naive)
 
 
 def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive):
