@@ -3,7 +3,8 @@ losses of 1 process x 10 streams on the same topic (produced with one partition 
 to 1e-4 nats, for naive (started by torchrun itself, and by the README's two-host commands with
 both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM stops every rank at
 the same step with rank 0's checkpoint of all ranks' offsets, and the same command continues to
-the same losses, as it does after a rank is killed (-9); the errors a user can make are one line (among them a group's offsets without their
+the same losses, as it does after a rank is killed (-9) and after the launcher is (its ranks then
+stop with a checkpoint); the errors a user can make are one line (among them a group's offsets without their
 checkpoint: rank 0 on another host). Real processes through the embedded broker, a tiny LSTM, one
 torch thread per rank."""
 
@@ -270,6 +271,35 @@ def test_kill_9_of_a_rank_is_one_line_and_the_same_command_continues(broker, str
                            "are above"), output[-3000:]  # then rank 0, stopped by the agent (or failed with it)
     step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
     assert step < BATCHES, step
+    continued(command, root, run_dir, step, one_process_naive)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
+def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_command_continues(
+        broker, stream, one_process_naive):
+    """torchrun's agent (here `learn --nproc`'s launcher) killed (-9): its ranks, in sessions of their
+    own, were left learning with nobody to stop them; now each gets SIGTERM from the kernel, they stop
+    at the same step with rank 0's last checkpoint, and the same command continues."""
+    root, manifest = stream
+    run_dir = root / "launcher-killed"
+    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
+    ranks = []
+
+    def kill_launcher(process: subprocess.Popen) -> None:
+        ranks.extend(rank_process(process.pid, rank) for rank in range(2))
+        process.kill()
+
+    status, output = interrupted(command, root, run_dir, kill_launcher)  # returns once the ranks closed its pipe
+    assert status == -signal.SIGKILL and None not in ranks, (ranks, output[-3000:])
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), output[-3000:]
+    assert "\nSIGTERM: stopping after the step in flight" in output and "\nrank 1: SIGTERM: stopping" in output, \
+        output[-3000:]
+    saved = checkpoint.load(run_dir / "checkpoint.pt")
+    step = saved["step"]
+    assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step] and len(losses(run_dir)) == step
     continued(command, root, run_dir, step, one_process_naive)
 
 
