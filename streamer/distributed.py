@@ -21,12 +21,8 @@ no `Ranks`, and every function here is then a no-op.
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import gc
-import os
-import signal
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -150,15 +146,14 @@ def start(device: str = "cpu", timeout_s: float = 7 * 24 * 3600.0) -> Ranks | No
     """Join torchrun's process group when this process runs under torchrun (RANK and WORLD_SIZE set),
     with gloo on CPU and nccl on CUDA (each local rank its own GPU); None in a plain process.
     `timeout_s`: how long a collective may wait for a slow rank (a daemon may wait days for records;
-    a rank that dies is torchrun's to notice, which stops the others; an agent that dies, its ranks'
-    kernel: _stop_with_the_agent). ValueError (one line) when CUDA is asked for and this local rank has
-    no GPU of its own, or when the agent is already gone."""
+    a rank that dies is torchrun's to notice, which stops the others; an agent that dies, the kernel's:
+    streamer.cli.rank_process). ValueError (one line) when CUDA is asked for and this local rank has
+    no GPU of its own."""
     global _current
     environment = torchrun_environment()
     if environment is None:
         return None
     rank, world, local_rank = environment
-    _stop_with_the_agent()
     cuda = device in ("cuda", "auto") and torch.cuda.is_available()
     if cuda:
         if local_rank >= torch.cuda.device_count():
@@ -169,24 +164,6 @@ def start(device: str = "cpu", timeout_s: float = 7 * 24 * 3600.0) -> Ranks | No
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     _current = Ranks(rank, world, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
     return _current
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _stop_with_the_agent() -> None:
-    """Have the kernel send this rank SIGTERM when its parent, torchrun's agent (in `learn --nproc`, the
-    launcher itself), dies: the agent starts the ranks in sessions of their own and nothing else ends
-    them, so a kill -9 of the agent left them learning, unsupervised, holding the run directory. With
-    SIGTERM every rank stops after the step in flight, rank 0 writes the last checkpoint, and the same
-    command continues. ValueError (one line) when the agent is already gone (this rank was adopted by
-    init). Linux only (prctl); elsewhere nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-        return  # not granted: the agent still stops its ranks on every end it lives to see
-    if os.getppid() == 1:
-        raise ValueError("torchrun's agent that started this rank is gone: start the ranks again")
 
 
 def current() -> Ranks | None:

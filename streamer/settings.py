@@ -18,6 +18,8 @@
   rank of a distributed learner (``torchrun_environment``); torch.distributed itself reads
   ``MASTER_ADDR`` and ``MASTER_PORT``. ``LOCAL_WORLD_SIZE`` (torchrun's ranks on this machine) sizes
   each rank's share of the CPUs under ``learn --pin-cpus`` (``torchrun_local_world``).
+  ``TORCHELASTIC_RUN_ID``, set by torchrun's elastic agent in the ranks it starts
+  (``started_by_torchrun_agent``): such a rank ends with its agent (streamer.cli.rank_process).
 - ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``: written before torch loads its OpenMP runtime, unless
   the user set either (``choose_openmp_spin``, called by the command line once it knows the torch
   threads). With GNU libgomp (torch's on Linux), /proc/stat to watch the CPUs by, and a second
@@ -48,7 +50,8 @@ from pathlib import Path
 
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
            "choose_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
-           "secret_variable", "torchrun_environment", "torchrun_local_world", "set_rank_threads"]
+           "secret_variable", "torchrun_environment", "torchrun_local_world", "set_rank_threads",
+           "started_by_torchrun_agent"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
@@ -91,6 +94,12 @@ def torchrun_environment() -> tuple[int, int, int] | None:
     if rank is None or world is None:
         return None
     return int(rank), int(world), int(os.environ.get("LOCAL_RANK", rank))
+
+
+def started_by_torchrun_agent() -> bool:
+    """Whether torchrun's elastic agent started this process (TORCHELASTIC_RUN_ID set), so that its
+    parent is the agent (RANK and WORLD_SIZE alone may come from elsewhere)."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
 
 
 def torchrun_local_world() -> int | None:

@@ -350,7 +350,7 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
 
 
 def test_a_ranks_lines_are_labelled_at_each_line_start_across_writes():
-    from streamer.cli.rank_lines import Labelled
+    from streamer.cli.rank_process import Labelled
 
     out = io.StringIO()
     labelled = Labelled(out, "rank 1: ")

@@ -1,0 +1,61 @@
+"""What a process torchrun started (a rank) does before anything else.
+
+Its lines: rank 0 speaks as the run; every line another rank writes to stdout or stderr starts with
+``rank r: ``, so that N ranks saying the same thing (their CPUs, their torch threads, a signal, a
+broker they cannot reach) read as N ranks, and a fault one rank meets names it. Only Python's writes
+are labelled: what a C library writes to the file descriptors directly is not.
+
+Its end: torchrun's agent (in `learn --nproc`, the launcher itself) starts the ranks in sessions of
+their own and nothing else ends them, so a kill -9 of the agent left them learning, unsupervised,
+holding the run directory. Each rank asks the kernel for SIGTERM when its parent dies (Linux
+prctl(PR_SET_PDEATHSIG); the agent starts the ranks from its main thread, so the signal means the
+agent's death): every rank then stops after the step in flight, rank 0 writes the last checkpoint,
+and the same command continues. Asked first thing, a fraction of a second after the rank is started;
+an agent that dies before that is not noticed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+from typing import TextIO
+
+__all__ = ["Labelled", "label_rank_lines", "stop_with_the_agent"]
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Labelled:
+    """A text stream that writes `label` at the start of each line to `stream`; all else is the stream's."""
+
+    def __init__(self, stream: TextIO, label: str):
+        self._stream, self._label, self._line_start = stream, label, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            if self._line_start:
+                pieces.append(self._label)
+            pieces.append(piece)
+            self._line_start = piece.endswith(("\n", "\r"))
+        self._stream.write("".join(pieces))
+        return len(text)
+
+    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
+def label_rank_lines(rank: int | None) -> None:
+    """Label this process's stdout and stderr with ``rank r: `` when it is a rank other than 0 (`rank`:
+    torchrun's RANK, None outside torchrun)."""
+    if rank:
+        sys.stdout = Labelled(sys.stdout, f"rank {rank}: ")
+        sys.stderr = Labelled(sys.stderr, f"rank {rank}: ")
+
+
+def stop_with_the_agent() -> bool:
+    """SIGTERM to this process when its parent dies (Linux; elsewhere nothing); whether the kernel took it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
