@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["EmbeddedBroker", "BrokerError", "free_port", "wait_for_port", "check_port_free", "die_with_parent",
-           "start_watchdog"]
+           "start_watchdog", "signal_on_parent_death"]
 
 
 class BrokerError(RuntimeError):
@@ -68,11 +68,18 @@ while alive(child):
 """
 
 
+def signal_on_parent_death(signum: int) -> bool:
+    """Have the kernel send this process `signum` when the thread that started it dies (Linux
+    prctl(PR_SET_PDEATHSIG)); whether it took it (False elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
 def die_with_parent(parent: int):
     """A preexec_fn: the child gets SIGKILL when the thread that started it dies (Linux)."""
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        signal_on_parent_death(signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
     return preexec

@@ -16,14 +16,13 @@ an agent that dies before that is not noticed.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import sys
 from typing import TextIO
 
-__all__ = ["Labelled", "label_rank_lines", "stop_with_the_agent"]
+from streamer.broker import signal_on_parent_death
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+__all__ = ["Labelled", "label_rank_lines", "stop_with_the_agent"]
 
 
 class Labelled:
@@ -55,7 +54,6 @@ def label_rank_lines(rank: int | None) -> None:
 
 
 def stop_with_the_agent() -> bool:
-    """SIGTERM to this process when its parent dies (Linux; elsewhere nothing); whether the kernel took it."""
-    if not sys.platform.startswith("linux"):
-        return False
-    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+    """SIGTERM to this process when its parent, the agent, dies (Linux; elsewhere nothing); whether the
+    kernel took it."""
+    return signal_on_parent_death(signal.SIGTERM)
