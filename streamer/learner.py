@@ -244,7 +244,8 @@ async def _until_learned(tasks: list, loop: PrequentialLoop) -> None:
 
 
 class _StopOnSignals:
-    """While the run lasts, `signals` stop the loop cleanly; a second SIGINT exits at once (130)."""
+    """While the run lasts, `signals` stop the loop cleanly; a second SIGINT exits at once (130), through
+    the report too, and a second SIGTERM is ignored."""
 
     def __init__(self, signals: tuple, loop: PrequentialLoop, log):
         self.signals, self.loop, self.log = tuple(signals), loop, log
@@ -261,6 +262,8 @@ class _StopOnSignals:
             event_loop.remove_signal_handler(signum)  # puts Python's own SIGINT handler back
         if self.loop.stop_reason == "signal":  # "Ctrl-C again aborts" holds through the report as well
             signal.signal(signal.SIGINT, _abort_handler)
+            if signal.SIGTERM in self.signals:  # and a second SIGTERM is ignored there, as during the stop (a
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank's agent that died sends one: report kept)
 
     def _received(self, signum) -> None:
         name = signal.Signals(signum).name
