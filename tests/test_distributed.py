@@ -9,12 +9,14 @@ checkpoint: rank 0 on another host). Real processes through the embedded broker,
 torch thread per rank."""
 
 import asyncio
+import contextlib
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import pytest
 
 from streamer import checkpoint
 from streamer.batching import Batcher
-from streamer.broker import free_port
+from streamer.broker import free_port, wait_for_port
 from streamer.distributed import Ranks
 from streamer.threads import available_cpus, rank_threads
 from producers.wire import Record
@@ -36,19 +38,51 @@ POE = ["--strategy", "poe", "--set", "n_experts=3", "--set", "gate_steps=5", "--
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def produce(broker, root: Path, topic: str, manifest: Path, *extra: str) -> list[str]:
+    """`streamer produce` of the stream: 10 streams, one partition each (stream i -> partition i)."""
+    return [*STREAMER, "produce", "--corpus", str(root / "corpus"), "--bootstrap-servers", broker.bootstrap_servers,
+            "--topic", topic, "--fragments", "4", "--lambda", "2000", "--streams", "10", "--window", "10",
+            "--seed", "0", "--partitions", "10", "--manifest", str(manifest), "--probe-tokens", "0", *extra]
+
+
 @pytest.fixture(scope="module")
 def stream(broker, tmp_path_factory):
-    """A topic of 10 streams, one partition each (stream i -> partition i)."""
+    """The topic TOPIC, written at once."""
     root = tmp_path_factory.mktemp("distributed")
-    corpus = write_corpus(root / "corpus")
+    write_corpus(root / "corpus")
     manifest = root / "manifest.json"
-    result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
-                             broker.bootstrap_servers, "--topic", TOPIC, "--fragments", "4", "--lambda", "2000",
-                             "--streams", "10", "--window", "10", "--seed", "0", "--partitions", "10",
-                             "--manifest", str(manifest), "--probe-tokens", "0"],
-                            capture_output=True, text=True, timeout=120, env=ENV)
+    result = subprocess.run(produce(broker, root, TOPIC, manifest), capture_output=True, text=True, timeout=120,
+                            env=ENV)
     assert result.returncode == 0, result.stderr
     return root, manifest
+
+
+@contextlib.contextmanager
+def paced(broker, root: Path, topic: str, run_dir: Path, rate: int = 100):
+    """The same stream as `topic`, written at `rate` records a second (40 batches are about 410 of its
+    947 records: 4 s) from the moment the learner is up (rank 0 writes `run_dir`'s status.json once every
+    rank joined; until the topic exists the learner waits for it), so that a fault lands mid-run however
+    fast this host learns: the topic written beforehand, the 40 batches took 0.5 s and ended before the
+    fault. Yields the flags that point `learn` at it."""
+    producer = []
+
+    def start_when_up() -> None:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "status.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        producer.append(subprocess.Popen(produce(broker, root, topic, root / f"{topic}.manifest.json", "--rate",
+                                                 str(rate)), env=ENV, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL))
+
+    starter = threading.Thread(target=start_when_up, daemon=True)
+    starter.start()
+    try:
+        yield ("--topic", topic)
+    finally:
+        starter.join(timeout=180)
+        for process in producer:
+            process.kill()
+            process.wait()
 
 
 def learn_flags(broker, manifest, run_dir: Path, *extra) -> list[str]:
@@ -160,27 +194,33 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 
+def node_command(broker, manifest, run_dir: Path, port: int, node: int, *extra: str) -> list[str]:
+    """The README's command for one of two machines (torchrun's c10d rendezvous, --nnodes 2), run on
+    this one with the rendezvous on 127.0.0.1:`port`; --local-addr: the workers' master address, not
+    this machine's host name."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "calm-run",
+            "--local-addr", "127.0.0.1", "--log-dir", str(run_dir.parent / f"{run_dir.name}-node-{node}-logs"),
+            "-m", "streamer", *learn_flags(broker, manifest, run_dir, *extra)]
+
+
+def start_node(command: list[str], root: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, one_process_naive):
-    """The README's two machines (torchrun's c10d rendezvous, --nnodes 2), both on this one with the
-    rendezvous on 127.0.0.1: each node's only rank has local rank 0, and the global ranks still own
-    their own streams and partitions."""
+    """The README's two machines, both on this one: each node's only rank has local rank 0, and the
+    global ranks still own their own streams and partitions."""
     root, manifest = stream
     run_dir = root / "two-nodes"
     port = free_port()  # for the rendezvous
-    nodes = []
-    for node in range(2):  # --local-addr: the workers' master address, not this machine's host name
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "calm-run",
-                   "--local-addr", "127.0.0.1", "--log-dir", str(root / f"node-{node}-logs"), "-m", "streamer",
-                   *learn_flags(broker, manifest, run_dir)]
-        nodes.append(subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+    nodes = [start_node(node_command(broker, manifest, run_dir, port, node), root) for node in range(2)]
     deadline = time.monotonic() + 240
     try:
         outputs = [node.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for node in nodes]
     except subprocess.TimeoutExpired:
         for node in nodes:
-            node.terminate()  # the agent stops its workers (SIGKILL would leave them, in sessions of their own)
+            node.terminate()  # the agent stops its workers (on a SIGKILL, the kernel's parent-death signal does)
         outputs = [node.communicate(timeout=60)[0] for node in nodes]
         pytest.fail("the two nodes did not finish in 240 s:\n" + "\n".join(output[-2000:] for output in outputs))
     finally:
@@ -224,6 +264,42 @@ def continued(command: list[str], root: Path, run_dir: Path, step: int, one_proc
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal")
+def test_one_hosts_agent_killed_ends_the_other_host_at_once_and_the_two_commands_continue(
+        broker, stream, one_process_naive):
+    """Host B's torchrun killed (-9): its rank gets SIGTERM from the kernel, the per-step agreement stops
+    host A's rank at the same step, rank 0 writes the checkpoint, and host A's torchrun ends at once
+    (its rank exits 143, a stop by a signal: with 0, torchrun waited 5 minutes at its exit barrier for
+    the dead agent, then ended with status 0). The same two commands continue to one process's losses."""
+    root, manifest = stream
+    run_dir = root / "host-b-killed"
+    with paced(broker, root, "host-b-killed", run_dir) as topic:
+        flags = ("--checkpoint-every", "0.3", *topic)
+        port = free_port()
+        host_a = start_node(node_command(broker, manifest, run_dir, port, 0, *flags), root)
+        assert wait_for_port("127.0.0.1", port, 60), "host A's agent did not open the rendezvous"  # A hosts the store
+        status, output = interrupted(node_command(broker, manifest, run_dir, port, 1, *flags), root, run_dir,
+                                     lambda host_b: host_b.kill(), checkpointed=True)
+        try:
+            said_a, _ = host_a.communicate(timeout=60)  # not torchrun's 300 s exit barrier
+        finally:
+            host_a.kill()
+        assert status == -signal.SIGKILL and host_a.returncode not in (0, None), said_a[-3000:]
+        assert "stopped: signal" in said_a and "failed (exitcode: 143)" in said_a, said_a[-3000:]
+        saved = checkpoint.load(run_dir / "checkpoint.pt")
+        step = saved["step"]
+        assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step] and len(losses(run_dir)) == step
+        assert step < BATCHES, step
+
+        port = free_port()
+        nodes = [start_node(node_command(broker, manifest, run_dir, port, node, *flags), root) for node in range(2)]
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-2000:] for output in outputs)
+    assert f"resuming from the checkpoint at batch {step}" in outputs[0], outputs[0][-3000:]
+    worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
 def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
     root, manifest = stream
     run_dir = root / "resumed"
@@ -257,21 +333,23 @@ def test_kill_9_of_a_rank_is_one_line_and_the_same_command_continues(broker, str
     which rank failed, and the same command continues from the last checkpoint to the one-process losses."""
     root, manifest = stream
     run_dir = root / "rank-killed"
-    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
 
     def kill_rank_1(process: subprocess.Popen) -> None:
         victim = rank_process(process.pid, 1)
         assert victim is not None, "rank 1 not found among the launcher's children"
         os.kill(victim, signal.SIGKILL)
 
-    status, output = interrupted(command, root, run_dir, kill_rank_1, checkpointed=True)
-    assert status == 2 and "Traceback" not in output, output[-3000:]
-    last = output.strip().splitlines()[-1]
-    assert last.startswith("streamer learn: error: rank(s) 1 failed (exit status -9 (SIGKILL)); their own lines "
-                           "are above"), output[-3000:]  # then rank 0, stopped by the agent (or failed with it)
-    step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
-    assert step < BATCHES, step
-    continued(command, root, run_dir, step, one_process_naive)
+    with paced(broker, root, "rank-killed", run_dir) as topic:
+        command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2",
+                                           *topic)]
+        status, output = interrupted(command, root, run_dir, kill_rank_1, checkpointed=True)
+        assert status == 2 and "Traceback" not in output, output[-3000:]
+        last = output.strip().splitlines()[-1]  # rank 0, stopped by the agent, or failed in a collective with 1
+        assert last.startswith("streamer learn: error: rank(s) ") and "-9 (SIGKILL)" in last, output[-3000:]
+        assert "their own lines are above" in last, output[-3000:]
+        step = checkpoint.load(run_dir / "checkpoint.pt")["step"]
+        assert step < BATCHES, step
+        continued(command, root, run_dir, step, one_process_naive)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
@@ -282,25 +360,28 @@ def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_c
     at the same step with rank 0's last checkpoint, and the same command continues."""
     root, manifest = stream
     run_dir = root / "launcher-killed"
-    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
     ranks = []
 
     def kill_launcher(process: subprocess.Popen) -> None:
         ranks.extend(rank_process(process.pid, rank) for rank in range(2))
         process.kill()
 
-    status, output = interrupted(command, root, run_dir, kill_launcher)  # returns once the ranks closed its pipe
-    assert status == -signal.SIGKILL and None not in ranks, (ranks, output[-3000:])
-    deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), output[-3000:]
-    assert "\nSIGTERM: stopping after the step in flight" in output and "\nrank 1: SIGTERM: stopping" in output, \
-        output[-3000:]
-    saved = checkpoint.load(run_dir / "checkpoint.pt")
-    step = saved["step"]
-    assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step] and len(losses(run_dir)) == step
-    continued(command, root, run_dir, step, one_process_naive)
+    with paced(broker, root, "launcher-killed", run_dir) as topic:
+        command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2",
+                                           *topic)]
+        status, output = interrupted(command, root, run_dir, kill_launcher)  # once the ranks closed its pipe
+        assert status == -signal.SIGKILL and None not in ranks, (ranks, output[-3000:])
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), output[-3000:]
+        # each rank's line (the two may interleave on the shared pipe: PYTHONUNBUFFERED writes the newline apart)
+        assert output.count("SIGTERM: stopping after the step in flight") == 2, output[-3000:]
+        assert "rank 1: SIGTERM: stopping after the step in flight" in output, output[-3000:]
+        saved = checkpoint.load(run_dir / "checkpoint.pt")
+        step = saved["step"]
+        assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step] and len(losses(run_dir)) == step
+        continued(command, root, run_dir, step, one_process_naive)
 
 
 def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive):

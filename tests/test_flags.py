@@ -225,3 +225,15 @@ def test_what_a_config_chose_is_said_by_say_and_not_by_silent(tmp_path, capsys):
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 2 and said[0].startswith("--from-fragment half: no manifest") and \
         said[1].startswith("--params 200,000: naive with hidden "), said
+
+
+def test_a_collective_that_lost_its_peer_is_told_from_other_runtime_errors():
+    import torch.distributed as dist
+
+    from streamer.cli.learn import _a_peer_is_gone, _last_words
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                        "peer [127.0.0.1]:25805. This is typically caused by a remote worker crashing.")
+    assert _a_peer_is_gone(gloo) and _a_peer_is_gone(dist.DistNetworkError("recv failed"))
+    assert not _a_peer_is_gone(RuntimeError("CUDA out of memory"))  # a fault of its own stays a traceback
+    assert _last_words(gloo).startswith("Connection closed by peer [127.0.0.1]:25805.")

@@ -161,20 +161,53 @@ def run(args) -> int:
                 if exc.every_rank and not leader:  # rank 0 says the same line
                     raise SystemExit(2) from None
                 raise
+            except RuntimeError as exc:
+                if ranks is None or not _a_peer_is_gone(exc):
+                    raise
+                raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
+                                f"same command continues from the last checkpoint in {run_dir}") from None
     finally:
         if ranks is not None:
             from streamer import distributed
 
             distributed.stop()
+    status = rank_status(summary.stop_reason) if ranks is not None else 0
     if not leader:
-        return 0
+        return status
     print_run_report(summary, config.from_fragment)
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
         raise UserError(f"Kafka at {config.bootstrap_servers} was lost for {config.broker_timeout_s:g} s "
                         f"(--broker-timeout); the checkpoint at batch {summary.batches} is in {run_dir}: "
                         "the same command continues the run")
     gc.freeze()  # the interpreter's exit then skips its last collection, about a second of torch's objects
-    return 0
+    return status
+
+
+def _a_peer_is_gone(exc: RuntimeError) -> bool:
+    """Whether a collective failed because another rank died: torch.distributed's own errors, or gloo's
+    transport (a RuntimeError naming gloo/transport: 'Connection closed by peer')."""
+    import torch.distributed as dist
+
+    return isinstance(exc, dist.DistError) or "gloo/transport" in str(exc)
+
+
+def _last_words(exc: Exception) -> str:
+    """The error's first line, less the C++ source location gloo puts before it."""
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+
+
+def rank_status(stop_reason: str) -> int:
+    """The exit status every rank of a distributed run ends with (they all stop at the same step, with
+    the same reason): 0 for a run that ended as asked (the stream, --max-batches, --idle-timeout,
+    --minutes), 2 for a lost broker (rank 0 says the line), 143 for a stop by a signal, whichever rank
+    received it. torchrun's agent waits up to 5 minutes at its exit barrier for the other machines'
+    agents when its ranks exit 0, and returns at once when they fail: so a machine whose agent was
+    killed (its ranks stopped by the parent-death signal, the others by the per-step agreement) does
+    not keep the other machines waiting, and under `Restart=on-failure` they start again."""
+    if stop_reason == "broker_lost":
+        return 2
+    return 128 + signal.SIGTERM if stop_reason == "signal" else 0
 
 
 # Strategies whose state changes the model's shape or routing by what one rank sees: they cannot be
