@@ -335,9 +335,24 @@ class Checkpointer:
             self.monitor.checkpointed(self.last_written)
         await self.loop.commit(state["loop"]["offsets"])  # this rank's partitions
 
+    def abandon(self) -> None:
+        """The run ends with an error of its own: the write in flight (if any) is not waited for, and its
+        failure, most often of the same cause (a dead peer breaks the step's collectives and the gather's,
+        a full disk), is not reported again by asyncio with a traceback ('Task exception was never
+        retrieved') once the task is gone."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            task.add_done_callback(_taken_in)
+
     def _raise_failure(self) -> None:
         """A failed background write (a full disk) ends the run like a failed step."""
         task = self._in_flight
         if task is not None and task.done():
             self._in_flight = None
             task.result()
+
+
+def _taken_in(task: asyncio.Task) -> None:
+    """A done callback that takes in a task's outcome, so that asyncio does not log it as unretrieved."""
+    if not task.cancelled():
+        task.exception()

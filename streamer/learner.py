@@ -315,6 +315,9 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
                 monitor.probed(await probes.score(loop, "end"))
             _sync(loop, monitor, checkpointer, probes)
             await checkpointer.write()  # one at the end, always
+    except BaseException:
+        checkpointer.abandon()  # the run's own error is the one reported
+        raise
     finally:
         publisher.cancel()
         await asyncio.gather(publisher, return_exceptions=True)

@@ -247,3 +247,50 @@ def test_on_device_moves_a_strategys_tensors_but_leaves_generator_states_on_the_
     assert {k: moved[k] for k in ("rows_learned", "found_at", "kind", "keys")} == {
         "rows_learned": 7, "found_at": [3, 9], "kind": "poe", "keys": None}
     assert saved["hidden"][0].device.type == "cpu"  # the loaded state itself is left as it was
+
+
+def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_error(loop_stream, tmp_path, caplog):
+    """A step fails while the background write started before it has failed too (a dead peer breaks the
+    step's collectives and the checkpoint's gather; a full disk, then a bad step): the run ends with the
+    step's error, and asyncio does not log the write's later as 'Task exception was never retrieved',
+    traceback and all, once the run is over (a rank's console in CI had it)."""
+    import gc
+    import time
+
+    from monitor.live import LiveMonitor
+    from streamer.checkpoint import Checkpointer
+    from streamer.config import LearnConfig
+    from streamer.learner import _consume
+    from streamer.loop import PrequentialLoop
+    from tests.helpers import naive
+    from tests.test_loop import MemorySource
+
+    class FailsAtStep(type(naive())):
+        def learn(self, batch):
+            self.learned = getattr(self, "learned", 0) + 1
+            if self.learned == 2:
+                time.sleep(0.5)  # the write started after result 1 has failed by then
+                raise RuntimeError("the step's own error")
+            return super().learn(batch)
+
+    class Quiet:
+        def update(self, *_args, **_kw):
+            pass
+
+    records = loop_stream[0]
+    (tmp_path / "checkpoint.pt").mkdir()  # the write's rename onto it fails
+    (tmp_path / "checkpoint.pt" / "in-the-way").touch()
+
+    async def go():
+        strategy = naive()
+        strategy.__class__ = FailsAtStep
+        loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records), total_records=len(records))
+        monitor = LiveMonitor(run="r", strategy="naive")
+        checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 0.0, config=LearnConfig("b:9092", "t", tmp_path),
+                                    loop=loop, monitor=monitor)
+        await _consume(loop, monitor, checkpointer, None, None, Quiet(), final_probe=False)
+
+    with caplog.at_level("ERROR", logger="asyncio"), pytest.raises(RuntimeError, match="the step's own error"):
+        asyncio.run(go())
+    gc.collect()  # an unretrieved task's exception is logged when the task is collected
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
