@@ -326,8 +326,12 @@ class Checkpointer:
         return self.loop.submit(save_gathered, self.path, state, self.ranks)
 
     async def _commit_gathered(self, previous, state: dict, gathered: asyncio.Future) -> None:
-        if previous is not None:
-            await previous
+        try:
+            if previous is not None:
+                await previous
+        except BaseException:  # the previous write's error is this one's; the gather's own is the same cause
+            gathered.add_done_callback(_taken_in)
+            raise
         if not await gathered:
             return
         if self.ranks.leader:
@@ -352,7 +356,7 @@ class Checkpointer:
             task.result()
 
 
-def _taken_in(task: asyncio.Task) -> None:
-    """A done callback that takes in a task's outcome, so that asyncio does not log it as unretrieved."""
-    if not task.cancelled():
-        task.exception()
+def _taken_in(future: asyncio.Future) -> None:
+    """A done callback that takes in a task's or future's outcome: asyncio does not log it as unretrieved."""
+    if not future.cancelled():
+        future.exception()
