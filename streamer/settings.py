@@ -20,6 +20,9 @@
   each rank's share of the CPUs under ``learn --pin-cpus`` (``torchrun_local_world``).
   ``TORCHELASTIC_RUN_ID``, set by torchrun's elastic agent in the ranks it starts
   (``started_by_torchrun_agent``): such a rank ends with its agent (streamer.cli.rank_process).
+- ``STREAMER_AGENT_PID``: written by ``learn --nproc`` (``set_agent_pid``), whose own process is
+  torchrun's agent, for the ranks it starts; a rank whose parent is another process by the time it
+  asks for its agent's death signal (``agent_pid``) was orphaned before it could ask, and stops.
 - ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``: written before torch loads its OpenMP runtime, unless
   the user set either (``choose_openmp_spin``, called by the command line once it knows the torch
   threads). With GNU libgomp (torch's on Linux), /proc/stat to watch the CPUs by, and a second
@@ -51,7 +54,7 @@ from pathlib import Path
 __all__ = ["cache_root", "weights_root", "grafana_credentials_environment", "omp_num_threads",
            "choose_openmp_spin", "torch_openmp_is_gnu", "forbid_model_hub", "kafka_client_options",
            "secret_variable", "torchrun_environment", "torchrun_local_world", "set_rank_threads",
-           "started_by_torchrun_agent"]
+           "started_by_torchrun_agent", "set_agent_pid", "agent_pid"]
 
 GRAFANA_VARIABLES = ("GRAFANA_TOKEN", "GRAFANA_USER", "GRAFANA_PASSWORD")
 
@@ -86,6 +89,17 @@ def set_rank_threads(threads: int) -> None:
     """OMP_NUM_THREADS=`threads` for the ranks torchrun starts from this process, where the user has
     not set it (torchrun then keeps it: no default of 1, no warning)."""
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def set_agent_pid(pid: int) -> None:
+    """STREAMER_AGENT_PID=`pid` for the ranks torchrun's agent in this process (`pid`) starts."""
+    os.environ["STREAMER_AGENT_PID"] = str(pid)
+
+
+def agent_pid() -> int | None:
+    """The pid of the agent that started this rank, where `learn --nproc` said it; None otherwise."""
+    text = os.environ.get("STREAMER_AGENT_PID", "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def torchrun_environment() -> tuple[int, int, int] | None:

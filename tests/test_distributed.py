@@ -430,6 +430,25 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert unreachable.stdout.count("--params 5,000: naive with hidden ") == 1, unreachable.stdout
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_rank_whose_agent_died_before_it_asked_for_the_agents_death_signal_stops_with_one_line():
+    """The launcher (learn --nproc), whose process is torchrun's agent, tells its ranks its pid: a rank
+    whose parent is another process by the time it asks the kernel for its agent's death signal (the
+    agent killed in the fraction of a second before) stops at once with one labelled line and 143; a
+    rank whose parent is its agent goes on. Each rank here is `streamer --help` run by this test."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that was an agent and is no more
+    rank = {**os.environ, "TORCHELASTIC_RUN_ID": "none", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    orphaned = subprocess.run([*STREAMER, "--help"], env={**rank, "STREAMER_AGENT_PID": str(gone.pid)},
+                              capture_output=True, text=True, timeout=120)
+    assert orphaned.returncode == 143 and orphaned.stdout == "", orphaned
+    assert orphaned.stderr == (f"rank 1: torchrun's agent (pid {gone.pid}) ended before this rank began: stopping; "
+                               "the same command continues the run\n")
+    kept = subprocess.run([*STREAMER, "--help"], env={**rank, "STREAMER_AGENT_PID": str(os.getpid())},
+                          capture_output=True, text=True, timeout=120)
+    assert kept.returncode == 0 and kept.stderr == "" and kept.stdout.startswith("rank 1: usage: streamer"), kept
+
+
 def test_a_ranks_lines_are_labelled_at_each_line_start_across_writes():
     from streamer.cli.rank_process import Labelled
 

@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -21,7 +22,8 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
-from streamer.settings import omp_num_threads, set_rank_threads, torchrun_environment, torchrun_local_world
+from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, torchrun_environment,
+                               torchrun_local_world)
 from streamer.threads import available_cpus, pin_to_rank_share, rank_threads
 
 __all__ = ["add_parser", "run"]
@@ -270,6 +272,7 @@ def _launch(args) -> int:
             split = f"; {cpus} CPUs for {args.nproc} ranks: not pinned"
     if threads is not None:  # OpenMP's count in the ranks too, where the user's OMP_NUM_THREADS does not say
         set_rank_threads(threads)  # (torchrun would set 1 there, with a four-line warning)
+    set_agent_pid(os.getpid())  # torchrun's agent runs in this process: a rank orphaned before it asked stops
     print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
           f"{' '.join(command)}){split}", flush=True)
     for agent in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):

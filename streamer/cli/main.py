@@ -13,7 +13,8 @@ from streamer.cli.errors import UserError, caused_by
 from streamer.cli.flags import Parser
 from streamer.cli.rank_process import label_rank_lines, stop_with_the_agent
 from streamer.cli.runs import sigterm_before_learning
-from streamer.settings import forbid_model_hub, omp_num_threads, started_by_torchrun_agent, torchrun_environment
+from streamer.settings import (agent_pid, forbid_model_hub, omp_num_threads, started_by_torchrun_agent,
+                               torchrun_environment)
 from streamer.threads import choose_spin
 
 __all__ = ["build_parser", "parse", "main"]
@@ -78,10 +79,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
-    if started_by_torchrun_agent():  # a rank: it ends with its agent (whose death left it running)
-        stop_with_the_agent()
     environment = torchrun_environment()
     label_rank_lines(environment and environment[0])  # a rank other than 0: its lines start `rank r: `
+    if started_by_torchrun_agent():  # a rank: it ends with its agent (whose death left it running)
+        stop_with_the_agent(agent_pid())
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
     launcher = args.command == "learn" and learn.launches_ranks(args)  # each rank decides its threads and spins
     if args.command == "learn" and (pinned := learn.pin_rank(args)):  # a rank's share of the CPUs, before the policy

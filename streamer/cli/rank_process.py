@@ -10,12 +10,16 @@ their own and nothing else ends them, so a kill -9 of the agent left them learni
 holding the run directory. Each rank asks the kernel for SIGTERM when its parent dies (Linux
 prctl(PR_SET_PDEATHSIG); the agent starts the ranks from its main thread, so the signal means the
 agent's death): every rank then stops after the step in flight, rank 0 writes the last checkpoint,
-and the same command continues. Asked first thing, a fraction of a second after the rank is started;
-an agent that dies before that is not noticed.
+and the same command continues. Asked first thing, a fraction of a second after the rank is started.
+An agent that dies before that: under `learn --nproc` the launcher, whose process is the agent, tells
+its ranks its pid (STREAMER_AGENT_PID), and a rank whose parent is already another process stops there
+with one line (status 143, nothing learned yet); under a plain torchrun, whose agent says no pid, it
+goes unnoticed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import TextIO
@@ -53,7 +57,11 @@ def label_rank_lines(rank: int | None) -> None:
         sys.stderr = Labelled(sys.stderr, f"rank {rank}: ")
 
 
-def stop_with_the_agent() -> bool:
-    """SIGTERM to this process when its parent, the agent, dies (Linux; elsewhere nothing); whether the
-    kernel took it."""
-    return signal_on_parent_death(signal.SIGTERM)
+def stop_with_the_agent(agent: int | None) -> None:
+    """SIGTERM to this process when its parent, the agent, dies (Linux; elsewhere nothing). `agent`: the
+    agent's pid where the launcher said it; a parent other than it by now is the agent gone before the
+    kernel was asked, and this rank stops at once (SystemExit 143, as for a SIGTERM)."""
+    if signal_on_parent_death(signal.SIGTERM) and agent is not None and os.getppid() != agent:
+        print(f"torchrun's agent (pid {agent}) ended before this rank began: stopping; the same command "
+              "continues the run", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
