@@ -262,8 +262,10 @@ class _StopOnSignals:
             event_loop.remove_signal_handler(signum)  # puts Python's own SIGINT handler back
         if self.loop.stop_reason == "signal":  # "Ctrl-C again aborts" holds through the report as well
             signal.signal(signal.SIGINT, _abort_handler)
-            if signal.SIGTERM in self.signals:  # and a second SIGTERM is ignored there, as during the stop (a
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank's agent that died sends one: report kept)
+            # and a second SIGTERM is ignored there, as during the stop: the report is kept (a rank's
+            # agent that dies sends one)
+            if signal.SIGTERM in self.signals:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _received(self, signum) -> None:
         name = signal.Signals(signum).name

@@ -265,13 +265,17 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
     from tests.helpers import naive
     from tests.test_loop import MemorySource
 
-    class FailsAtStep(type(naive())):
-        def learn(self, batch):
-            self.learned = getattr(self, "learned", 0) + 1
-            if self.learned == 2:
-                time.sleep(0.5)  # the write started after result 1 has failed by then
-                raise RuntimeError("the step's own error")
-            return super().learn(batch)
+    strategy, learned = naive(), []
+    learn = strategy.learn
+
+    def learn_then_fail(batch):
+        learned.append(batch)
+        if len(learned) == 2:
+            time.sleep(0.5)  # the write started after result 1 has failed by then
+            raise RuntimeError("the step's own error")
+        return learn(batch)
+
+    strategy.learn = learn_then_fail
 
     class Quiet:
         def update(self, *_args, **_kw):
@@ -282,8 +286,6 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
     (tmp_path / "checkpoint.pt" / "in-the-way").touch()
 
     async def go():
-        strategy = naive()
-        strategy.__class__ = FailsAtStep
         loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records), total_records=len(records))
         monitor = LiveMonitor(run="r", strategy="naive")
         checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 0.0, config=LearnConfig("b:9092", "t", tmp_path),

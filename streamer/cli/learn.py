@@ -121,6 +121,7 @@ def run(args) -> int:
     if launches_ranks(args):
         return _launch(args)
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
+    leader = environment is None or environment[0] == 0  # rank 0 (or the one process) speaks for the run
     manifest_path, manifest = _manifest(args)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
@@ -128,17 +129,16 @@ def run(args) -> int:
     run_dir = args.run_dir or Path("runs") / f"{args.topic}-{group}"  # stable: the same command continues it
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=run_dir, manifest=manifest, manifest_path=manifest_path,
-                          log=say if environment is None or environment[0] == 0 else silent)  # rank 0 says it
+                          log=say if leader else silent)
     ranks = None
     if environment is not None and environment[1] > 1:  # torchrun with one process: a plain learner
-        _refuse_for_ranks(config, environment[1], leader=environment[0] == 0)
+        _refuse_for_ranks(config, environment[1], leader)
         from streamer import distributed
 
         try:
             ranks = distributed.start(config.device)
         except ValueError as exc:  # this rank's own (a local rank without a GPU): each says its line
             raise UserError(str(exc)) from None
-    leader = ranks is None or ranks.leader
     try:
         with contextlib.ExitStack() as held:
             def lock() -> None:  # rank 0 (or the one process) holds the run directory
