@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from monitor.calm import format_table
-from monitor.report import json_safe, write_report
 from streamer.cli.errors import UserError
 from streamer.cli.flags import SPAN_DEFAULT, add_span_flag, default_of, positive_int
 from streamer.config import LearnConfig, RunSummary
@@ -71,6 +70,8 @@ def detection_line(report: dict) -> str | None:
 
 def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict:
     """The run's one-line summary, its report written over the run's span, and CALM's metrics printed."""
+    from monitor.report import write_report  # river and scipy: loaded by the commands that report
+
     print(summary_line(summary))
     report = write_report(summary.run_dir, from_fragment=from_fragment)
     print(f"\nCALM metrics over {span_title(report['span'])}:\n")
@@ -86,6 +87,8 @@ def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAUL
 
 
 def run(args) -> int:
+    from monitor.report import json_safe, write_report
+
     for path in args.paths:
         if not path.exists():
             raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
@@ -122,6 +125,7 @@ def _common_parent(paths: list[Path]) -> Path:
 def _several(args) -> int:
     """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
     from monitor.compare import load_runs, write_comparison
+    from monitor.report import json_safe, write_report
 
     out = args.out or _common_parent(args.paths) / "report"
     try:

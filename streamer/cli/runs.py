@@ -8,9 +8,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from rich.console import Console
-
-from monitor.report import write_report
 from producers.corpora import CORPORA, CorpusMissing, build_corpus, corpus_path
 from streamer.cli.errors import UserError
 from streamer.config import LearnConfig, RunSummary
@@ -135,6 +132,8 @@ async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None,
                            resume: dict | None = None, from_beginning: bool = False) -> RunSummary:
     """The learner (and optionally `producer()`, a coroutine factory) under the live view; SIGTERM and
     SIGINT stop it cleanly (streamer.learner.run's stop_signals). `resume`: a checkpoint to continue."""
+    from rich.console import Console
+
     from streamer import learner
 
     try:  # fails early, before the broker and the view, on a bad --device, --set or --model-opt
@@ -148,6 +147,8 @@ async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None,
 
 def run_with_report_on_interrupt(run_dir: Path, main):
     """Run `main()`; on Ctrl-C still write the report of what was learned, then re-raise."""
+    from monitor.report import write_report  # river and scipy: loaded by the commands that report
+
     try:
         return main()
     except KeyboardInterrupt:
