@@ -174,7 +174,10 @@ def main() -> None:
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts takes {', '.join(PARTS)}, comma-separated")
-    cpus = pin_to_first_cpus(args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
+    try:
+        cpus = pin_to_first_cpus(args.cpus) if args.cpus is not None else sorted(os.sched_getaffinity(0))
+    except ValueError as exc:
+        parser.error(str(exc))
     from streamer.broker import EmbeddedBroker
 
     started = time.monotonic()

@@ -51,8 +51,8 @@ def pin_to_first_cpus(cpus: int) -> list[int]:
     """Pin this process (and what it starts later) to the first `cpus` CPUs it may use; returns them.
     ValueError (one line) when it may use fewer. Linux only (sched_setaffinity)."""
     allowed = sorted(os.sched_getaffinity(0))
-    if cpus > len(allowed):
-        raise ValueError(f"--cpus {cpus}, but this process may use only {len(allowed)} CPUs")
+    if not 1 <= cpus <= len(allowed):
+        raise ValueError(f"--cpus {cpus}, but this process may use 1 to {len(allowed)} CPUs")
     os.sched_setaffinity(0, allowed[:cpus])
     return allowed[:cpus]
 

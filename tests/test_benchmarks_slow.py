@@ -1,6 +1,7 @@
 """The throughput benchmark stays runnable: a short run of every path through the real broker prints
 its figures and headline lines. Speed is the benchmark's to judge, never a test's. Run with -m slow."""
 
+import os
 import re
 import subprocess
 import sys
@@ -35,3 +36,16 @@ def test_throughput_refuses_no_processes():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--processes must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", ["throughput.py", "scaling.py"])
+def test_more_cpus_than_the_benchmark_may_use_is_one_line(script):
+    """`--cpus N` past the CPUs this process may use, or under 1, is refused in one line, not a traceback
+    (a 16-core figure asked of a smaller host)."""
+    allowed = len(os.sched_getaffinity(0))
+    for cpus in (allowed + 1, 0):
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--cpus", str(cpus)],
+                                capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stderr.splitlines()[-1]) == (
+            2, f"{script}: error: --cpus {cpus}, but this process may use 1 to {allowed} CPUs"), result.stderr
+        assert "Traceback" not in result.stderr
