@@ -49,7 +49,7 @@ def available_cpus() -> int:
 
 def pin_to_first_cpus(cpus: int) -> list[int]:
     """Pin this process (and what it starts later) to the first `cpus` CPUs it may use; returns them.
-    ValueError (one line) when it may use fewer. Linux only (sched_setaffinity)."""
+    ValueError (one line) when it may use fewer, or `cpus` is under 1. Linux only (sched_setaffinity)."""
     allowed = sorted(os.sched_getaffinity(0))
     if not 1 <= cpus <= len(allowed):
         raise ValueError(f"--cpus {cpus}, but this process may use 1 to {len(allowed)} CPUs")
