@@ -126,6 +126,9 @@ def test_watchable_only_where_proc_stat_lists_every_cpu(tmp_path):
 
 INTERRUPTED = """
 import signal, sys, threading, time
+# as the streamer command does (streamer.cli.runs): a test run started as a script's background job
+# passes SIGINT on ignored, and Python then keeps it ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
 import torch
 from streamer.spin import in_passing
