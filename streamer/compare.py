@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from monitor.losslog import read_loss_log
-from monitor.report import write_report
 from producers.schedule import Schedule
 from streamer.config import LearnConfig, RunSummary, span_start
 from streamer.jobs import one_line, run_jobs
@@ -231,6 +230,7 @@ def _is_oracle(name: str) -> bool:
 
 def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, list], topic: str,
              log: Log, live: bool = True) -> Path:
+    from monitor.report import write_report  # river and scipy: here, not where the CLI names CompareError
     from streamer.multitask import run_multitask
 
     manifest, records = stream

@@ -87,11 +87,10 @@ def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAUL
 
 
 def run(args) -> int:
-    from monitor.report import json_safe, write_report
-
     for path in args.paths:
         if not path.exists():
             raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
+    from monitor.report import json_safe, write_report  # river and scipy: after the paths are checked
     if len(args.paths) > 1:
         return _several(args)
     path = args.paths[0]
