@@ -54,14 +54,26 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage: streamer " + command in capsys.readouterr().out
 
 
-def test_help_does_not_import_torch():
-    code = ("import sys\nfrom streamer.cli import main\n"
+def test_help_and_a_user_error_load_neither_torch_nor_river_nor_scipy():
+    """What `streamer` imports before main() runs is the parser's, and `--help` or a user's error loads no
+    more: torch, river and scipy (seconds on 2 cores) load only in the commands that use them. So a rank
+    asks for its torchrun agent's death signal (streamer.cli.rank_process) a fraction of a second after
+    it starts, not seconds, and a mistyped path is answered as fast. A fresh interpreter, so no other
+    test's imports hide the command's own."""
+    code = ("import json, sys\nfrom streamer.cli import main\n"
+            "loaded = lambda: sorted({name.split('.')[0] for name in sys.modules} & set(sys.argv[1:]))\n"
+            "before = loaded()\n"
             "for argv in (['--help'], ['learn', '--help'], ['demo', '--help'], ['compare', '--help']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            "helped = loaded()\nstatus = main(['report', '/nowhere/run'])\n"
+            "print(json.dumps([before, helped, status, loaded()]))")
+    heavy = ["torch", "river", "scipy", "transformers", "matplotlib"]
+    result = subprocess.run([sys.executable, "-c", code, *heavy], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False"
+    before, helped, status, after_the_error = json.loads(result.stdout.splitlines()[-1])
+    assert before == helped == after_the_error == [], (before, helped, after_the_error)
+    assert (status, result.stderr) == (2, "streamer report: error: /nowhere/run does not exist (give a run "
+                                          "directory or a losses.jsonl file)\n")
 
 
 @pytest.mark.parametrize("module", ["streamer", "streamer.cli"])

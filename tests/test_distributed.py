@@ -449,25 +449,6 @@ def test_a_rank_whose_agent_died_before_it_asked_for_the_agents_death_signal_sto
     assert kept.returncode == 0 and kept.stderr == "" and kept.stdout.startswith("rank 1: usage: streamer"), kept
 
 
-def test_a_rank_asks_for_its_agents_death_signal_before_torch_river_or_scipy_load():
-    """What `streamer` imports before main() runs (and a rank asks for its agent's death signal) is the
-    parser's: torch, river and scipy (seconds on 2 cores, in which an agent's death would go unnoticed
-    under plain torchrun) load only in the commands that use them, and after a user's error is said.
-    A fresh interpreter, so no other test's imports hide the command's own."""
-    heavy = {"torch", "river", "scipy", "transformers", "matplotlib"}
-    probe = ("import json, sys\nfrom streamer.cli.main import main\n"
-             "loaded = lambda: sorted({name.split('.')[0] for name in sys.modules})\n"
-             "before = loaded()\nstatus = main(['report', '/nowhere/run'])\n"
-             "print(json.dumps([before, status, loaded()]))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    before, status, after_the_error = json.loads(done.stdout)
-    assert "streamer" in before and not set(before) & heavy, before
-    assert (status, done.stderr) == (2, "streamer report: error: /nowhere/run does not exist (give a run directory "
-                                        "or a losses.jsonl file)\n")
-    assert not set(after_the_error) & heavy, after_the_error
-
-
 def test_a_ranks_lines_are_labelled_at_each_line_start_across_writes():
     from streamer.cli.rank_process import Labelled
 
