@@ -175,7 +175,7 @@ def main() -> None:
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts takes {', '.join(PARTS)}, comma-separated")
     try:
-        cpus = pin_to_first_cpus(args.cpus) if args.cpus is not None else sorted(os.sched_getaffinity(0))
+        cpus = pin_to_first_cpus(args.cpus)
     except ValueError as exc:
         parser.error(str(exc))
     from streamer.broker import EmbeddedBroker

@@ -420,7 +420,7 @@ def main() -> None:
     if args.rounds < 1 or args.processes < 1 or args.slice <= 0 or args.poe_slice <= 0:
         parser.error("--rounds and --processes must be at least 1 and the slices longer than 0 s")
     try:
-        cpus = pin_to_first_cpus(args.cpus) if args.cpus is not None else sorted(os.sched_getaffinity(0))
+        cpus = pin_to_first_cpus(args.cpus)
     except ValueError as exc:
         parser.error(str(exc))
     load = os.getloadavg()[0]

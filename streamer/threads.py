@@ -47,10 +47,13 @@ def available_cpus() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def pin_to_first_cpus(cpus: int) -> list[int]:
-    """Pin this process (and what it starts later) to the first `cpus` CPUs it may use; returns them.
-    ValueError (one line) when it may use fewer, or `cpus` is under 1. Linux only (sched_setaffinity)."""
+def pin_to_first_cpus(cpus: int | None) -> list[int]:
+    """Pin this process (and what it starts later) to the first `cpus` CPUs it may use; returns them
+    (None: all it may use, nothing pinned). ValueError (one line) when it may use fewer, or `cpus` is
+    under 1. Linux only (sched_setaffinity)."""
     allowed = sorted(os.sched_getaffinity(0))
+    if cpus is None:
+        return allowed
     if not 1 <= cpus <= len(allowed):
         raise ValueError(f"--cpus {cpus}, but this process may use 1 to {len(allowed)} CPUs")
     os.sched_setaffinity(0, allowed[:cpus])

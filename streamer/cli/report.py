@@ -90,9 +90,9 @@ def run(args) -> int:
     for path in args.paths:
         if not path.exists():
             raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
-    from monitor.report import json_safe, write_report  # river and scipy: after the paths are checked
     if len(args.paths) > 1:
         return _several(args)
+    from monitor.report import json_safe, write_report  # river and scipy: after the paths are checked
     path = args.paths[0]
     try:
         report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
