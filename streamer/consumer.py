@@ -412,8 +412,11 @@ class KafkaSource:
             return False
         return True
 
-    async def lag(self) -> dict[int, int]:
-        """Records in the log beyond the consumer's position, per assigned partition."""
+    async def lag(self, taken: dict | None = None) -> dict[int, int]:
+        """Records in the log not yet taken, per assigned partition: beyond `taken`'s next offset
+        ({(topic, partition): offset}, the learner's batcher's), else beyond the consumer's position.
+        A getmany returns up to max_records records at once, which the learner then takes one by one
+        (waiting while its queue is full): past the position, not yet taken."""
         lags = {}
         if self._consumer is None:
             return lags
@@ -421,8 +424,10 @@ class KafkaSource:
             highwater = self._consumer.highwater(tp)
             if highwater is None:
                 continue
-            position = await self._consumer.position(tp)
-            lags[tp.partition] = max(0, highwater - position)
+            following = (taken or {}).get((tp.topic, tp.partition))
+            if following is None:
+                following = await self._consumer.position(tp)
+            lags[tp.partition] = max(0, highwater - following)
         return lags
 
 

@@ -71,7 +71,8 @@ class PrequentialLoop:
                  total_batches: int | None = None, total_records: int | None = None,
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
-                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25):
+                 log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
+                 lag_every_s: float = 1.0):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -87,7 +88,8 @@ class PrequentialLoop:
         self.last_loss = float("nan")  # the last recorded loss; stands in for a non-finite one
         self.records = 0  # records read: learned, carried over or dead-lettered
         self.dead_letters: Counter = Counter()  # reason -> records
-        self.lag: dict[int, int] = {}  # partition -> records in the log beyond our position
+        self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
+        self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
@@ -137,7 +139,10 @@ class PrequentialLoop:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        """Batches cut and not yet learned: those queued, and those handed to the worker whose results are
+        not yet taken in (the step in flight among them; up to a burst of them). 0 only when the worker has
+        nothing to do: a stuck step with nothing behind it shows 1, where the queue alone would show 0."""
+        return len(self._queue) + len(self._running)
 
     async def __aenter__(self) -> PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
@@ -174,6 +179,7 @@ class PrequentialLoop:
                     # fetch -> batch: the fetch task has cut it; None: a stop condition (of any rank)
                     ready = await (self.peek() if self.ranks is None else self._agreed())
                     if ready is None:
+                        await self._read_lag(now=True)  # the last records taken since the last read
                         return
                     await self._between_results.acquire()
                     holding = True
@@ -434,7 +440,7 @@ class PrequentialLoop:
 
     async def _fetch(self) -> None:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
-        batcher, last_lag = self.batcher, 0.0
+        batcher = self.batcher
         while not self._closing:
             read = self.records
             async for fetched in self.source.fetch():
@@ -458,9 +464,7 @@ class PrequentialLoop:
             failed = getattr(self.source, "dead_letter_failures", 0)
             if failed:  # dead-letter sends that failed: counted, never raised
                 self.dead_letters["dead_letter_failed"] = failed
-            if time.monotonic() - last_lag > 1.0:
-                last_lag = time.monotonic()
-                self.lag = await self.source.lag()
+            await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             if self._queue or self.records > read:
                 self.waiting_since = None
             elif self.waiting_since is None:  # caught up: nothing to learn, nothing arrived
@@ -469,10 +473,23 @@ class PrequentialLoop:
 
     async def _room(self) -> None:
         """With the queue full: wait until the worker has taken it down to `_refill_at` batches, which
-        the fetch side then cuts in one burst (`_stepping` wakes it only then)."""
+        the fetch side then cuts in one burst (`_stepping` wakes it only then). The lag is read on
+        meanwhile: a fetch's records can hold the fetch side here for as long as the model takes to
+        learn them (a backlog after a restart), and a lag read only between fetches stood still."""
         while len(self._queue) > self._refill_at:
             self._changed.clear()
-            await self._changed.wait()
+            await self._changed_within(self.lag_every_s)
+            await self._read_lag()
+
+    async def _read_lag(self, *, now: bool = False) -> None:
+        """`lag` anew (`now`, else at most every `lag_every_s`): per partition, the records beyond the
+        last one the batcher has taken (read, decoded, dead-lettered or batched). A read that takes
+        longer than `lag_every_s` (a lost broker) leaves the last one."""
+        if now or time.monotonic() - self._lag_read_at >= self.lag_every_s:
+            self._lag_read_at = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.lag_every_s):
+                    self.lag = await self.source.lag(self.batcher.offsets.next_positions())
 
     async def _watch(self) -> None:
         """Lost, back, or away too long: see the module's docstring."""

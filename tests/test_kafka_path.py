@@ -6,6 +6,7 @@ metrics to a real Prometheus during a run is test_prometheus_live.py."""
 
 import asyncio
 import json
+import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -87,6 +88,45 @@ def test_kafka_path_equals_the_memory_path_and_commits_what_it_learned(broker, s
         finally:
             await consumer.stop()
     assert asyncio.run(committed()) == len(records)
+
+
+class LagReadings(LiveMonitor):
+    """The lag of each reading of the loop, with the batches learned by then; each result 10 ms slow, so
+    that a run of a few hundred batches spans several of the loop's lag reads (one a second)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lags = []
+
+    def observe(self, result):
+        time.sleep(0.01)
+        return super().observe(result)
+
+    def read(self, reading):
+        if reading.lag:
+            self.lags.append((reading.step, reading.lag[0]))
+        super().read(reading)
+
+
+def test_a_backlog_shows_its_lag_falling_while_the_fetch_side_waits_for_room(broker, tmp_path):
+    """The whole topic written before the learner starts (a daemon's backlog after a restart): one
+    fetch returns every record, so the consumer's position is the log's end at once, and the fetch
+    side then waits for room in the queue for most of the run. The lag is the records the batcher
+    has not taken yet, read on while it waits: above 0 until the last records are taken (the
+    position alone said 0 from the first fetch), falling as batches are learned (read only between
+    two fetches it stood still for the whole run), 0 at the end."""
+    records, manifest = small_stream(CORPUS, fragments=7, mean_tokens=3000, streams=3, window=10, seed=2)
+    assert len(records) < 2000  # one fetch's max_records: every record in the first fetch
+    asyncio.run(produce(records, broker.bootstrap_servers, "backlog"))
+    config = _config(broker, "backlog", tmp_path, manifest)
+    monitor = LagReadings(run=config.run_name, strategy="naive", classes=config.classes)
+    summary = asyncio.run(run_learner(config, monitor=monitor))
+    assert summary.stop_reason == "end_of_stream" and summary.batches == manifest["total_batches"]
+    lags = [lag for _, lag in monitor.lags]
+    early = [lag for step, lag in monitor.lags if step < manifest["total_batches"] // 2]
+    assert early and max(early) > len(records) // 3, monitor.lags  # a queue of 64 batches holds 192 records
+    assert lags == sorted(lags, reverse=True) and len(set(lags)) >= 3, monitor.lags
+    assert lags[-1] == 0, monitor.lags
 
 
 def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stream, tmp_path):

@@ -2,6 +2,7 @@
 letters as plain state, probes' peek, and a snapshot that continues exactly."""
 
 import asyncio
+import threading
 import time
 from unittest import mock
 
@@ -50,8 +51,8 @@ class MemorySource:
     async def commit(self, offsets):
         self.committed = dict(offsets)
 
-    async def lag(self):
-        return {0: len(self.records) - self.position}
+    async def lag(self, taken=None):
+        return {0: len(self.records) - (taken or {}).get(("t", 0), self.position)}
 
 
 @pytest.fixture(scope="module")
@@ -422,3 +423,37 @@ def test_a_full_queue_is_refilled_in_bursts_and_never_runs_dry(stream):
     assert [r.loss for r in results] == [r.loss for r in run(naive(), batches[:40])]
     assert min(depths) >= 1  # never dry (the refill comes four 20 ms steps before the queue would be)
     assert sum(depth <= 5 for depth in depths) >= 10, depths  # drained to the mark between refills (was 7-8 always)
+
+
+def test_a_hung_step_counts_as_a_batch_waiting_not_as_a_learner_that_caught_up(stream):
+    """queue_depth (the exporter's streamer_queue_depth, which StreamerLearnerStalled reads beside the
+    lag) counts the batches cut and not yet learned, the step in flight among them: a worker hung on
+    the stream's last batch, after the source has given every record (lag 0) and nothing else is
+    queued, shows 1, not the 0 of a learner that has caught up and waits; once learned, 0."""
+    records, _ = stream
+    total = len(batches_from_records(records, 2, 10))
+    strategy, learned = counting(naive())
+    learn, hanging, release = strategy.learn, threading.Event(), threading.Event()
+
+    def learn_or_hang(batch):
+        if len(learned) == total - 1:  # the stream's last batch: the worker hangs in its learn
+            hanging.set()
+            release.wait(30)
+        return learn(batch)
+    strategy.learn = learn_or_hang
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records))
+
+    async def go():
+        async with loop:
+            async def hang_watch():
+                await until(lambda: hanging.is_set() and loop.step == total - 1, timeout_s=30)
+                await asyncio.sleep(0.05)
+                seen = (loop.step, await loop.source.lag(), loop.queue_depth)
+                release.set()
+                return seen
+            watching = asyncio.create_task(hang_watch())
+            results = [result async for result in loop]
+            return results, await watching
+    results, (step, lag, depth) = asyncio.run(go())
+    assert step == total - 1 and lag == {0: 0} and depth == 1
+    assert len(results) == total and loop.stop_reason == "end_of_stream" and loop.queue_depth == 0

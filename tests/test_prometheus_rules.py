@@ -123,3 +123,4 @@ def test_the_readme_says_what_each_alert_says():
     assert "1.2 x the mean loss of the class's previous fragment" in " ".join(paragraph.split())
     assert "learned no batch for 2 minutes" in rules and "[2m]" in rules and "no batch learned for 2 minutes" in paragraph
     assert "consumer lag\nabove zero" in paragraph or "consumer lag above zero" in paragraph.replace("\n", " ")
+    assert "streamer_queue_depth) > 0" in rules and "queue depth above zero" in " ".join(paragraph.split())
