@@ -416,11 +416,16 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert not (root / "elsewhere" / "losses.jsonl").exists()
     # a fault each rank meets on its own (here a broker none can reach) is that rank's line, named; then
     # the launcher's line for the ranks, and none of torchrun's log records that say the same. What the
-    # config chose (--params' size) is said once, by rank 0, not by every rank and the launcher
+    # config chose (--params' size, produce's manifest of the topic found without --manifest) is said
+    # once, by rank 0, not by every rank and the launcher
     flags = learn_flags(broker, manifest, root / "unreachable", "--nproc", "2", "--broker-timeout", "1",
                         "--params", "5000")
     flags[flags.index("--bootstrap-servers") + 1] = f"127.0.0.1:{free_port()}"
-    unreachable = run([*STREAMER, *flags], root)
+    del flags[flags.index("--manifest"):flags.index("--manifest") + 2]
+    cache = root / "cache-of-produce"
+    (cache / "streams").mkdir(parents=True, exist_ok=True)
+    (cache / "streams" / f"{TOPIC}.manifest.json").write_text(manifest.read_text())
+    unreachable = run([*STREAMER, *flags], root, env={**ENV, "STREAMER_CACHE": str(cache)})
     said = [line for line in unreachable.stderr.splitlines() if "Kafka at " not in line or "error:" in line]
     assert unreachable.returncode == 2 and 2 <= len(said) <= 3, unreachable.stderr[-3000:]  # less the retry notes
     line = f"streamer learn: error: cannot reach Kafka at {flags[flags.index('--bootstrap-servers') + 1]} (no answer " \
@@ -428,6 +433,9 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert set(said[:-1]) <= {line, f"rank 1: {line}"}, said  # the agent may stop one rank before it says it
     assert said[-1].startswith("streamer learn: error: rank(s) ") and "their own lines are above" in said[-1], said
     assert unreachable.stdout.count("--params 5,000: naive with hidden ") == 1, unreachable.stdout
+    assert [line for line in unreachable.stdout.splitlines() if "manifest: " in line] == [
+        f"manifest: {cache / 'streams' / f'{TOPIC}.manifest.json'} (produce's for topic {TOPIC}; --manifest to "
+        "choose another)"], unreachable.stdout
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")

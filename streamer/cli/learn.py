@@ -72,14 +72,16 @@ def add_parser(sub) -> None:
     add_run_flags(p, run_dir_default="runs/<topic>-<group>: the same command continues the same run")
 
 
-def _manifest(args) -> tuple[Path | None, dict | None]:
-    """--manifest, else produce's default manifest of the topic when it exists (said in one line)."""
+def _manifest(args, say: bool = True) -> tuple[Path | None, dict | None]:
+    """--manifest, else produce's default manifest of the topic when it exists (said in one line where
+    `say`: by the run's one process or rank 0, not by `--nproc`'s launcher and every rank again)."""
     path = args.manifest
     if path is None:
         path = default_manifest_path(args.topic)
         if not path.is_file():
             return None, None
-        print(f"manifest: {path} (produce's for topic {args.topic}; --manifest to choose another)", flush=True)
+        if say:
+            print(f"manifest: {path} (produce's for topic {args.topic}; --manifest to choose another)", flush=True)
     try:
         return path, json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -122,7 +124,7 @@ def run(args) -> int:
         return _launch(args)
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     leader = environment is None or environment[0] == 0  # rank 0 (or the one process) speaks for the run
-    manifest_path, manifest = _manifest(args)
+    manifest_path, manifest = _manifest(args, say=leader)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
     group = args.group or default_group(args.topic, args.strategy)
@@ -244,7 +246,7 @@ def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool) -> None:
 
 def _launch(args) -> int:
     """--nproc N: torchrun's elastic agent starts N ranks of this same command on this machine."""
-    manifest_path, manifest = _manifest(args)
+    manifest_path, manifest = _manifest(args, say=False)  # rank 0 says it
     group = args.group or default_group(args.topic, args.strategy)
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=args.run_dir or Path("runs") / f"{args.topic}-{group}", manifest=manifest,
