@@ -183,8 +183,8 @@ def _panels() -> list[dict]:
                [(_m("consumer_lag_records"), "lag p{{partition}} " + per_run),
                 (_m("queue_depth"), "queue " + per_run)],
                unit=RECORDS, units={"B": BATCHES},
-               description="Records the learner has not yet taken into batches, per partition; batches cut and "
-                           "not yet learned (the step in flight included)."),
+               description="Records the learner has not yet taken into batches, per partition; batches cut whose "
+                           "results are not yet taken in (the step in flight included)."),
         _panel("timeseries", "Dead letters by reason",
                [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) or on (run, strategy) "
                  f"label_replace(0 * sum by (run, strategy) ({_m('batches_learned_total')}), \"reason\", \"none\", \"run\", \".*\")",

@@ -92,6 +92,7 @@ class KafkaSource:
         self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
         self._log = log or _stderr
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
+        self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
         self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
         self._security = security
         self.on_revoke = on_revoke
@@ -304,15 +305,18 @@ class KafkaSource:
 
     async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
         before = await self._positions()
+        self._taking_from = before  # until every record this fetch returns has been taken (lag())
         try:
             batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=self.max_records)
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             async for fetched in self._step_past_unreadable(before, exc):
                 yield fetched
+            self._taking_from = None
             return
         for messages in batches.values():
             for message in messages:
                 yield await self._decoded(message)
+        self._taking_from = None
 
     async def _positions(self) -> dict:
         positions = {}
@@ -413,10 +417,13 @@ class KafkaSource:
         return True
 
     async def lag(self, taken: dict | None = None) -> dict[int, int]:
-        """Records in the log not yet taken, per assigned partition: beyond `taken`'s next offset
-        ({(topic, partition): offset}, the learner's batcher's), else beyond the consumer's position.
-        A getmany returns up to max_records records at once, which the learner then takes one by one
-        (waiting while its queue is full): past the position, not yet taken."""
+        """Records in the log (up to its end as last fetched) not yet taken, per assigned partition.
+        Between two fetches: beyond the consumer's position, which is past commit markers and
+        compacted-away offsets too. While a fetch's records are being taken (a getmany returns up to
+        max_records at once, and the learner takes them one by one, waiting while its queue is full;
+        the position is already past them all): beyond `taken`'s next offset ({(topic, partition):
+        offset}, the learner's batcher's) or, for a partition none of whose records is taken yet,
+        beyond its position before that fetch."""
         lags = {}
         if self._consumer is None:
             return lags
@@ -424,9 +431,16 @@ class KafkaSource:
             highwater = self._consumer.highwater(tp)
             if highwater is None:
                 continue
-            following = (taken or {}).get((tp.topic, tp.partition))
+            following = None
+            if self._taking_from is not None:
+                known = [offset for offset in ((taken or {}).get((tp.topic, tp.partition)),
+                                               self._taking_from.get(tp)) if offset is not None]
+                following = max(known, default=None)
             if following is None:
-                following = await self._consumer.position(tp)
+                try:
+                    following = await self._consumer.position(tp)
+                except IllegalStateError:  # revoked meanwhile
+                    continue
             lags[tp.partition] = max(0, highwater - following)
         return lags
 

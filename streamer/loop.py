@@ -96,6 +96,7 @@ class PrequentialLoop:
         self.waiting_since: float | None = None  # wall time since when it is caught up and waits for records
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
+        self._others_wait = False  # ranks: the last agreement found another rank without its next batch
         self._queue_size = queue_size
         self._refill_at = queue_size // 2  # a full queue is refilled once this few batches are left in it
         self._changed = asyncio.Event()
@@ -139,9 +140,13 @@ class PrequentialLoop:
 
     @property
     def queue_depth(self) -> int:
-        """Batches cut and not yet learned: those queued, and those handed to the worker whose results are
-        not yet taken in (the step in flight among them; up to a burst of them). 0 only when the worker has
-        nothing to do: a stuck step with nothing behind it shows 1, where the queue alone would show 0."""
+        """Batches cut whose results are not yet taken in: those queued, and those handed to the worker (the
+        step in flight among them; up to a burst of them). 0 only when the worker has nothing it can learn:
+        a stuck step with nothing behind it shows 1, where the queue alone would show 0; a rank's queued
+        batches while another rank has none of its own (the run waits for records, as one process whose
+        streams are not all there to cut a batch) show 0."""
+        if self._others_wait and not self._running:
+            return 0
         return len(self._queue) + len(self._running)
 
     async def __aenter__(self) -> PrequentialLoop:
@@ -348,6 +353,7 @@ class PrequentialLoop:
             agreed = await self.in_worker(self.ranks.agree, bool(self._queue), self.stop_reason,
                                           self.checkpoint_wanted(), self.records_batched,
                                           bool(self._queue) or self.batcher.ready(), self.total_records)
+            self._others_wait = not agreed.go and agreed.stop_reason is None
             if agreed.stop_reason is not None:
                 self.stop_reason = self.stop_reason or agreed.stop_reason
                 return None

@@ -433,9 +433,17 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert set(said[:-1]) <= {line, f"rank 1: {line}"}, said  # the agent may stop one rank before it says it
     assert said[-1].startswith("streamer learn: error: rank(s) ") and "their own lines are above" in said[-1], said
     assert unreachable.stdout.count("--params 5,000: naive with hidden ") == 1, unreachable.stdout
-    assert [line for line in unreachable.stdout.splitlines() if "manifest: " in line] == [
-        f"manifest: {cache / 'streams' / f'{TOPIC}.manifest.json'} (produce's for topic {TOPIC}; --manifest to "
-        "choose another)"], unreachable.stdout
+    found = (f"manifest: {cache / 'streams' / f'{TOPIC}.manifest.json'} (produce's for topic {TOPIC}; --manifest "
+             "to choose another)")
+    assert [line for line in unreachable.stdout.splitlines() if "manifest: " in line] == [found], unreachable.stdout
+    # a refusal by the launcher itself, before any rank starts, resting on that manifest's numbers (no
+    # --streams given: the manifest's 10): it names the manifest
+    flags[flags.index("--nproc") + 1] = "3"
+    del flags[flags.index("--streams"):flags.index("--streams") + 2]
+    thirds = run([*STREAMER, *flags], root, timeout=60, env={**ENV, "STREAMER_CACHE": str(cache)})
+    assert (thirds.returncode, thirds.stdout.splitlines(), thirds.stderr.splitlines()) == (2, [found], [
+        "streamer learn: error: --nproc 3: --streams 10 is not divisible by 3 ranks (each rank learns streams / "
+        "ranks of them); use a multiple of 3"]), thirds
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")

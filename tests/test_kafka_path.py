@@ -7,6 +7,7 @@ metrics to a real Prometheus during a run is test_prometheus_live.py."""
 import asyncio
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -17,8 +18,10 @@ from monitor.exporter import create_metrics
 from monitor.live import LiveMonitor
 from monitor.losslog import read_loss_log
 from producers.kafka import produce
+from producers.wire import Record, encode
 from streamer.checkpoint import load
 from streamer.config import LearnConfig
+from streamer.consumer import KafkaSource
 from streamer.learner import run as run_learner
 from streamer.step import run
 from tests.helpers import TINY, batches_from_records, naive, small_stream
@@ -127,6 +130,52 @@ def test_a_backlog_shows_its_lag_falling_while_the_fetch_side_waits_for_room(bro
     assert early and max(early) > len(records) // 3, monitor.lags  # a queue of 64 batches holds 192 records
     assert lags == sorted(lags, reverse=True) and len(set(lags)) >= 3, monitor.lags
     assert lags[-1] == 0, monitor.lags
+
+
+class TransactionLog:
+    """The three calls of aiokafka's consumer that KafkaSource.fetch and lag make, over one partition
+    holding a transaction's records 0-4 and its commit marker at offset 5, as aiokafka's fetcher serves
+    it: getmany returns the 5 records and moves the position past the marker to 6, the log's end. (The
+    embedded broker refuses transactional producers: UnknownError on the first send.)"""
+
+    def __init__(self):
+        self.tp, self._position = TopicPartition("txn", 0), 0
+        key, value, headers = encode(Record("0", "a transaction's record"))
+        self._records = [SimpleNamespace(topic="txn", partition=0, offset=offset, key=key, value=value,
+                                         headers=headers) for offset in range(5)]
+
+    def assignment(self):
+        return {self.tp}
+
+    def highwater(self, tp):
+        return 6
+
+    async def position(self, tp):
+        return self._position
+
+    async def getmany(self, timeout_ms, max_records):
+        got, self._position = ({self.tp: self._records} if self._position == 0 else {}), 6
+        return got
+
+
+def test_the_lag_of_a_caught_up_learner_is_0_past_a_commit_marker_it_never_sees():
+    """A transactional producer (Kafka Streams, Flink exactly-once) ends each transaction with a commit
+    marker: an offset that holds no record. While a fetch's records are being taken, the lag counts
+    those beyond the batcher's next offset; once taken, it counts from the consumer's position, past
+    the marker: 0 for a learner that has caught up, never a lasting 1 (StreamerLearnerStalled would
+    fire on it 2 minutes after the producer paused)."""
+    source = KafkaSource("127.0.0.1:1", "txn", "txn-g", dead_letter=False, log=lambda line: None)
+    source._consumer = log = TransactionLog()
+
+    async def take():
+        taken, seen = {}, []
+        async for fetched in source.fetch():
+            seen.append(await source.lag(taken))  # before the batcher takes this record
+            taken[("txn", 0)] = fetched.offset + 1
+        seen.append(await source.lag(taken))  # every record taken: from the position
+        return seen
+    assert asyncio.run(take()) == [{0: 6}, {0: 5}, {0: 4}, {0: 3}, {0: 2}, {0: 0}]
+    assert asyncio.run(source.lag({("txn", 0): 5})) == {0: 0} and log.highwater(log.tp) == 6
 
 
 def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stream, tmp_path):

@@ -13,6 +13,7 @@ from producers.wire import Record
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.consumer import Fetched
+from streamer.distributed import Agreement
 from streamer.loop import PrequentialLoop
 from streamer.step import prequential_step, run
 from tests.helpers import batches_from_records, naive, small_stream
@@ -457,3 +458,34 @@ def test_a_hung_step_counts_as_a_batch_waiting_not_as_a_learner_that_caught_up(s
     results, (step, lag, depth) = asyncio.run(go())
     assert step == total - 1 and lag == {0: 0} and depth == 1
     assert len(results) == total and loop.stop_reason == "end_of_stream" and loop.queue_depth == 0
+
+
+class PeerWithout:
+    """A distributed rank's agreement (streamer.distributed.Ranks.agree) where the other rank never has
+    its next batch: nobody steps until a stop, which every rank then takes."""
+
+    def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None):
+        return Agreement(False, stop_reason, False)
+
+
+def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_waiting_for_the_model(stream):
+    """Ranks step together: while the other rank has no batch of its own, this rank's queued batches
+    cannot be learned, as one process cannot cut a batch while one of its streams has no records. The
+    run waits for records, not for its model: queue_depth says 0 (StreamerLearnerStalled stays silent
+    for a distributed run whose producer paused), though batches are queued; a stop ends the wait."""
+    records, _ = stream
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=PeerWithout(), queue_size=4)
+
+    async def go():
+        async with loop:
+            async def wait_then_stop():
+                await until(lambda: loop.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
+                await asyncio.sleep(0.5)  # a few agreements (every 0.2 s)
+                seen = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                loop.stop()
+                return seen
+            stopping = asyncio.create_task(wait_then_stop())
+            results = [result async for result in loop]
+            return results, await stopping
+    results, (queued, depth) = asyncio.run(go())
+    assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0

@@ -81,11 +81,15 @@ def _manifest(args, say: bool = True) -> tuple[Path | None, dict | None]:
         if not path.is_file():
             return None, None
         if say:
-            print(f"manifest: {path} (produce's for topic {args.topic}; --manifest to choose another)", flush=True)
+            _say_default_manifest(args.topic, path)
     try:
         return path, json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"--manifest {path}: cannot read it ({exc})") from None
+
+
+def _say_default_manifest(topic: str, path: Path) -> None:
+    print(f"manifest: {path} (produce's for topic {topic}; --manifest to choose another)", flush=True)
 
 
 def launches_ranks(args) -> bool:
@@ -253,6 +257,8 @@ def _launch(args) -> int:
                           manifest_path=manifest_path, log=silent)  # the ranks' rank 0 says what it chose
     reason = _refusal(config, args.nproc)
     if reason is not None:
+        if args.manifest is None and manifest_path is not None:  # its numbers may be what is refused
+            _say_default_manifest(args.topic, manifest_path)
         raise UserError(f"--nproc {args.nproc}: {reason}")
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
