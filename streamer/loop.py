@@ -96,7 +96,10 @@ class PrequentialLoop:
         self.waiting_since: float | None = None  # wall time since when it is caught up and waits for records
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
-        self._others_wait = False  # ranks: the last agreement found another rank without its next batch
+        # ranks: when an agreement last found another rank without its next batch while this one had its
+        # own (None once they step); counted as waiting for records only while agreements keep coming
+        self._others_waited_at: float | None = None
+        self._agreements_fresh_s = max(5.0, 10 * agree_every_s)
         self._queue_size = queue_size
         self._refill_at = queue_size // 2  # a full queue is refilled once this few batches are left in it
         self._changed = asyncio.Event()
@@ -144,8 +147,10 @@ class PrequentialLoop:
         step in flight among them; up to a burst of them). 0 only when the worker has nothing it can learn:
         a stuck step with nothing behind it shows 1, where the queue alone would show 0; a rank's queued
         batches while another rank has none of its own (the run waits for records, as one process whose
-        streams are not all there to cut a batch) show 0."""
-        if self._others_wait and not self._running:
+        streams are not all there to cut a batch) show 0, as long as the ranks' agreements keep coming (an
+        agreement that hangs, a rank stuck, shows them)."""
+        if (self._others_waited_at is not None and not self._running
+                and time.monotonic() - self._others_waited_at < self._agreements_fresh_s):
             return 0
         return len(self._queue) + len(self._running)
 
@@ -350,10 +355,12 @@ class PrequentialLoop:
         """The next batch once every rank has its own (all step), None once any rank stops (all stop)."""
         while True:
             await self._ready_or_stopped(self.agree_every_s)
-            agreed = await self.in_worker(self.ranks.agree, bool(self._queue), self.stop_reason,
+            has_batch = bool(self._queue)
+            agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
                                           self.checkpoint_wanted(), self.records_batched,
-                                          bool(self._queue) or self.batcher.ready(), self.total_records)
-            self._others_wait = not agreed.go and agreed.stop_reason is None
+                                          has_batch or self.batcher.ready(), self.total_records)
+            others_wait = has_batch and not agreed.go and agreed.stop_reason is None
+            self._others_waited_at = time.monotonic() if others_wait else None
             if agreed.stop_reason is not None:
                 self.stop_reason = self.stop_reason or agreed.stop_reason
                 return None

@@ -462,9 +462,15 @@ def test_a_hung_step_counts_as_a_batch_waiting_not_as_a_learner_that_caught_up(s
 
 class PeerWithout:
     """A distributed rank's agreement (streamer.distributed.Ranks.agree) where the other rank never has
-    its next batch: nobody steps until a stop, which every rank then takes."""
+    its next batch: nobody steps until a stop, which every rank then takes. Once `stuck` is set, the
+    next agreement does not come back until `freed` is (the other rank stuck in a step)."""
+
+    def __init__(self):
+        self.stuck, self.freed = threading.Event(), threading.Event()
 
     def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None):
+        if self.stuck.is_set() and not self.freed.is_set():
+            self.freed.wait(30)
         return Agreement(False, stop_reason, False)
 
 
@@ -472,20 +478,27 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
     """Ranks step together: while the other rank has no batch of its own, this rank's queued batches
     cannot be learned, as one process cannot cut a batch while one of its streams has no records. The
     run waits for records, not for its model: queue_depth says 0 (StreamerLearnerStalled stays silent
-    for a distributed run whose producer paused), though batches are queued; a stop ends the wait."""
+    for a distributed run whose producer paused), though batches are queued. Once the agreements stop
+    coming (the other rank stuck), the queued batches count again (the alert fires); a stop ends it."""
     records, _ = stream
-    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=PeerWithout(), queue_size=4)
+    peer = PeerWithout()
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=peer, queue_size=4)
 
     async def go():
         async with loop:
             async def wait_then_stop():
                 await until(lambda: loop.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
                 await asyncio.sleep(0.5)  # a few agreements (every 0.2 s)
-                seen = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                waiting = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                peer.stuck.set()
+                await asyncio.sleep(6)  # past the 5 s in which the last agreement's word holds
+                stuck = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                peer.freed.set()
                 loop.stop()
-                return seen
+                return waiting, stuck
             stopping = asyncio.create_task(wait_then_stop())
             results = [result async for result in loop]
             return results, await stopping
-    results, (queued, depth) = asyncio.run(go())
+    results, ((queued, depth), (queued_stuck, depth_stuck)) = asyncio.run(go())
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
+    assert depth_stuck == queued_stuck >= 4

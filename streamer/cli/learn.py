@@ -257,8 +257,8 @@ def _launch(args) -> int:
                           manifest_path=manifest_path, log=silent)  # the ranks' rank 0 says what it chose
     reason = _refusal(config, args.nproc)
     if reason is not None:
-        if args.manifest is None and manifest_path is not None:  # its numbers may be what is refused
-            _say_default_manifest(args.topic, manifest_path)
+        if args.manifest is None and manifest_path is not None and args.streams is None and config.streams % args.nproc:
+            _say_default_manifest(args.topic, manifest_path)  # the refused --streams is the manifest's
         raise UserError(f"--nproc {args.nproc}: {reason}")
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
