@@ -432,10 +432,9 @@ class KafkaSource:
             if highwater is None:
                 continue
             following = None
-            if self._taking_from is not None:
-                known = [offset for offset in ((taken or {}).get((tp.topic, tp.partition)),
-                                               self._taking_from.get(tp)) if offset is not None]
-                following = max(known, default=None)
+            if self._taking_from is not None:  # the position is past records not yet taken
+                offsets = ((taken or {}).get((tp.topic, tp.partition)), self._taking_from.get(tp))
+                following = max((offset for offset in offsets if offset is not None), default=None)
             if following is None:
                 try:
                     following = await self._consumer.position(tp)

@@ -91,6 +91,12 @@ def learn_flags(broker, manifest, run_dir: Path, *extra) -> list[str]:
             "--max-batches", str(BATCHES), "--group", run_dir.name, "--run-dir", str(run_dir), *extra]
 
 
+def without(flags: list[str], flag: str) -> list[str]:
+    """`flags` less `flag` and its value."""
+    at = flags.index(flag)
+    return flags[:at] + flags[at + 2:]
+
+
 def run(command, cwd: Path, timeout: float = 240, env=ENV) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -388,7 +394,7 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     root, manifest = stream
     flags = learn_flags(broker, manifest, root / "odd")
     flags[flags.index("--streams") + 1] = "9"
-    flags[flags.index("--manifest"): flags.index("--manifest") + 2] = []  # the manifest's 10 would contradict 9
+    flags = without(flags, "--manifest")  # the manifest's 10 would contradict 9
     odd = run([*STREAMER, *flags, "--nproc", "2"], root, timeout=60)
     assert (odd.returncode, odd.stderr.strip().splitlines()) == (2, [
         "streamer learn: error: --nproc 2: --streams 9 is not divisible by 2 ranks (each rank learns streams / ranks "
@@ -421,11 +427,12 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     flags = learn_flags(broker, manifest, root / "unreachable", "--nproc", "2", "--broker-timeout", "1",
                         "--params", "5000")
     flags[flags.index("--bootstrap-servers") + 1] = f"127.0.0.1:{free_port()}"
-    del flags[flags.index("--manifest"):flags.index("--manifest") + 2]
+    flags = without(flags, "--manifest")
     cache = root / "cache-of-produce"
     (cache / "streams").mkdir(parents=True, exist_ok=True)
     (cache / "streams" / f"{TOPIC}.manifest.json").write_text(manifest.read_text())
-    unreachable = run([*STREAMER, *flags], root, env={**ENV, "STREAMER_CACHE": str(cache)})
+    cached = {**ENV, "STREAMER_CACHE": str(cache)}
+    unreachable = run([*STREAMER, *flags], root, env=cached)
     said = [line for line in unreachable.stderr.splitlines() if "Kafka at " not in line or "error:" in line]
     assert unreachable.returncode == 2 and 2 <= len(said) <= 3, unreachable.stderr[-3000:]  # less the retry notes
     line = f"streamer learn: error: cannot reach Kafka at {flags[flags.index('--bootstrap-servers') + 1]} (no answer " \
@@ -439,12 +446,12 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     # a refusal by the launcher itself, before any rank starts, resting on that manifest's numbers (no
     # --streams given: the manifest's 10): it names the manifest
     flags[flags.index("--nproc") + 1] = "3"
-    del flags[flags.index("--streams"):flags.index("--streams") + 2]
-    thirds = run([*STREAMER, *flags], root, timeout=60, env={**ENV, "STREAMER_CACHE": str(cache)})
+    flags = without(flags, "--streams")
+    thirds = run([*STREAMER, *flags], root, timeout=60, env=cached)
     assert (thirds.returncode, thirds.stdout.splitlines(), thirds.stderr.splitlines()) == (2, [found], [
         "streamer learn: error: --nproc 3: --streams 10 is not divisible by 3 ranks (each rank learns streams / "
         "ranks of them); use a multiple of 3"]), thirds
-    given = run([*STREAMER, *flags, "--streams", "10"], root, timeout=60, env={**ENV, "STREAMER_CACHE": str(cache)})
+    given = run([*STREAMER, *flags, "--streams", "10"], root, timeout=60, env=cached)
     assert (given.returncode, given.stdout, given.stderr.splitlines()) == (2, "", [
         "streamer learn: error: --nproc 3: --streams 10 is not divisible by 3 ranks (each rank learns streams / "
         "ranks of them); use a multiple of 3"]), given  # the user's own number: the manifest goes unsaid
