@@ -5,7 +5,8 @@
 #     benchmarks/gpu_host.sh [WHEELS]
 #
 # 1. tests/test_gpu.py: the step, checkpoint and resume on the GPU, and GPU ranks under --nproc
-#    (they skip without CUDA);
+#    (they skip without CUDA), in 3 pytest workers: one after another they took about 250 s on a
+#    lent H200 host, where each learner's start (torch, CUDA) is slow;
 # 2. benchmarks/throughput.py --cpus N for each N in CPUS (default 16; "16 2" adds the same machine
 #    on 2 cores, about 3 minutes more): the Kafka path against the memory path (target ratio
 #    kafka/memory >= 0.95; memory/baseline >= 1).
@@ -15,7 +16,8 @@
 # folder of their own. The checkout runs from its root (PYTHONPATH): nothing is installed into the
 # host's Python. PYTHON picks the interpreter (default python3), OUT where the logs go (default
 # gpu-host-logs/ in the checkout). Each step has its own time limit, so one that hangs leaves time
-# for the next; the exit status is the first failing step's.
+# for the next; the exit status is the first failing step's. With CPUS left at 16 the steps take at
+# most 270 + 280 s: a lent machine's call wants a limit of about 590 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -40,7 +42,7 @@ step() {  # step LOG SECONDS COMMAND...: the command's output on the console and
   echo "== exit status $rc"
   [ "$status" -ne 0 ] || status=$rc
 }
-step test_gpu.log 240 "$py" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py
+step test_gpu.log 270 "$py" -m pytest -q -rs -n 3 -p no:cacheprovider --durations=5 tests/test_gpu.py
 for cpus in ${CPUS:-16}; do
   step "throughput-$cpus.log" 280 "$py" benchmarks/throughput.py --cpus "$cpus"
   echo "$cpus CPUs:" $(grep -o "^ratio kafka/memory: [0-9.]*\|^memory/baseline: [0-9.]*" "$out/throughput-$cpus.log")
