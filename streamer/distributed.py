@@ -44,6 +44,7 @@ class Agreement:
     go: bool  # every rank has its next batch and none stops: all step
     stop_reason: str | None  # some rank stops: all stop, with this reason
     checkpoint: bool  # rank 0 asks for a checkpoint after this step
+    report: bool = False  # rank 0 asks every rank for its report (gather_bytes) after this round
 
 
 @dataclass(frozen=True)
@@ -87,24 +88,26 @@ class Ranks:
         return choose
 
     def agree(self, has_batch: bool, stop_reason: str | None, checkpoint: bool, records: int = 0,
-              more: bool = True, total_records: int | None = None) -> Agreement:
+              more: bool = True, total_records: int | None = None, report: bool = False) -> Agreement:
         """One round (one all-reduce): all ranks step when every one has a batch and none stops; when
-        one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` is everyone's.
-        The stream ends for all when the ranks' `records` (batched) add up to `total_records` and no
-        rank has `more` (a whole batch cut or to cut). Blocking: call it in the worker thread."""
+        one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` and `report` are
+        everyone's. The stream ends for all when the ranks' `records` (batched) add up to
+        `total_records` and no rank has `more` (a whole batch cut or to cut). Blocking: call it in the
+        worker thread."""
         stops = [0] * len(STOP_REASONS)
         if stop_reason is not None:
             stops[STOP_REASONS.index(stop_reason if stop_reason in STOP_REASONS else "signal")] = 1
-        counts = torch.tensor([0 if has_batch else 1, int(checkpoint and self.leader), records, int(more), *stops],
-                              dtype=torch.int64, device=self.device)
+        counts = torch.tensor([0 if has_batch else 1, int(checkpoint and self.leader), int(report and self.leader),
+                               records, int(more), *stops], dtype=torch.int64, device=self.device)
         dist.all_reduce(counts)
         # GPU sync point (nccl): the agreement is read on the host, once per step.
-        waiting, wanted, records, more, *stops = counts.tolist()
+        waiting, wanted, reported, records, more, *stops = counts.tolist()
         if total_records and records >= total_records and not more:
             stops[STOP_REASONS.index("end_of_stream")] += 1
         if any(stops):
-            return Agreement(False, STOP_REASONS[max(i for i, count in enumerate(stops) if count)], False)
-        return Agreement(not waiting, None, bool(wanted) and not waiting)
+            stop = STOP_REASONS[max(i for i, count in enumerate(stops) if count)]
+            return Agreement(False, stop, False, bool(reported))
+        return Agreement(not waiting, None, bool(wanted) and not waiting, bool(reported))
 
     def gather_bytes(self, data: bytes) -> list[bytes] | None:
         """Every rank's `data` on rank 0 (in rank order), None on the others. Blocking."""

@@ -359,13 +359,14 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
 def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:
     """The loop's, the checkpointer's and the probes' plain state into the monitor (the source's
     topic-missing time where it has one: an in-memory source has none)."""
+    records, lag, dead_letters = loop.across_ranks()  # (ranks, on rank 0: every rank's)
     counted = monitor.dead_letters
-    for reason, count in loop.dead_letters.items():
+    for reason, count in dead_letters.items():
         for _ in range(count - counted.get(reason, 0)):
             monitor.dead_letter(reason)
     monitor.read(LoopReading(
-        step=loop.step, records=loop.records, lag=dict(loop.lag), queue_depth=loop.queue_depth,
-        waiting_since=loop.waiting_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
+        step=loop.step, records=records, lag=lag, queue_depth=loop.queue_depth,
+        waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
         topic_missing_since=getattr(loop.source, "topic_missing_since", None)))

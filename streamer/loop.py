@@ -19,7 +19,9 @@ Ranks of a distributed learner (`ranks`, streamer.distributed) step together: be
 rank says, in one collective in the worker thread, whether it has its next batch, whether it stops
 (and why) and (rank 0) whether a checkpoint is due; all step when all have a batch, all stop when one
 stops, and all checkpoint after the step when rank 0 asks. A rank waiting for records says so every
-`agree_every_s`, so a stop reaches every rank within that time.
+`agree_every_s`, so a stop reaches every rank within that time. Every `lag_every_s`, and at the stop,
+rank 0 also asks each rank for its records, lag and dead letters (a gather after the agreement), so
+that `across_ranks()` and `waiting_for_records_since` describe the whole learner there.
 
 A consumer that sets `snapshot_wanted` lets the next steps run ahead of it: while step k runs, batch
 k + 1 is queued behind it in the worker, so the worker goes from one step to the next without
@@ -47,6 +49,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import math
 import time
 from collections import Counter, deque
@@ -97,8 +100,13 @@ class PrequentialLoop:
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
         # ranks: when an agreement last found another rank without its next batch while this one had its
-        # own (None once they step); counted as waiting for records only while agreements keep coming
+        # own (None once they step), and since when (wall time); counted as waiting for records only while
+        # agreements keep coming
         self._others_waited_at: float | None = None
+        self._others_waiting_since: float | None = None
+        # ranks: the other ranks' reports (records, lag, dead letters), on rank 0, as of the last gather
+        self._reports: list[dict] = []
+        self._reported_at = float("-inf")
         self._agreements_fresh_s = max(5.0, 10 * agree_every_s)
         self._queue_size = queue_size
         self._refill_at = queue_size // 2  # a full queue is refilled once this few batches are left in it
@@ -149,10 +157,35 @@ class PrequentialLoop:
         batches while another rank has none of its own (the run waits for records, as one process whose
         streams are not all there to cut a batch) show 0, as long as the ranks' agreements keep coming (an
         agreement that hangs, a rank stuck, shows them)."""
-        if (self._others_waited_at is not None and not self._running
-                and time.monotonic() - self._others_waited_at < self._agreements_fresh_s):
+        if self._others_waiting and not self._running:
             return 0
         return len(self._queue) + len(self._running)
+
+    @property
+    def _others_waiting(self) -> bool:
+        """Ranks: the last agreement, recent enough, found another rank without its next batch while this
+        one had its own."""
+        return (self._others_waited_at is not None
+                and time.monotonic() - self._others_waited_at < self._agreements_fresh_s)
+
+    @property
+    def waiting_for_records_since(self) -> float | None:
+        """Wall time since when the learner waits for records (None: it does not): this process caught up
+        (`waiting_since`), or (ranks) this rank has its next batch and another rank not, as long as the
+        agreements keep coming (the learner as a whole cannot cut its next global batch)."""
+        if self.waiting_since is not None:
+            return self.waiting_since
+        return self._others_waiting_since if self._others_waiting else None
+
+    def across_ranks(self) -> tuple[int, dict[int, int], Counter]:
+        """(records, lag, dead_letters) of the whole learner: this process's own and, on rank 0 of
+        ranks, the other ranks' as of their last report (every `lag_every_s`, and at the stop)."""
+        records, lag, dead_letters = self.records, dict(self.lag), Counter(self.dead_letters)
+        for report in self._reports:
+            records += report["records"]
+            lag.update(report["lag"])
+            dead_letters.update(report["dead_letters"])
+        return records, lag, dead_letters
 
     async def __aenter__(self) -> PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
@@ -189,7 +222,8 @@ class PrequentialLoop:
                     # fetch -> batch: the fetch task has cut it; None: a stop condition (of any rank)
                     ready = await (self.peek() if self.ranks is None else self._agreed())
                     if ready is None:
-                        await self._read_lag(now=True)  # the last records taken since the last read
+                        if self.ranks is None:  # (ranks: read before the stop's report, _agreed)
+                            await self._read_lag(now=True)  # the last records taken since the last read
                         return
                     await self._between_results.acquire()
                     holding = True
@@ -358,15 +392,34 @@ class PrequentialLoop:
             has_batch = bool(self._queue)
             agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
                                           self.checkpoint_wanted(), self.records_batched,
-                                          has_batch or self.batcher.ready(), self.total_records)
+                                          has_batch or self.batcher.ready(), self.total_records,
+                                          time.monotonic() - self._reported_at >= self.lag_every_s)
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             self._others_waited_at = time.monotonic() if others_wait else None
+            if not others_wait:
+                self._others_waiting_since = None
+            elif self._others_waiting_since is None:
+                self._others_waiting_since = time.time()
+            if agreed.stop_reason is not None:
+                await self._read_lag(now=True)  # the last records taken, for the stop's report
+            if agreed.report or agreed.stop_reason is not None:
+                await self._report()
             if agreed.stop_reason is not None:
                 self.stop_reason = self.stop_reason or agreed.stop_reason
                 return None
             if agreed.go:
                 self.checkpoint_agreed, self.waiting_since = agreed.checkpoint, None
                 return self._queue[0]
+
+    async def _report(self) -> None:
+        """This rank's records, lag and dead letters to rank 0 (a gather in the worker thread, where every
+        rank runs its collectives in the same order), kept there as the other ranks' reports."""
+        own = {"records": self.records, "lag": {str(partition): lag for partition, lag in self.lag.items()},
+               "dead_letters": dict(self.dead_letters)}
+        parts = await self.in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
+        self._reported_at = time.monotonic()
+        if parts is not None:
+            self._reports = [_report_from(part) for rank, part in enumerate(parts) if rank != self.ranks.rank]
 
     async def _ready_or_stopped(self, wait_s: float) -> None:
         """Until this rank has a batch, a stop condition holds, or `wait_s` has passed (ranks: the end of
@@ -580,3 +633,10 @@ def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
     batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
     truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
     return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]})
+
+
+def _report_from(part: bytes) -> dict:
+    """A rank's report (_report), its partitions back to ints."""
+    report = json.loads(part)
+    report["lag"] = {int(partition): lag for partition, lag in report["lag"].items()}
+    return report

@@ -2,6 +2,7 @@
 letters as plain state, probes' peek, and a snapshot that continues exactly."""
 
 import asyncio
+import json
 import threading
 import time
 from unittest import mock
@@ -461,44 +462,68 @@ def test_a_hung_step_counts_as_a_batch_waiting_not_as_a_learner_that_caught_up(s
 
 
 class PeerWithout:
-    """A distributed rank's agreement (streamer.distributed.Ranks.agree) where the other rank never has
-    its next batch: nobody steps until a stop, which every rank then takes. Once `stuck` is set, the
-    next agreement does not come back until `freed` is (the other rank stuck in a step)."""
+    """Rank 0's side of a distributed learner's collectives (streamer.distributed.Ranks) where the other
+    rank never has its next batch: nobody steps until a stop, which every rank then takes. Once `stuck`
+    is set, the next agreement does not come back until `freed` is (the other rank stuck in a step).
+    Its reports (gather_bytes) say REPORT: its own records, partition and dead letters."""
+
+    REPORT = {"records": 7, "lag": {"3": 5}, "dead_letters": {"bad_key": 2, "unreadable": 1}}
+    rank = 0
 
     def __init__(self):
         self.stuck, self.freed = threading.Event(), threading.Event()
+        self.reports = []  # what rank 0 sent
 
-    def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None):
+    def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None, report=False):
         if self.stuck.is_set() and not self.freed.is_set():
             self.freed.wait(30)
-        return Agreement(False, stop_reason, False)
+        return Agreement(False, stop_reason, False, report)
+
+    def gather_bytes(self, data):
+        self.reports.append(json.loads(data))
+        return [data, json.dumps(self.REPORT).encode()]
 
 
 def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_waiting_for_the_model(stream):
     """Ranks step together: while the other rank has no batch of its own, this rank's queued batches
     cannot be learned, as one process cannot cut a batch while one of its streams has no records. The
     run waits for records, not for its model: queue_depth says 0 (StreamerLearnerStalled stays silent
-    for a distributed run whose producer paused), though batches are queued. Once the agreements stop
-    coming (the other rank stuck), the queued batches count again (the alert fires); a stop ends it."""
+    for a distributed run whose producer paused), though batches are queued, and the learner says it
+    waits for records (waiting_for_records_since: rank 0's console says "waiting", not "consuming").
+    Once the agreements stop coming (the other rank stuck), the queued batches count again (the alert
+    fires) and the learner no longer waits for records; a stop ends it. Meanwhile rank 0 holds the other
+    rank's records, lag and dead letters from its reports (across_ranks), asked for every lag_every_s
+    and at the stop, whose report carries this rank's last records."""
     records, _ = stream
     peer = PeerWithout()
-    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=peer, queue_size=4)
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, bad=(2,)), ranks=peer, queue_size=4,
+                           lag_every_s=0.3)
 
     async def go():
         async with loop:
             async def wait_then_stop():
                 await until(lambda: loop.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
-                await asyncio.sleep(0.5)  # a few agreements (every 0.2 s)
-                waiting = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                await asyncio.sleep(1.0)  # a few agreements (every 0.2 s) and reports (every 0.3 s)
+                waiting = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since,
+                           loop.across_ranks(), len(peer.reports))
                 peer.stuck.set()
                 await asyncio.sleep(6)  # past the 5 s in which the last agreement's word holds
-                stuck = (len(loop.state_dict()["waiting"]), loop.queue_depth)
+                stuck = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since)
                 peer.freed.set()
                 loop.stop()
                 return waiting, stuck
             stopping = asyncio.create_task(wait_then_stop())
             results = [result async for result in loop]
             return results, await stopping
-    results, ((queued, depth), (queued_stuck, depth_stuck)) = asyncio.run(go())
+    started = time.time()
+    results, (waiting, stuck) = asyncio.run(go())
+    (queued, depth, waiting_since, (all_records, lag, dead_letters), reports), (queued_stuck, depth_stuck,
+                                                                              waiting_stuck) = waiting, stuck
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
-    assert depth_stuck == queued_stuck >= 4
+    assert started < waiting_since < time.time()
+    assert all_records == loop.records + 7 and lag == {0: len(records) - loop.records_batched - 1, 3: 5}
+    assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1}
+    assert reports >= 3  # the first agreement's, then every 0.3 s
+    assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None
+    assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
+                                "dead_letters": {"bad_utf8": 1}}  # the stop's
