@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
+from producers.kafka import ensure_topic
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.broker import free_port, wait_for_port
@@ -198,6 +200,39 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
     worst = worst_difference(losses(root / "two-poe"), losses(root / "one-poe"))
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def test_rank_0_says_every_ranks_records_lag_and_dead_letters(broker, stream):
+    """The learner's console, status file and metrics are rank 0's, and describe all the ranks: a
+    record with a key that is no stream's, on rank 1's partition 7, is rank 1's dead letter, yet rank 0
+    counts it (the run's last line, status.json, hence streamer_dead_letter_total), and shows the lag
+    of all 10 partitions and every rank's records: each rank reports them every second and at the stop."""
+    root, manifest = stream
+    topic, run_dir = "distributed-poison", root / "two-poison"
+
+    async def poison() -> None:  # the topic first, then the record, at the head of partition 7
+        await ensure_topic(broker.bootstrap_servers, topic, partitions=10)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, key="²".encode(), value=b"no stream's", partition=7)
+        finally:
+            await producer.stop()
+
+    asyncio.run(poison())
+    produced = run(produce(broker, root, topic, root / "poison.manifest.json"), root)
+    assert produced.returncode == 0, produced.stderr[-3000:]
+    flags = without(learn_flags(broker, root / "poison.manifest.json", run_dir, "--nproc", "2"), "--topic")
+    result = run([*STREAMER, *flags, "--topic", topic], root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "dead letters {'bad_key': 1}" in result.stdout, result.stdout[-3000:]
+    saved = checkpoint.load(run_dir / "checkpoint.pt")
+    assert [part["loop"]["dead_letters"] for part in saved["ranks"]] == [{}, {"bad_key": 1}]  # rank 1's
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["dead_letters"] == {"bad_key": 1}
+    assert status["records"] == sum(part["loop"]["records"] for part in saved["ranks"])
+    assert sorted(status["lag_by_partition"], key=int) == [str(partition) for partition in range(10)]
+    assert status["lag"] == sum(status["lag_by_partition"].values())
 
 
 def node_command(broker, manifest, run_dir: Path, port: int, node: int, *extra: str) -> list[str]:
