@@ -278,10 +278,11 @@ def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, on
     assert sum("run directory:" in output for output in outputs) == 1  # rank 0's node alone writes the run
 
 
-def interrupted(command: list[str], root: Path, run_dir: Path, stop, checkpointed: bool = False) -> tuple[int, str]:
+def interrupted(command: list[str], root: Path, run_dir: Path, stop, checkpointed: bool = False,
+                env=ENV) -> tuple[int, str]:
     """Start `command` (a --nproc run), call stop(process) once a third of the batches are logged (and,
     with `checkpointed`, a checkpoint written); its exit status and output."""
-    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
     try:
         log, saved = run_dir / "losses.jsonl", run_dir / "checkpoint.pt"
@@ -296,9 +297,9 @@ def interrupted(command: list[str], root: Path, run_dir: Path, stop, checkpointe
     return process.returncode, output
 
 
-def continued(command: list[str], root: Path, run_dir: Path, step: int, one_process: list[dict]) -> None:
+def continued(command: list[str], root: Path, run_dir: Path, step: int, one_process: list[dict], env=ENV) -> None:
     """The same command continues from the checkpoint at `step` to the losses of one process."""
-    again = run(command, root)
+    again = run(command, root, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from the checkpoint at batch {step}" in again.stdout
     worst = worst_difference(losses(run_dir), one_process)  # each batch once, as in one process
@@ -398,9 +399,12 @@ def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_c
         broker, stream, one_process_naive):
     """torchrun's agent (here `learn --nproc`'s launcher) killed (-9): its ranks, in sessions of their
     own, were left learning with nobody to stop them; now each gets SIGTERM from the kernel, they stop
-    at the same step with rank 0's last checkpoint, and the same command continues."""
+    at the same step with rank 0's last checkpoint, and the same command continues. The dead launcher's
+    log folder for torchrun stays behind; the next launcher removes it (nobody holds its lock)."""
     root, manifest = stream
-    run_dir = root / "launcher-killed"
+    run_dir, temporary = root / "launcher-killed", root / "tmp-launcher-killed"
+    temporary.mkdir()
+    env = {**ENV, "TMPDIR": str(temporary)}
     ranks = []
 
     def kill_launcher(process: subprocess.Popen) -> None:
@@ -410,7 +414,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_c
     with paced(broker, root, "launcher-killed", run_dir) as topic:
         command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2",
                                            *topic)]
-        status, output = interrupted(command, root, run_dir, kill_launcher)  # once the ranks closed its pipe
+        status, output = interrupted(command, root, run_dir, kill_launcher, env=env)  # once the ranks closed its pipe
         assert status == -signal.SIGKILL and None not in ranks, (ranks, output[-3000:])
         deadline = time.monotonic() + 30
         while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
@@ -422,7 +426,10 @@ def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_c
         saved = checkpoint.load(run_dir / "checkpoint.pt")
         step = saved["step"]
         assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step] and len(losses(run_dir)) == step
-        continued(command, root, run_dir, step, one_process_naive)
+        left = [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")]
+        assert [name.startswith("streamer-ranks-") for name in left] == [True], left  # the dead launcher's
+        continued(command, root, run_dir, step, one_process_naive, env=env)
+        assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
 
 
 def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive):

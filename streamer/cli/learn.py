@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import gc
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -286,7 +288,7 @@ def _launch(args) -> int:
     for agent in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
         logging.getLogger(agent).addFilter(_said_by_the_launcher)
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
-        with tempfile.TemporaryDirectory(prefix="streamer-ranks-") as logs:
+        with _rank_logs() as logs:
             torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
                       "-m", "streamer", *command])
     except ChildFailedError as exc:
@@ -302,6 +304,32 @@ def _launch(args) -> int:
               file=sys.stderr, flush=True)
         return 128 + signalled.sigval
     return 0
+
+
+RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log folders (prefix), their lock
+
+
+@contextlib.contextmanager
+def _rank_logs():
+    """A temporary folder for torchrun's logs, removed when the ranks end and held meanwhile (a flock on
+    its LAUNCHER_LOCK, which the kernel drops when the launcher dies). The folders of earlier launchers
+    killed (-9) before they could remove their own, which nobody holds, are removed first."""
+    for folder in Path(tempfile.gettempdir()).glob(RANK_LOGS + "*"):
+        _remove_unless_held(folder)
+    with tempfile.TemporaryDirectory(prefix=RANK_LOGS) as logs:
+        with open(Path(logs) / f"{LAUNCHER_LOCK}.new", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.rename(lock.name, Path(logs) / LAUNCHER_LOCK)  # seen by others only once held
+            yield logs
+
+
+def _remove_unless_held(folder: Path) -> None:
+    try:
+        with open(folder / LAUNCHER_LOCK) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(folder, ignore_errors=True)
+    except OSError:  # held (its launcher runs), not ours to open, or no lock (not a launcher's, or gone)
+        pass
 
 
 def failed_ranks(statuses: dict[int, int]) -> str:
