@@ -146,16 +146,19 @@ def from_bytes(data: bytes):
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def save_gathered(path: str | os.PathLike, state: dict, ranks) -> bool:
+def save_gathered(path: str | os.PathLike, state: dict, ranks, gathered=None) -> bool:
     """Every rank calls it at the same step with its own `state` (Checkpointer.state): rank 0 gathers
     each rank's loop, strategy and RNG state and writes the checkpoint; True on every rank once it is
-    on disk (the offsets may then be committed), False when rank 0 failed (it then raises).
+    on disk (the offsets may then be committed), False when rank 0 failed (it then raises). Rank 0
+    hands the parts (a list in rank order) to `gathered`, when given, before it writes them.
     Blocking collectives: call it in the loop's worker thread."""
     own = {"loop": state["loop"], "strategy": state["strategy"], "rng": state["rng"]}
     parts = ranks.gather_bytes(b"" if ranks.leader else to_bytes(own))
     failure = None
     if ranks.leader:
         every = [own] + [from_bytes(part) for part in parts[1:]]
+        if gathered is not None:
+            gathered(every)
         offsets = {}
         for part in every:
             offsets.update({f"{topic}:{partition}": offset
@@ -323,7 +326,7 @@ class Checkpointer:
 
     def _gathered(self, state: dict) -> asyncio.Future:
         """save_gathered queued in the loop's worker now, before the next step's collectives."""
-        return self.loop.submit(save_gathered, self.path, state, self.ranks)
+        return self.loop.submit(save_gathered, self.path, state, self.ranks, self.loop.checkpointed_parts)
 
     async def _commit_gathered(self, previous, state: dict, gathered: asyncio.Future) -> None:
         try:

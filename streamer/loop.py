@@ -91,6 +91,7 @@ class PrequentialLoop:
         self.last_loss = float("nan")  # the last recorded loss; stands in for a non-finite one
         self.records = 0  # records read: learned, carried over or dead-lettered
         self.dead_letters: Counter = Counter()  # reason -> records
+        self._failed_before = 0  # dead-letter sends that failed before the resume (the source counts its own)
         self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
@@ -104,8 +105,9 @@ class PrequentialLoop:
         # agreements keep coming
         self._others_waited_at: float | None = None
         self._others_waiting_since: float | None = None
-        # ranks: the other ranks' reports (records, lag, dead letters), on rank 0, as of the last gather
-        self._reports: list[dict] = []
+        # ranks: the other ranks' reports (rank -> records, lag, dead letters), on rank 0, as of the last
+        # gather (a report's, or a checkpoint's: checkpointed_parts)
+        self._reports: dict[int, dict] = {}
         self._reported_at = float("-inf")
         self._agreements_fresh_s = max(5.0, 10 * agree_every_s)
         self._queue_size = queue_size
@@ -181,7 +183,7 @@ class PrequentialLoop:
         """(records, lag, dead_letters) of the whole learner: this process's own and, on rank 0 of
         ranks, the other ranks' as of their last report (every `lag_every_s`, and at the stop)."""
         records, lag, dead_letters = self.records, dict(self.lag), Counter(self.dead_letters)
-        for report in self._reports:
+        for report in self._reports.values():
             records += report["records"]
             lag.update(report["lag"])
             dead_letters.update(report["dead_letters"])
@@ -395,10 +397,11 @@ class PrequentialLoop:
                                           has_batch or self.batcher.ready(), self.total_records,
                                           time.monotonic() - self._reported_at >= self.lag_every_s)
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
+            waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
                 self._others_waiting_since = None
-            elif self._others_waiting_since is None:
+            elif not waited or self._others_waiting_since is None:
                 self._others_waiting_since = time.time()
             if agreed.stop_reason is not None:
                 await self._read_lag(now=True)  # the last records taken, for the stop's report
@@ -419,7 +422,20 @@ class PrequentialLoop:
         parts = await self.in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
         self._reported_at = time.monotonic()
         if parts is not None:
-            self._reports = [_report_from(part) for rank, part in enumerate(parts) if rank != self.ranks.rank]
+            self._reports = {rank: _report_from(part) for rank, part in enumerate(parts) if rank != self.ranks.rank}
+
+    def checkpointed_parts(self, parts: list[dict]) -> None:
+        """Rank 0, from the worker thread that gathered a checkpoint's `parts` (every rank's, in rank order):
+        the other ranks' records and dead letters as that checkpoint holds them, their lag as last reported.
+        The checkpoint after the stop holds what the ranks read after the stop's report: the run's last
+        figures count it."""
+        def take() -> None:
+            for rank, part in enumerate(parts):
+                if rank != self.ranks.rank:
+                    state, lag = part["loop"], self._reports.get(rank, {}).get("lag", {})
+                    self._reports[rank] = {"records": state["records"], "lag": lag,
+                                           "dead_letters": dict(state.get("dead_letters", {}))}
+        self._event_loop.call_soon_threadsafe(take)
 
     async def _ready_or_stopped(self, wait_s: float) -> None:
         """Until this rank has a batch, a stop condition holds, or `wait_s` has passed (ranks: the end of
@@ -478,6 +494,7 @@ class PrequentialLoop:
         self.skipped, self.last_loss = state.get("skipped", 0), state.get("last_loss", float("nan"))
         self._stepped_loss = self.last_loss
         self.dead_letters = Counter(state.get("dead_letters", {}))
+        self._failed_before = self.dead_letters["dead_letter_failed"]
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
         self._queue = deque(_ready_from_plain(saved, self.batcher) for saved in state["waiting"])
@@ -528,8 +545,8 @@ class PrequentialLoop:
                     self.waiting_since = None
                     self._changed.set()
             failed = getattr(self.source, "dead_letter_failures", 0)
-            if failed:  # dead-letter sends that failed: counted, never raised
-                self.dead_letters["dead_letter_failed"] = failed
+            if failed:  # dead-letter sends that failed: counted, never raised (with those before a resume)
+                self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             if self._queue or self.records > read:
                 self.waiting_since = None

@@ -150,6 +150,22 @@ def test_stop_ends_the_loop_after_the_step_in_flight_and_dead_letters_survive_a_
     assert again.dead_letters == loop.dead_letters and again.step == 5
 
 
+def test_dead_letter_sends_that_failed_keep_counting_after_a_resume(stream):
+    """The source counts the sends that failed since it started; the loop adds those before the resume."""
+    records, _ = stream
+    first = MemorySource(records)
+    first.dead_letter_failures = 3
+    loop = PrequentialLoop(naive(), Batcher(2, 10), first, max_batches=2)
+    learn(loop)
+    assert loop.dead_letters["dead_letter_failed"] == 3
+    second = MemorySource(records, start=loop.state_dict()["offsets"][("t", 0)])
+    second.dead_letter_failures = 2
+    again = PrequentialLoop(naive(), Batcher(2, 10), second, max_batches=4)
+    again.load_state_dict(loop.state_dict())
+    learn(again)
+    assert again.dead_letters["dead_letter_failed"] == 5
+
+
 class LosingProbe(MemorySource):
     """A broker probe that loses the cancels landing in it, as Python 3.11's asyncio.wait_for does when its
     inner result arrives as the cancel lands (CPython gh-86296): the KafkaSource probe awaits one."""
@@ -509,7 +525,10 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
                 peer.stuck.set()
                 await asyncio.sleep(6)  # past the 5 s in which the last agreement's word holds
                 stuck = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since)
+                freed_at = time.time()
                 peer.freed.set()
+                await asyncio.sleep(0.5)  # agreements again, the other rank still without its batch
+                stuck += (loop.waiting_for_records_since - freed_at,)  # a wait anew, not the one before the hang
                 loop.stop()
                 return waiting, stuck
             stopping = asyncio.create_task(wait_then_stop())
@@ -518,12 +537,12 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
     started = time.time()
     results, (waiting, stuck) = asyncio.run(go())
     (queued, depth, waiting_since, (all_records, lag, dead_letters), reports), (queued_stuck, depth_stuck,
-                                                                              waiting_stuck) = waiting, stuck
+                                                                              waiting_stuck, anew) = waiting, stuck
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
     assert started < waiting_since < time.time()
     assert all_records == loop.records + 7 and lag == {0: len(records) - loop.records_batched - 1, 3: 5}
     assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1}
     assert reports >= 3  # the first agreement's, then every 0.3 s
-    assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None
+    assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None and 0 <= anew < 0.5
     assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
                                 "dead_letters": {"bad_utf8": 1}}  # the stop's

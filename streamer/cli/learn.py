@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import gc
 import json
 import logging
@@ -312,18 +311,23 @@ RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log fold
 @contextlib.contextmanager
 def _rank_logs():
     """A temporary folder for torchrun's logs, removed when the ranks end and held meanwhile (a flock on
-    its LAUNCHER_LOCK, which the kernel drops when the launcher dies). The folders of earlier launchers
-    killed (-9) before they could remove their own, which nobody holds, are removed first."""
+    its LAUNCHER_LOCK, which the kernel drops when the launcher dies; where the file system has no flock,
+    there is no lock and the folder is never swept). The folders of earlier launchers killed (-9) before
+    they could remove their own, which nobody holds, are removed first."""
+    import fcntl
+
     for folder in Path(tempfile.gettempdir()).glob(RANK_LOGS + "*"):
         _remove_unless_held(folder)
-    with tempfile.TemporaryDirectory(prefix=RANK_LOGS) as logs:
-        with open(Path(logs) / f"{LAUNCHER_LOCK}.new", "w") as lock:
+    with tempfile.TemporaryDirectory(prefix=RANK_LOGS) as logs, open(Path(logs) / f"{LAUNCHER_LOCK}.new", "w") as lock:
+        with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
             os.rename(lock.name, Path(logs) / LAUNCHER_LOCK)  # seen by others only once held
-            yield logs
+        yield logs
 
 
 def _remove_unless_held(folder: Path) -> None:
+    import fcntl
+
     try:
         with open(folder / LAUNCHER_LOCK) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
