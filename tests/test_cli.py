@@ -76,6 +76,18 @@ def test_help_and_a_user_error_load_neither_torch_nor_river_nor_scipy():
                                           "directory or a losses.jsonl file)\n")
 
 
+def test_the_strategies_listing_loads_torch_but_neither_river_nor_scipy():
+    """`streamer strategies` reads every strategy's signature (its classes: torch), but the drift
+    detectors' river and scipy (about a second on 2 cores) load only when a strategy builds one."""
+    code = ("import json, sys\nfrom streamer.cli import main\nstatus = main(['strategies'])\n"
+            "print(json.dumps([status, sorted({name.split('.')[0] for name in sys.modules} & set(sys.argv[1:]))]))")
+    result = subprocess.run([sys.executable, "-c", code, "torch", "river", "scipy"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [0, ["torch"]]
+    assert "ewc: " in result.stdout and "boundary" in result.stdout
+
+
 @pytest.mark.parametrize("module", ["streamer", "streamer.cli"])
 def test_python_dash_m_runs_the_command(module):
     result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from monitor.drift import detector_state, load_detector, make_detector
 from streamer.strategies.params import HyperparameterRepr
 
 __all__ = ["Boundaries", "parse_boundary"]
@@ -27,7 +26,7 @@ __all__ = ["Boundaries", "parse_boundary"]
 def parse_boundary(boundary: str) -> int | None:
     """The period N of "every:N", or None for a detector name (checked by make_detector)."""
     if not boundary.startswith("every:"):
-        make_detector(boundary)  # raises ValueError for an unknown name
+        _drift().make_detector(boundary)  # raises ValueError for an unknown name
         return None
     try:
         period = int(boundary.removeprefix("every:"))
@@ -47,7 +46,7 @@ class Boundaries(HyperparameterRepr):
     def __init__(self, boundary: str = "page-hinkley"):
         self.boundary = boundary
         self._period = parse_boundary(boundary)
-        self._detector = None if self._period is not None else make_detector(boundary)
+        self._detector = None if self._period is not None else _drift().make_detector(boundary)
         self._learned = 0
         self._found_at: list[int] = []
 
@@ -83,10 +82,19 @@ class Boundaries(HyperparameterRepr):
         return {
             "learned": self._learned,
             "found_at": list(self._found_at),
-            "detector": detector_state(self._detector),
+            "detector": _drift().detector_state(self._detector),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._learned = state["learned"]
         self._found_at = list(state["found_at"])
-        self._detector = load_detector(state["detector"])
+        self._detector = _drift().load_detector(state["detector"])
+
+
+def _drift():
+    """monitor.drift, imported on first use: river (and scipy with it) takes about a second to import,
+    which `streamer strategies` and the other commands that only read the strategies' signatures need
+    not pay."""
+    from monitor import drift
+
+    return drift
