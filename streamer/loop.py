@@ -115,6 +115,7 @@ class PrequentialLoop:
         self._changed = asyncio.Event()
         self._started = self._last_record = time.monotonic()
         self._worker: ThreadPoolExecutor | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # the one the loop runs on (__aenter__)
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._closing = False  # set on leaving the `async with`: the fetch and watch tasks' loops end
@@ -401,7 +402,7 @@ class PrequentialLoop:
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
                 self._others_waiting_since = None
-            elif not waited or self._others_waiting_since is None:
+            elif not waited:
                 self._others_waiting_since = time.time()
             if agreed.stop_reason is not None:
                 await self._read_lag(now=True)  # the last records taken, for the stop's report
@@ -428,14 +429,16 @@ class PrequentialLoop:
         """Rank 0, from the worker thread that gathered a checkpoint's `parts` (every rank's, in rank order):
         the other ranks' records and dead letters as that checkpoint holds them, their lag as last reported.
         The checkpoint after the stop holds what the ranks read after the stop's report: the run's last
-        figures count it."""
+        figures count it. Never raises (a checkpoint is not failed for a figure shown)."""
+        counts = {rank: (part["loop"]["records"], dict(part["loop"].get("dead_letters", {})))
+                  for rank, part in enumerate(parts) if rank != self.ranks.rank}  # not the parts' tensors
+
         def take() -> None:
-            for rank, part in enumerate(parts):
-                if rank != self.ranks.rank:
-                    state, lag = part["loop"], self._reports.get(rank, {}).get("lag", {})
-                    self._reports[rank] = {"records": state["records"], "lag": lag,
-                                           "dead_letters": dict(state.get("dead_letters", {}))}
-        self._event_loop.call_soon_threadsafe(take)
+            for rank, (records, dead_letters) in counts.items():
+                lag = self._reports.get(rank, {}).get("lag", {})
+                self._reports[rank] = {"records": records, "lag": lag, "dead_letters": dead_letters}
+        with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile: nobody left to show them
+            self._event_loop.call_soon_threadsafe(take)
 
     async def _ready_or_stopped(self, wait_s: float) -> None:
         """Until this rank has a batch, a stop condition holds, or `wait_s` has passed (ranks: the end of

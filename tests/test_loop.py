@@ -546,3 +546,42 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
     assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None and 0 <= anew < 0.5
     assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
                                 "dead_letters": {"bad_utf8": 1}}  # the stop's
+
+
+class LeaderOfTwo:
+    """Rank 0's side of a checkpoint's gather (streamer.checkpoint.save_gathered) with a rank 1 whose part
+    says it has read 99 records, one of them dead-lettered."""
+
+    leader, rank, world = True, 0, 2
+
+    def __init__(self):
+        self.said = []  # what all_true was told
+
+    def gather_bytes(self, data):
+        part = {"loop": {"records": 99, "dead_letters": {"bad_key": 1}, "offsets": {}}, "strategy": {}, "rng": {}}
+        return [data, checkpoint.to_bytes(part)]
+
+    def all_true(self, value):
+        self.said.append(value)
+        return value
+
+
+def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letters(tmp_path):
+    """The checkpoint after a stop holds what the other ranks read after the stop's report: rank 0 takes
+    their records and dead letters from its parts (their lag stays that of the last report), before the
+    write is awaited. After the loop has closed, the gather still ends with every rank told it is written."""
+    ranks = LeaderOfTwo()
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource([]), ranks=ranks)
+    loop._reports = {1: {"records": 5, "lag": {3: 7}, "dead_letters": {}}}  # the stop's report
+    state = {"loop": {"offsets": {}}, "strategy": {}, "rng": {}}
+
+    async def go():
+        async with loop:
+            written = await loop.submit(checkpoint.save_gathered, tmp_path / "a.pt", state, ranks,
+                                        loop.checkpointed_parts)
+            return written, loop.across_ranks()
+    written, (records, lag, dead_letters) = asyncio.run(go())
+    assert written and (records, lag, dead_letters) == (99, {0: 0, 3: 7}, {"bad_key": 1})  # (its own: none read)
+    assert checkpoint.save_gathered(tmp_path / "b.pt", state, ranks, loop.checkpointed_parts)  # no event loop left
+    assert ranks.said == [True, True] and (tmp_path / "b.pt").exists()
+

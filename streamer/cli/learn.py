@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import gc
 import json
 import logging
@@ -314,8 +315,6 @@ def _rank_logs():
     its LAUNCHER_LOCK, which the kernel drops when the launcher dies; where the file system has no flock,
     there is no lock and the folder is never swept). The folders of earlier launchers killed (-9) before
     they could remove their own, which nobody holds, are removed first."""
-    import fcntl
-
     for folder in Path(tempfile.gettempdir()).glob(RANK_LOGS + "*"):
         _remove_unless_held(folder)
     with tempfile.TemporaryDirectory(prefix=RANK_LOGS) as logs, open(Path(logs) / f"{LAUNCHER_LOCK}.new", "w") as lock:
@@ -326,8 +325,6 @@ def _rank_logs():
 
 
 def _remove_unless_held(folder: Path) -> None:
-    import fcntl
-
     try:
         with open(folder / LAUNCHER_LOCK) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

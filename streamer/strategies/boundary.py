@@ -82,13 +82,13 @@ class Boundaries(HyperparameterRepr):
         return {
             "learned": self._learned,
             "found_at": list(self._found_at),
-            "detector": _drift().detector_state(self._detector),
+            "detector": None if self._detector is None else _drift().detector_state(self._detector),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._learned = state["learned"]
         self._found_at = list(state["found_at"])
-        self._detector = _drift().load_detector(state["detector"])
+        self._detector = None if state["detector"] is None else _drift().load_detector(state["detector"])
 
 
 def _drift():
