@@ -581,7 +581,8 @@ def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letter
                                         loop.checkpointed_parts)
             return written, loop.across_ranks()
     written, (records, lag, dead_letters) = asyncio.run(go())
-    assert written and (records, lag, dead_letters) == (99, {0: 0, 3: 7}, {"bad_key": 1})  # (its own: none read)
+    # (its own: no records; its partition 0's lag, read or not yet read by now, is not rank 1's)
+    assert written and (records, lag.get(3), dead_letters) == (99, 7, {"bad_key": 1})
     assert checkpoint.save_gathered(tmp_path / "b.pt", state, ranks, loop.checkpointed_parts)  # no event loop left
     assert ranks.said == [True, True] and (tmp_path / "b.pt").exists()
 
