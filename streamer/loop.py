@@ -406,11 +406,11 @@ class PrequentialLoop:
                 self._others_waiting_since = time.time()
             if agreed.stop_reason is not None:
                 await self._read_lag(now=True)  # the last records taken, for the stop's report
-            if agreed.report or agreed.stop_reason is not None:
                 await self._report()
-            if agreed.stop_reason is not None:
                 self.stop_reason = self.stop_reason or agreed.stop_reason
                 return None
+            if agreed.report:
+                await self._report()
             if agreed.go:
                 self.checkpoint_agreed, self.waiting_since = agreed.checkpoint, None
                 return self._queue[0]
@@ -418,8 +418,7 @@ class PrequentialLoop:
     async def _report(self) -> None:
         """This rank's records, lag and dead letters to rank 0 (a gather in the worker thread, where every
         rank runs its collectives in the same order), kept there as the other ranks' reports."""
-        own = {"records": self.records, "lag": {str(partition): lag for partition, lag in self.lag.items()},
-               "dead_letters": dict(self.dead_letters)}
+        own = {"records": self.records, "lag": self.lag, "dead_letters": self.dead_letters}  # (JSON: keys as text)
         parts = await self.in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
         self._reported_at = time.monotonic()
         if parts is not None:
@@ -430,7 +429,7 @@ class PrequentialLoop:
         the other ranks' records and dead letters as that checkpoint holds them, their lag as last reported.
         The checkpoint after the stop holds what the ranks read after the stop's report: the run's last
         figures count it. Never raises (a checkpoint is not failed for a figure shown)."""
-        counts = {rank: (part["loop"]["records"], dict(part["loop"].get("dead_letters", {})))
+        counts = {rank: (part["loop"]["records"], dict(part["loop"]["dead_letters"]))
                   for rank, part in enumerate(parts) if rank != self.ranks.rank}  # not the parts' tensors
 
         def take() -> None:
