@@ -342,12 +342,24 @@ def test_one_hosts_agent_killed_ends_the_other_host_at_once_and_the_two_commands
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 
+# `streamer` that says which threads still run when its main returns, all left to the interpreter's exit
+STREAMER_SAYING_ITS_THREADS = [
+    sys.executable, "-c", "import sys, threading; from streamer.cli.main import main; status = main(sys.argv[1:]); "
+    "print('threads left:', sorted(t.name for t in threading.enumerate()), flush=True); sys.exit(status)"]
+
+
 def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
+    """The launcher ends 143 with no thread of torchrun's left to its interpreter's exit: there, the
+    heartbeat thread of the rendezvous that the agent leaves unclosed on a signal, caught mid-call,
+    aborted it once (SIGABRT)."""
     root, manifest = stream
     run_dir = root / "resumed"
-    command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")]
-    status, output = interrupted(command, root, run_dir, lambda process: process.send_signal(signal.SIGTERM))
+    flags = learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")
+    status, output = interrupted([*STREAMER_SAYING_ITS_THREADS, *flags], root, run_dir,
+                                 lambda process: process.send_signal(signal.SIGTERM))
     assert status == 128 + signal.SIGTERM, output[-3000:]  # the agent passed it to both ranks
+    assert "threads left: ['MainThread']" in output, output[-3000:]
+    command = [*STREAMER, *flags]
     saved = checkpoint.load(run_dir / "checkpoint.pt")
     step = saved["step"]
     assert BATCHES // 3 <= step < BATCHES, step

@@ -297,13 +297,21 @@ def _launch(args) -> int:
         # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
         # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
         # the ranks SIGTERM): seen once in a full suite, status 1 and a traceback instead of 143
-        signalled = caused_by(exc, SignalException)
-        if signalled is None:
+        sigval = getattr(caused_by(exc, SignalException), "sigval", None)
+        if sigval is None:
             raise
-        print(f"streamer learn: {signal.Signals(signalled.sigval).name}: the ranks stopped (see their lines above)",
-              file=sys.stderr, flush=True)
-        return 128 + signalled.sigval
-    return 0
+    else:
+        return 0
+    # Stopped by a signal, the agent leaves its rendezvous unclosed, with a daemon thread that sends the
+    # store a heartbeat every 5 s until the rendezvous is freed. Left to the interpreter's exit, a
+    # heartbeat in flight there (the GIL released inside the store's C++) ended the launcher with
+    # "terminate called without an active exception" and SIGABRT instead of 143 (once in CI): the
+    # exception, kept in a local, held the agent's frames and so the rendezvous. Nothing here keeps it
+    # now, and a collection frees any cycle: the rendezvous joins that thread while the interpreter is whole.
+    gc.collect()
+    print(f"streamer learn: {signal.Signals(sigval).name}: the ranks stopped (see their lines above)",
+          file=sys.stderr, flush=True)
+    return 128 + sigval
 
 
 RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log folders (prefix), their lock
