@@ -342,9 +342,11 @@ def test_one_hosts_agent_killed_ends_the_other_host_at_once_and_the_two_commands
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 
-# `streamer` that says which threads still run when its main returns, all left to the interpreter's exit
+# `streamer` that says which threads still run when its main returns, all left to the interpreter's exit;
+# its flags reach main as its argv alone (sys.argv emptied): the ranks run the command main was given
 STREAMER_SAYING_ITS_THREADS = [
-    sys.executable, "-c", "import sys, threading; from streamer.cli.main import main; status = main(sys.argv[1:]); "
+    sys.executable, "-c", "import sys, threading; from streamer.cli.main import main; argv = sys.argv[1:]; "
+    "del sys.argv[1:]; status = main(argv); "
     "print('threads left:', sorted(t.name for t in threading.enumerate()), flush=True); sys.exit(status)"]
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from streamer.cli.configs import learn_config, say, silent
@@ -49,7 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--streams", type=positive_int,
                    help=f"b: parallel streams (default: the manifest's, else {default_of(LearnConfig, 'streams')})")
     p.add_argument("--window", type=positive_int,
-                   help=f"w: tokens (bytes) per window (default: the manifest's, else {default_of(LearnConfig, 'window')})")
+                   help="w: tokens (bytes) per window (default: the manifest's, else "
+                        f"{default_of(LearnConfig, 'window')})")
     p.add_argument("--seed", type=int, default=default_of(LearnConfig, "seed"),
                    help="seed of the model and the strategy (default %(default)s)")
     p.add_argument("--idle-timeout", type=positive_float,
@@ -267,7 +269,7 @@ def _launch(args) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    command, split, threads = _without_nproc(sys.argv[1:]), "", args.threads
+    command, split, threads = _without_nproc(args.argv), "", args.threads
     if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank, unpinned
         cpus = available_cpus()
         threads = rank_threads(cpus, args.nproc)
@@ -302,16 +304,34 @@ def _launch(args) -> int:
             raise
     else:
         return 0
-    # Stopped by a signal, the agent leaves its rendezvous unclosed, with a daemon thread that sends the
-    # store a heartbeat every 5 s until the rendezvous is freed. Left to the interpreter's exit, a
-    # heartbeat in flight there (the GIL released inside the store's C++) ended the launcher with
-    # "terminate called without an active exception" and SIGABRT instead of 143 (once in CI): the
-    # exception, kept in a local, held the agent's frames and so the rendezvous. Nothing here keeps it
-    # now, and a collection frees any cycle: the rendezvous joins that thread while the interpreter is whole.
-    gc.collect()
+    finally:  # the agent's handlers outlive it: a signal from here on would raise its exception, uncaught
+        _default_signal_handlers()
+    _end_the_rendezvous()
     print(f"streamer learn: {signal.Signals(sigval).name}: the ranks stopped (see their lines above)",
           file=sys.stderr, flush=True)
     return 128 + sigval
+
+
+def _default_signal_handlers() -> None:
+    """SIGINT raises KeyboardInterrupt again, and SIGTERM, SIGHUP and SIGQUIT end the launcher, in place of
+    the handlers torchrun's agent installed for them (each raises its SignalException) and leaves behind."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _end_the_rendezvous() -> None:
+    """Stopped by a bare signal, the agent leaves its rendezvous unclosed, with a daemon thread that sends
+    the store a heartbeat every 5 s until the rendezvous is freed. Left to the interpreter's exit, a
+    heartbeat in flight there (the GIL released inside the store's C++) ended the launcher with
+    "terminate called without an active exception" and SIGABRT instead of 143 (once in CI): the
+    exception, then kept in a local, held the agent's frames and so the rendezvous. Nothing keeps it
+    now: a collection frees any cycle, and freeing it joins that thread, unless a heartbeat in flight
+    held the last reference, in which case the thread ends on its own just after; it is waited for."""
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name.startswith("RendezvousKeepAliveTimer") and thread is not threading.current_thread():
+            thread.join(10)
 
 
 RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log folders (prefix), their lock

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if started_by_torchrun_agent():  # a rank: it ends with its agent (whose death left it running)
         stop_with_the_agent(agent_pid())
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given: --nproc's ranks run it
     launcher = args.command == "learn" and learn.launches_ranks(args)  # each rank decides its threads and spins
     if args.command == "learn" and (pinned := learn.pin_rank(args)):  # a rank's share of the CPUs, before the policy
         print(pinned, flush=True)
