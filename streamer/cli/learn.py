@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from streamer.cli.configs import learn_config, say, silent
@@ -289,6 +290,7 @@ def _launch(args) -> int:
           f"{' '.join(command)}){split}", flush=True)
     for agent in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
         logging.getLogger(agent).addFilter(_said_by_the_launcher)
+    handlers = {number: signal.getsignal(number) for number in AGENT_SIGNALS}
     try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
         with _rank_logs() as logs:
             torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
@@ -305,33 +307,41 @@ def _launch(args) -> int:
     else:
         return 0
     finally:  # the agent's handlers outlive it: a signal from here on would raise its exception, uncaught
-        _default_signal_handlers()
+        _handlers_back(handlers)
+    ctrl_c = signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second one ends the launcher at once, not the wait
     _end_the_rendezvous()
+    signal.signal(signal.SIGINT, ctrl_c)
     print(f"streamer learn: {signal.Signals(sigval).name}: the ranks stopped (see their lines above)",
           file=sys.stderr, flush=True)
     return 128 + sigval
 
 
-def _default_signal_handlers() -> None:
-    """SIGINT raises KeyboardInterrupt again, and SIGTERM, SIGHUP and SIGQUIT end the launcher, in place of
-    the handlers torchrun's agent installed for them (each raises its SignalException) and leaves behind."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(number, signal.SIG_DFL)
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # torchrun's agent's (by default)
 
 
-def _end_the_rendezvous() -> None:
+def _handlers_back(handlers: dict) -> None:
+    """In place of the handlers torchrun's agent installed for AGENT_SIGNALS (each raises its
+    SignalException) and leaves behind: those before it (SIGHUP ignored under nohup stays so), except
+    SIGTERM's, which said that nothing was learned yet: a SIGTERM now ends the launcher at once."""
+    for number, handler in handlers.items():
+        signal.signal(number, signal.SIG_DFL if number == signal.SIGTERM else handler)
+
+
+def _end_the_rendezvous(wait_s: float = 10.0) -> None:
     """Stopped by a bare signal, the agent leaves its rendezvous unclosed, with a daemon thread that sends
     the store a heartbeat every 5 s until the rendezvous is freed. Left to the interpreter's exit, a
     heartbeat in flight there (the GIL released inside the store's C++) ended the launcher with
     "terminate called without an active exception" and SIGABRT instead of 143 (once in CI): the
     exception, then kept in a local, held the agent's frames and so the rendezvous. Nothing keeps it
-    now: a collection frees any cycle, and freeing it joins that thread, unless a heartbeat in flight
-    held the last reference, in which case the thread ends on its own just after; it is waited for."""
-    gc.collect()
-    for thread in threading.enumerate():
-        if thread.name.startswith("RendezvousKeepAliveTimer") and thread is not threading.current_thread():
-            thread.join(10)
+    now; freed (by a collection, where it sits in a cycle), it stops and joins that thread. A heartbeat
+    in flight holds it meanwhile: it is then freed in that thread as the heartbeat ends (which ends the
+    thread), or, in a cycle, outlives the collection. So: collect, wait half a second, again, up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    heartbeats = [thread for thread in threading.enumerate() if thread.name.startswith("RendezvousKeepAliveTimer")]
+    for thread in heartbeats:
+        while thread.is_alive() and time.monotonic() < deadline:
+            gc.collect()
+            thread.join(0.5)
 
 
 RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log folders (prefix), their lock
