@@ -120,6 +120,7 @@ class Batcher:
         self._buffers = [_Stream(bytearray() if self._bytes else []) for _ in range(streams)]
         self._short = streams  # rows holding fewer than window + 1 tokens (ready() is asked after every record)
         self.offsets = OffsetTracker()
+        self._carried: dict = {}  # partition -> the rows whose records it has carried (since this start)
 
     def _row(self, stream: str) -> int | None:
         """Stream id first_stream + n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an
@@ -149,10 +150,22 @@ class Batcher:
         handle = None if tp is None else (tp, offset)
         if handle is not None:
             self.offsets.seen(tp, offset)
+            self._carried.setdefault(tp, set()).add(row)
         buf.spans.append((buf.base + len(buf.data), record.truth, handle))
 
     def ready(self) -> bool:
         return not self._short and len(self._rows) == self.streams
+
+    def ahead(self, windows: int) -> set:
+        """The partitions not worth reading now: while the next batch waits for a stream that is short
+        (a window or less, or not seen yet), those that have carried records (since this start) only of
+        streams holding `windows` windows or more. Without it a backlog's partitions were read whole, one
+        after another, into their streams' buffers (and the checkpoint) before the first batch could be
+        cut (aiokafka returns one partition's records, then the next's). None while a batch can be cut."""
+        if not any(len(buf.data) <= self.window for buf in self._buffers):
+            return set()
+        full = {row for row, buf in enumerate(self._buffers) if len(buf.data) >= windows * self.window}
+        return {tp for tp, rows in self._carried.items() if rows <= full}
 
     def _count_short(self) -> None:
         self._short = sum(len(b.data) <= self.window for b in self._buffers)

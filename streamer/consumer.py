@@ -303,12 +303,27 @@ class KafkaSource:
             self._answering = True
         return self._answering
 
+    def hold(self, partitions: set) -> set:
+        """Fetch nothing from `partitions` ((topic, partition) pairs) until the next call, and from every
+        other assigned partition again (aiokafka's pause and resume: the positions stay where they are).
+        Returns those held (the assigned ones among them)."""
+        if self._consumer is None:
+            return set()
+        held = {tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) in partitions}
+        paused = self._consumer.paused()
+        if held - paused:
+            self._consumer.pause(*(held - paused))
+        if paused - held:
+            self._consumer.resume(*(paused - held))
+        return held
+
     async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
         before = await self._positions()
         self._taking_from = before  # until every record this fetch returns has been taken (lag())
         try:
             batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=self.max_records)
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
+            self.hold(set())  # it reads each partition on its own, held ones too
             async for fetched in self._step_past_unreadable(before, exc):
                 yield fetched
             self._taking_from = None

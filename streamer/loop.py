@@ -75,7 +75,7 @@ class PrequentialLoop:
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
-                 lag_every_s: float = 1.0):
+                 lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -94,6 +94,10 @@ class PrequentialLoop:
         self._failed_before = 0  # dead-letter sends that failed before the resume (the source counts its own)
         self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
+        # a partition far ahead (its streams hold ahead_windows windows, a batch waits for another's) is not
+        # read meanwhile, unless the fetches found nothing for hold_quiet_s (records of a stream on a new partition)
+        self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s
+        self._quiet_since: float | None = None
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
@@ -526,8 +530,11 @@ class PrequentialLoop:
     async def _fetch(self) -> None:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
         batcher = self.batcher
+        hold = getattr(self.source, "hold", None)  # a Kafka source; an in-memory one has all it will have
         while not self._closing:
-            read = self.records
+            read, held = self.records, set()
+            if hold is not None:  # a held partition may have records: not caught up while one is held
+                held = hold(self._partitions_ahead())
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
                 self.records += 1
@@ -550,11 +557,23 @@ class PrequentialLoop:
             if failed:  # dead-letter sends that failed: counted, never raised (with those before a resume)
                 self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
+            if self.records > read:
+                self._quiet_since = None
+            elif self._quiet_since is None:
+                self._quiet_since = time.monotonic()
             if self._queue or self.records > read:
                 self.waiting_since = None
-            elif self.waiting_since is None:  # caught up: nothing to learn, nothing arrived
+            elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    def _partitions_ahead(self) -> set:
+        """The partitions to leave unread for the next fetch (Batcher.ahead): none once the fetches have
+        found nothing for `hold_quiet_s`, so that a stream whose records come on a partition held for
+        its other streams (the topic's partitions were added to) is not waited for forever."""
+        if self._quiet_since is not None and time.monotonic() - self._quiet_since >= self.hold_quiet_s:
+            return set()
+        return self.batcher.ahead(self.ahead_windows)
 
     async def _room(self) -> None:
         """With the queue full: wait until the worker has taken it down to `_refill_at` batches, which
