@@ -159,12 +159,14 @@ class Batcher:
     def ahead(self, windows: int) -> set:
         """The partitions not worth reading now: while the next batch waits for a stream that is short
         (a window or less, or not seen yet), those that have carried records (since this start) only of
-        streams holding `windows` windows or more. Without it a backlog's partitions were read whole, one
-        after another, into their streams' buffers (and the checkpoint) before the first batch could be
-        cut (aiokafka returns one partition's records, then the next's). None while a batch can be cut."""
+        streams holding more than `windows` windows (at least 1: a short stream is never one of them).
+        Without it a backlog's partitions were read whole, one after another, into their streams'
+        buffers (and the checkpoint) before the first batch could be cut (aiokafka returns one
+        partition's records, then the next's). None while a batch can be cut."""
         if not any(len(buf.data) <= self.window for buf in self._buffers):
             return set()
-        full = {row for row, buf in enumerate(self._buffers) if len(buf.data) >= windows * self.window}
+        enough = max(windows, 1) * self.window
+        full = {row for row, buf in enumerate(self._buffers) if len(buf.data) > enough}
         return {tp for tp, rows in self._carried.items() if rows <= full}
 
     def _count_short(self) -> None:

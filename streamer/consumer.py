@@ -306,10 +306,14 @@ class KafkaSource:
     def hold(self, partitions: set) -> set:
         """Fetch nothing from `partitions` ((topic, partition) pairs) until the next call, and from every
         other assigned partition again (aiokafka's pause and resume: the positions stay where they are).
-        Returns those held (the assigned ones among them)."""
+        Returns those held (the assigned ones among them): none where that would be every one (a stream
+        not seen yet has its records on one of them, and nothing else would be read)."""
         if self._consumer is None:
             return set()
-        held = {tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) in partitions}
+        assigned = self._consumer.assignment()
+        held = {tp for tp in assigned if (tp.topic, tp.partition) in partitions}
+        if held == assigned:
+            held = set()
         paused = self._consumer.paused()
         if held - paused:
             self._consumer.pause(*(held - paused))

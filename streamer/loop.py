@@ -95,9 +95,10 @@ class PrequentialLoop:
         self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
         # a partition far ahead (its streams hold ahead_windows windows, a batch waits for another's) is not
-        # read meanwhile, unless the fetches found nothing for hold_quiet_s (records of a stream on a new partition)
-        self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s
-        self._quiet_since: float | None = None
+        # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
+        # others' in a held partition): then every partition is read until the next batch is cut
+        self.ahead_windows, self.hold_quiet_s = max(1, ahead_windows), hold_quiet_s
+        self._cut_at = time.monotonic()  # when the last batch was cut (or the loop was made)
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
@@ -551,16 +552,13 @@ class PrequentialLoop:
                     if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
                         await self._room()
                     self._queue.append(batcher.pop())
+                    self._cut_at = time.monotonic()
                     self.waiting_since = None
                     self._changed.set()
             failed = getattr(self.source, "dead_letter_failures", 0)
             if failed:  # dead-letter sends that failed: counted, never raised (with those before a resume)
                 self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
-            if self.records > read:
-                self._quiet_since = None
-            elif self._quiet_since is None:
-                self._quiet_since = time.monotonic()
             if self._queue or self.records > read:
                 self.waiting_since = None
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
@@ -568,10 +566,11 @@ class PrequentialLoop:
             self._changed.set()  # a fetch ended: stop conditions may hold now
 
     def _partitions_ahead(self) -> set:
-        """The partitions to leave unread for the next fetch (Batcher.ahead): none once the fetches have
-        found nothing for `hold_quiet_s`, so that a stream whose records come on a partition held for
-        its other streams (the topic's partitions were added to) is not waited for forever."""
-        if self._quiet_since is not None and time.monotonic() - self._quiet_since >= self.hold_quiet_s:
+        """The partitions to leave unread for the next fetch (Batcher.ahead): none once no batch has been
+        cut for `hold_quiet_s`, until the next one is, so that a short stream whose records are behind
+        another's in a held partition (fewer partitions than streams, a stream that starts late, records
+        of a stream moved to another partition) is read at full speed, as before there were holds."""
+        if time.monotonic() - self._cut_at >= self.hold_quiet_s:
             return set()
         return self.batcher.ahead(self.ahead_windows)
 

@@ -152,14 +152,15 @@ def test_ahead_names_the_partitions_whose_streams_hold_enough_while_a_batch_wait
     a, b, c = ("t", 0), ("t", 1), ("t", 2)
     assert batcher.ahead(2) == set()  # nothing carried yet
     batcher.add(Record("0", "x" * 20), a, 0)  # 20 tokens: 5 windows
-    batcher.add(Record("1", "y" * 8), b, 0)  # 8 tokens: 2 windows
-    assert batcher.ahead(2) == {a, b}  # stream 2 not seen: both hold 2 windows or more
-    assert batcher.ahead(3) == {a}  # b's stream holds under 3 windows
-    assert batcher.ahead(6) == set()
+    batcher.add(Record("1", "y" * 12), b, 0)  # 12 tokens: 3 windows
+    assert batcher.ahead(2) == {a, b}  # stream 2 not seen: both hold more than 2 windows
+    assert batcher.ahead(3) == {a}  # b's stream holds 3 windows, not more
+    assert batcher.ahead(5) == set()
     batcher.add(Record("2", "zzz"), c, 0)  # 3 tokens: short still
     assert batcher.ahead(2) == {a, b}  # c carries the short stream: read on
     batcher.add(Record("2", "zz"), a, 1)  # a carries the short stream too now
     assert batcher.ahead(2) == set()  # 5 tokens in stream 2: a batch can be cut, nothing held
-    batcher.pop()  # 16, 4 and 1 tokens left (a window takes 4; its last token stays, the next one's first input)
-    assert batcher.ahead(2) == set()  # a carries stream 2, short again; b's stream holds under 2 windows
-    assert batcher.ahead(1) == {b}  # its stream's 4 tokens: 1 window
+    batcher.pop()  # 16, 8 and 1 tokens left (a window takes 4; its last token stays, the next one's first input)
+    assert batcher.ahead(1) == {b}  # a carries stream 2, short again; b's stream holds 2 windows
+    assert batcher.ahead(2) == set()
+    assert batcher.ahead(0) == batcher.ahead(1)  # at least one window: a short stream never counts as full
