@@ -132,6 +132,10 @@ class UtteranceBatcher:
     def ready(self) -> bool:
         return len(self._pending) >= self.rows
 
+    def ahead(self, windows: int) -> set:
+        """No partition is ahead (Batcher.ahead): any stream's utterances make a batch, none waits for one."""
+        return set()
+
     def pop(self) -> ReadyBatch:
         """The next b utterances as one batch; call only when `ready()`."""
         items = [self._pending.popleft() for _ in range(self.rows)]

@@ -544,6 +544,32 @@ def test_a_ranks_lines_are_labelled_at_each_line_start_across_writes():
     assert labelled.getvalue() == out.getvalue()  # all else is the stream's
 
 
+def test_a_ranks_lines_reach_the_shared_stream_whole_in_one_write():
+    """print writes its text, then the newline: on the launcher's unbuffered stderr two ranks' lines ran
+    into one. A line goes out in one write, once it ends (or at a flush)."""
+    from streamer.cli.rank_process import Labelled
+
+    class Writes(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def write(self, text):
+            self.calls.append(text)
+            return super().write(text)
+
+    for label in ("rank 1: ", ""):  # rank 0's lines too, unlabelled
+        out = Writes()
+        labelled = Labelled(out, label)
+        print("streamer learn: error: cannot reach Kafka", file=labelled)
+        assert out.calls == [f"{label}streamer learn: error: cannot reach Kafka\n"]
+        labelled.write("half a line")
+        assert out.calls[1:] == []  # not yet
+        labelled.flush()
+        labelled.write(", the rest\n")
+        assert out.calls[1:] == [f"{label}half a line", ", the rest\n"]  # one label a line
+
+
 def test_a_rank_owns_its_streams_and_their_partitions():
     ranks = [Ranks(rank, 2, None) for rank in range(2)]
     assert [r.first_stream(10) for r in ranks] == [0, 5]

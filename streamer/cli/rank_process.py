@@ -30,12 +30,30 @@ __all__ = ["Labelled", "label_rank_lines", "stop_with_the_agent"]
 
 
 class Labelled:
-    """A text stream that writes `label` at the start of each line to `stream`; all else is the stream's."""
+    """A text stream that writes to `stream` whole lines, each starting with `label`, in one write a call
+    (the text after a call's last line end waits for the next call, or for flush); all else is the
+    stream's. The ranks share the launcher's stderr, which Python leaves unbuffered when it is not a
+    terminal: print's text and its newline were two writes, and two ranks' lines ran into one
+    ("...--broker-timeout)rank 1: streamer learn: ...", then an empty line)."""
 
     def __init__(self, stream: TextIO, label: str):
-        self._stream, self._label, self._line_start = stream, label, True
+        self._stream, self._label, self._line_start, self._pending = stream, label, True, ""
 
     def write(self, text: str) -> int:
+        self._pending += text
+        end = max(self._pending.rfind("\n"), self._pending.rfind("\r")) + 1
+        if end:
+            self._write(self._pending[:end])
+            self._pending = self._pending[end:]
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._write(self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def _write(self, text: str) -> None:
         pieces = []
         for piece in text.splitlines(keepends=True):
             if self._line_start:
@@ -43,18 +61,18 @@ class Labelled:
             pieces.append(piece)
             self._line_start = piece.endswith(("\n", "\r"))
         self._stream.write("".join(pieces))
-        return len(text)
 
-    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
         return getattr(self._stream, name)
 
 
 def label_rank_lines(rank: int | None) -> None:
-    """Label this process's stdout and stderr with ``rank r: `` when it is a rank other than 0 (`rank`:
-    torchrun's RANK, None outside torchrun)."""
-    if rank:
-        sys.stdout = Labelled(sys.stdout, f"rank {rank}: ")
-        sys.stderr = Labelled(sys.stderr, f"rank {rank}: ")
+    """Under torchrun (`rank`: its RANK; None outside it), this process's stdout and stderr write whole
+    lines, those of a rank other than 0 each starting with ``rank r: ``."""
+    if rank is not None:
+        label = f"rank {rank}: " if rank else ""
+        sys.stdout = Labelled(sys.stdout, label)
+        sys.stderr = Labelled(sys.stderr, label)
 
 
 def stop_with_the_agent(agent: int | None) -> None:
