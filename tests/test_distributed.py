@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -568,6 +569,32 @@ def test_a_ranks_lines_reach_the_shared_stream_whole_in_one_write():
         labelled.flush()
         labelled.write(", the rest\n")
         assert out.calls[1:] == [f"{label}half a line", ", the rest\n"]  # one label a line
+
+
+def test_what_several_threads_write_to_a_ranks_stream_is_written_once_each_with_a_label_at_each_line_start():
+    """(print's text and its newline are two writes: threads' pieces may share a line, as on any stream.)"""
+    from streamer.cli.rank_process import Labelled
+
+    class Slow(io.StringIO):  # gives the other threads the GIL inside each write
+        def write(self, text):
+            time.sleep(0.0001)
+            return super().write(text)
+
+    out = Slow()
+    labelled = Labelled(out, "rank 1: ")
+
+    def say(who: str) -> None:
+        for n in range(200):
+            print(f"<{who}{n}>", file=labelled)
+    threads = [threading.Thread(target=say, args=(who,)) for who in "abc"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 600 and all(line.startswith("rank 1: ") for line in lines)
+    said = re.findall(r"<[abc]\d+>", out.getvalue())
+    assert sorted(said) == sorted(f"<{who}{n}>" for who in "abc" for n in range(200))  # none twice, none lost
 
 
 def test_a_rank_owns_its_streams_and_their_partitions():

@@ -80,7 +80,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     environment = torchrun_environment()
-    label_rank_lines(environment and environment[0])  # a rank other than 0: its lines start `rank r: `
+    label_rank_lines(environment and environment[0])  # a rank's lines go out whole, `rank r: ` first but on rank 0
     if started_by_torchrun_agent():  # a rank: it ends with its agent (whose death left it running)
         stop_with_the_agent(agent_pid())
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from typing import TextIO
 
 from streamer.broker import signal_on_parent_death
@@ -32,35 +33,44 @@ __all__ = ["Labelled", "label_rank_lines", "stop_with_the_agent"]
 class Labelled:
     """A text stream that writes to `stream` whole lines, each starting with `label`, in one write a call
     (the text after a call's last line end waits for the next call, or for flush); all else is the
-    stream's. The ranks share the launcher's stderr, which Python leaves unbuffered when it is not a
-    terminal: print's text and its newline were two writes, and two ranks' lines ran into one
-    ("...--broker-timeout)rank 1: streamer learn: ...", then an empty line)."""
+    stream's. The ranks share the launcher's stderr, unbuffered under PYTHONUNBUFFERED (which the
+    Dockerfile and the tests set): print's text and its newline were two writes, and two ranks' lines
+    ran into one ("...--broker-timeout)rank 1: streamer learn: ...", then an empty line). Threads (a
+    warning from the step's worker) and a signal handler's line write to it too: its state changes
+    under a lock, before the write, so nothing is written twice or dropped."""
 
     def __init__(self, stream: TextIO, label: str):
         self._stream, self._label, self._line_start, self._pending = stream, label, True, ""
+        self._lock = threading.RLock()
 
     def write(self, text: str) -> int:
-        self._pending += text
-        end = max(self._pending.rfind("\n"), self._pending.rfind("\r")) + 1
-        if end:
-            self._write(self._pending[:end])
-            self._pending = self._pending[end:]
+        with self._lock:
+            pending = self._pending + text
+            end = max(pending.rfind("\n"), pending.rfind("\r")) + 1
+            self._pending = pending[end:]
+            if end:
+                self._stream.write(self._labelled(pending[:end]))
         return len(text)
 
-    def flush(self) -> None:
-        if self._pending:
-            self._write(self._pending)
-            self._pending = ""
-        self._stream.flush()
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
 
-    def _write(self, text: str) -> None:
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, ""
+            if pending:
+                self._stream.write(self._labelled(pending))
+            self._stream.flush()
+
+    def _labelled(self, text: str) -> str:
         pieces = []
         for piece in text.splitlines(keepends=True):
             if self._line_start:
                 pieces.append(self._label)
             pieces.append(piece)
             self._line_start = piece.endswith(("\n", "\r"))
-        self._stream.write("".join(pieces))
+        return "".join(pieces)
 
     def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
         return getattr(self._stream, name)
