@@ -163,7 +163,7 @@ class Batcher:
         Without it a backlog's partitions were read whole, one after another, into their streams'
         buffers (and the checkpoint) before the first batch could be cut (aiokafka returns one
         partition's records, then the next's). None while a batch can be cut."""
-        if not any(len(buf.data) <= self.window for buf in self._buffers):
+        if self.ready():
             return set()
         enough = max(windows, 1) * self.window
         full = {row for row, buf in enumerate(self._buffers) if len(buf.data) > enough}

@@ -311,7 +311,7 @@ class KafkaSource:
         if self._consumer is None:
             return set()
         assigned = self._consumer.assignment()
-        held = {tp for tp in assigned if (tp.topic, tp.partition) in partitions}
+        held = {tp for tp in assigned if tp in partitions}  # (a TopicPartition equals its plain pair)
         if held == assigned:
             held = set()
         paused = self._consumer.paused()
