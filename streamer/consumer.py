@@ -442,12 +442,14 @@ class KafkaSource:
         max_records at once, and the learner takes them one by one, waiting while its queue is full;
         the position is already past them all): beyond `taken`'s next offset ({(topic, partition):
         offset}, the learner's batcher's) or, for a partition none of whose records is taken yet,
-        beyond its position before that fetch."""
+        beyond its position before that fetch. A held partition (hold()) is not fetched, so its end is
+        asked of the broker (a ListOffsets request): records written while it is held count at once."""
         lags = {}
         if self._consumer is None:
             return lags
+        ends = await self._held_ends()
         for tp in self._consumer.assignment():
-            highwater = self._consumer.highwater(tp)
+            highwater = ends.get(tp, self._consumer.highwater(tp))
             if highwater is None:
                 continue
             following = None
@@ -461,6 +463,17 @@ class KafkaSource:
                     continue
             lags[tp.partition] = max(0, highwater - following)
         return lags
+
+    async def _held_ends(self) -> dict:
+        """{TopicPartition: the log's end} of the held partitions; {} where there are none, or where the
+        broker does not answer (their last fetch's end stands)."""
+        held = self._consumer.paused() & self._consumer.assignment()
+        if not held:
+            return {}
+        try:
+            return await self._consumer.end_offsets(list(held))
+        except (KafkaError, asyncio.TimeoutError):
+            return {}
 
 
 def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict) -> None:

@@ -133,7 +133,7 @@ def test_a_backlog_shows_its_lag_falling_while_the_fetch_side_waits_for_room(bro
 
 
 class TransactionLog:
-    """The three calls of aiokafka's consumer that KafkaSource.fetch and lag make, over one partition
+    """The calls of aiokafka's consumer that KafkaSource.fetch and lag make, over one partition
     holding a transaction's records 0-4 and its commit marker at offset 5, as aiokafka's fetcher serves
     it: getmany returns the 5 records and moves the position past the marker to 6, the log's end. (The
     embedded broker refuses transactional producers: UnknownError on the first send.)"""
@@ -146,6 +146,9 @@ class TransactionLog:
 
     def assignment(self):
         return {self.tp}
+
+    def paused(self):
+        return set()
 
     def highwater(self, tp):
         return 6
@@ -259,3 +262,35 @@ def test_a_backlogs_partitions_are_read_side_by_side_not_each_whole_in_turn(brok
     log = read_loss_log(summary.run_dir / "losses.jsonl")
     expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 4, 10)[:60])]
     assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_held_partitions_lag_counts_the_records_written_while_it_is_held(broker):
+    """A held partition is not fetched, so the end its last fetch saw grows old: a daemon that holds one
+    while a backlog on another is learned said its lag was what it had been when the hold began. Its end
+    is asked of the broker while it is held."""
+    records = [Record(str(i % 2), f"record {i}") for i in range(40)]
+    asyncio.run(produce(records, broker.bootstrap_servers, "held-lag", partitions=2))
+
+    async def lags():
+        source = KafkaSource(broker.bootstrap_servers, "held-lag", "held-lag-g", partitions=[0, 1],
+                             dead_letter=False, log=lambda line: None)
+        source.seek_on_assign(dict)
+        await source.start()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+        await producer.start()
+        try:
+            taken = {}
+            while sum(taken.values()) < 40:
+                async for fetched in source.fetch():
+                    taken[fetched.tp] = fetched.offset + 1
+            before = await source.lag(taken)
+            assert source.hold({("held-lag", 0)}) == {("held-lag", 0)}
+            for i in range(7):
+                key, value, headers = encode(Record("0", f"written while held {i}"))
+                await producer.send_and_wait("held-lag", value, key=key, headers=headers, partition=0)
+            return before, await source.lag(taken)
+        finally:
+            await producer.stop()
+            await source.stop()
+    before, held = asyncio.run(lags())
+    assert before == {0: 0, 1: 0} and held == {0: 7, 1: 0}, (before, held)
