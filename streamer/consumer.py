@@ -93,6 +93,8 @@ class KafkaSource:
         self._log = log or _stderr
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
+        self._asked_ends: dict = {}  # {TopicPartition: its end as the broker said} while held, until fetched as far
+        self._asking: asyncio.Task | None = None  # the request for them in flight (_ask_held_ends)
         self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
         self._security = security
         self.on_revoke = on_revoke
@@ -286,6 +288,10 @@ class KafkaSource:
         """Close the clients, leaving the group; a broker that is away does not hold it up (5 s each, 1 s
         when the last reachable() had no answer)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
+        if self._asking is not None:
+            self._asking.cancel()
+            await asyncio.gather(self._asking, return_exceptions=True)
+            self._asking = None
         for client in (consumer, producer):
             if client is not None:
                 await closed_quietly(client.stop(), 5.0 if self._answering else 1.0)
@@ -443,13 +449,22 @@ class KafkaSource:
         the position is already past them all): beyond `taken`'s next offset ({(topic, partition):
         offset}, the learner's batcher's) or, for a partition none of whose records is taken yet,
         beyond its position before that fetch. A held partition (hold()) is not fetched, so its end is
-        asked of the broker (a ListOffsets request): records written while it is held count at once."""
+        asked of the broker in the background (_ask_held_ends): the records written while it is held
+        count from the next read on, and after the hold until a fetch of it has seen as far. Never
+        waits on the network."""
         lags = {}
         if self._consumer is None:
             return lags
-        ends = await self._held_ends()
-        for tp in self._consumer.assignment():
-            highwater = ends.get(tp, self._consumer.highwater(tp))
+        self._ask_held_ends()
+        assigned = self._consumer.assignment()
+        for tp in set(self._asked_ends) - assigned:  # revoked
+            del self._asked_ends[tp]
+        for tp in assigned:
+            highwater, asked = self._consumer.highwater(tp), self._asked_ends.get(tp)
+            if asked is not None and highwater is not None and highwater >= asked:
+                del self._asked_ends[tp]  # a fetch has seen as far
+            elif asked is not None:
+                highwater = asked
             if highwater is None:
                 continue
             following = None
@@ -464,16 +479,23 @@ class KafkaSource:
             lags[tp.partition] = max(0, highwater - following)
         return lags
 
-    async def _held_ends(self) -> dict:
-        """{TopicPartition: the log's end} of the held partitions; {} where there are none, or where the
-        broker does not answer (their last fetch's end stands)."""
+    def _ask_held_ends(self) -> None:
+        """Ask the broker for the held partitions' ends (a ListOffsets request, aiokafka's end_offsets) in a
+        task of its own, one at a time, and not while the broker does not answer (reachable()): a lag read
+        waited up to the request's timeout (15 s) for a broker that was away, and the loop's limit on a
+        read (streamer.loop, lag_every_s) then dropped every partition's figure."""
         held = self._consumer.paused() & self._consumer.assignment()
-        if not held:
-            return {}
+        if not held or not self._answering or (self._asking is not None and not self._asking.done()):
+            return
+        self._asking = asyncio.get_running_loop().create_task(self._held_ends(self._consumer, held))
+
+    async def _held_ends(self, consumer: AIOKafkaConsumer, held: set) -> None:
         try:
-            return await self._consumer.end_offsets(list(held))
-        except (KafkaError, asyncio.TimeoutError):
-            return {}
+            ends = await consumer.end_offsets(list(held))
+        except (KafkaError, asyncio.TimeoutError):  # the last ends stand
+            return
+        for tp, end in ends.items():
+            self._asked_ends[tp] = max(end, self._asked_ends.get(tp, end))  # a log's end only grows
 
 
 def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict) -> None:
