@@ -30,6 +30,7 @@ from producers.schedule import Schedule
 from streamer.config import LearnConfig, RunSummary, span_start
 from streamer.jobs import one_line, run_jobs
 from streamer.spin import in_passing
+from streamer.threads import available_cpus
 
 __all__ = ["MULTITASK", "IDLE_TIMEOUT_S", "CompareError", "CompareConfig", "Planned", "strategy_names", "plan",
            "run_compare"]
@@ -333,9 +334,11 @@ def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], stream
 
     A failed run stops them all (one line) unless the strategies came from `all` and the failure is
     the strategy's own; Ctrl-C stops them all."""
-    jobs = min(config.jobs, len(runs))
+    jobs, cpus = min(config.jobs, len(runs)), available_cpus()
+    crowded = (f"; {jobs * config.job_threads} torch threads on {cpus} CPU{'s' if cpus > 1 else ''}: they take turns, "
+               f"and each run is slower" if jobs * config.job_threads > cpus else "")
     log(f"{len(runs)} runs, {jobs} at a time (--jobs N to change), each in its own process with "
-        f"{config.job_threads} torch thread{'s' if config.job_threads > 1 else ''}")
+        f"{config.job_threads} torch thread{'s' if config.job_threads > 1 else ''}{crowded}")
     tasks = [(config, item, seed, streams[seed] if item.name == MULTITASK else (streams[seed][0], []),
               f"{topic_prefix}{seed}") for item, seed in runs]
     finished: dict[int, Path] = {}

@@ -3,17 +3,23 @@ event-loop state), one fresh process per job, a fixed number of torch threads ea
 
 A job's exception never crosses the process boundary as a traceback: it comes back as one line.
 Ctrl-C (or SIGTERM made an interrupt) in the parent stops every job: the children ignore SIGINT
-themselves, and the parent terminates them before the interrupt goes on.
+themselves, and the parent sends each SIGTERM, which a child takes as Ctrl-C once (the job writes
+what it can, as a command interrupted alone does; a second SIGTERM ends it at once), and waits for
+them before the interrupt goes on. A job gets the same SIGTERM when the parent dies (Linux: a kill -9
+of the parent leaves no job running), and logs as the parent does (its levels, its format).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
 import signal
 from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from streamer.broker import signal_on_parent_death
 from streamer.spin import governor
 from streamer.threads import apply_thread_policy
 
@@ -32,31 +38,73 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".replace("\\n", " ").split())[:limit]  # a repr's "\\n" too
 
 
-def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, conn) -> None:
-    """A job process: the parent stops us on Ctrl-C (SIGINT ignored here); torch gets `threads` threads
-    (streamer.threads' policy, the allocator's with it; OpenMP's spins governed where the parent's
-    are); the outcome goes back through `conn`."""
+def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, logs: tuple, parent: int,
+           conn) -> None:
+    """A job process: the parent stops us with SIGTERM, taken as Ctrl-C once (SIGINT ignored here: a
+    terminal's Ctrl-C reaches the parent, which decides), also sent when the parent dies; logging as the
+    parent's (`logs`, _logging_now); torch gets `threads` threads (streamer.threads' policy, the
+    allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
+    `conn`. Stopped, it sends nothing: the parent has stopped reading."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    apply_thread_policy(threads, govern_spin=govern_spin)
+    signal.signal(signal.SIGTERM, _interrupt_once)
     try:
-        outcome = Outcome(value=function(*task))
-    except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)
-        outcome = Outcome(error=one_line(exc))
-    conn.send(outcome)
-    conn.close()
+        signal_on_parent_death(signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
+            return
+        _log_as(*logs)
+        apply_thread_policy(threads, govern_spin=govern_spin)
+        try:
+            outcome = Outcome(value=function(*task))
+        except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)
+            outcome = Outcome(error=one_line(exc))
+        conn.send(outcome)
+        conn.close()
+    except KeyboardInterrupt:  # stopped by the parent, or the parent died: the job has said what it wrote
+        logging.disable(logging.CRITICAL)  # not the interrupted clients' warnings as they are collected
+        return
+    except OSError:  # BrokenPipeError: the parent is gone, and nobody reads the outcome
+        return
 
 
-def _collect(process, conn) -> Outcome:
-    """The outcome of a job process that has sent it or ended."""
+def _interrupt_once(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the job at once
+    raise KeyboardInterrupt
+
+
+def _logging_now() -> tuple:
+    """(the root logger's level, the format of its handler or None where it has none, {logger: level} of
+    those set), for _log_as in a spawned job: a fresh interpreter, whose logging is not configured (the
+    parent's quiet aiokafka warned there on every lost connection)."""
+    root = logging.getLogger()
+    formats = [handler.formatter._fmt for handler in root.handlers if handler.formatter is not None]
+    levels = {name: logger.level for name, logger in logging.root.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
+    return root.level, (formats or [logging.BASIC_FORMAT])[0] if root.handlers else None, levels
+
+
+def _log_as(level: int, form: str | None, levels: dict) -> None:
+    if form is not None:  # the parent has a handler: one alike
+        logging.basicConfig(level=level, format=form)
+    logging.getLogger().setLevel(level)
+    for name, named_level in levels.items():
+        logging.getLogger(name).setLevel(named_level)
+
+
+def _ended(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        return f"killed by {name}" + (": out of memory?" if exitcode == -signal.SIGKILL else "")
+    return f"exit status {exitcode}"
+
+
+def _received(conn) -> Outcome | None:
+    """The outcome a job process has sent, else None (it ended without one)."""
     try:
         if conn.poll():
-            outcome = conn.recv()
-            process.join()
-            return outcome
+            return conn.recv()
     except EOFError:  # the pipe closed with nothing in it: the process died
         pass
-    process.join()
-    return Outcome(error=f"the job's process ended without a result (exit status {process.exitcode})")
+    return None
 
 
 def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int = 1,
@@ -72,28 +120,39 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
     waiting = list(range(len(tasks)))
     running: dict[int, tuple] = {}  # index -> (process, the parent's end of its pipe)
     governed = governor() is not None  # where the parent's spins are governed, the jobs' are too
+    logs, ending = _logging_now(), []  # ending: processes that have sent their outcome, to be joined
     try:
         while waiting or running:
             while waiting and len(running) < max(1, jobs):
                 index = waiting.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(function, tasks[index], threads, governed, sender),
-                                          name=f"streamer-job-{index}", daemon=True)
+                process = context.Process(target=_child, name=f"streamer-job-{index}", daemon=True,
+                                          args=(function, tasks[index], threads, governed, logs, os.getpid(), sender))
                 process.start()
                 sender.close()  # the child holds its copy
                 running[index] = (process, receiver)
             ready = set(connection_wait([end for pair in running.values() for end in (pair[0].sentinel, pair[1])]))
             for index in [i for i, (process, conn) in running.items() if process.sentinel in ready or conn in ready]:
                 process, conn = running.pop(index)
-                outcomes[index] = _collect(process, conn)
+                outcome = _received(conn)
                 conn.close()
+                if outcome is None:
+                    process.join()
+                    outcome = Outcome(error=f"the job's process ended without a result ({_ended(process.exitcode)})")
+                else:
+                    ending.append(process)
+                outcomes[index] = outcome  # kept before anything can be interrupted: a finished job is never lost
                 if on_outcome is not None:
-                    on_outcome(index, outcomes[index])
+                    on_outcome(index, outcome)
+            while ending:
+                ending[0].join()
+                ending.pop(0)
     except BaseException:  # interrupted, or on_outcome stopped it: no job outlives the parent's decision
         for process, conn in running.values():
             process.terminate()
-        for process, conn in running.values():
+        for process in [*(process for process, _ in running.values()), *ending]:
             process.join()
+        for process, conn in running.values():
             conn.close()
         raise
     return outcomes

@@ -1,10 +1,17 @@
 """`streamer compare`: strategies on the same stream per seed through the real broker, then Table 1."""
 
+import dataclasses
 import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-
-import dataclasses
 
 from streamer.cli import parse as parse_flags
 from streamer.cli.compare import compare_config
@@ -14,6 +21,7 @@ from streamer.strategies import STRATEGIES
 from tests.conftest import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--fragments", "4", "--lambda", "600", "--streams", "3", "--window", "10", "--hidden", "16",
         "--embedding", "8", "--probe-tokens", "2000", "--probe-every", "40"]
@@ -84,9 +92,12 @@ def test_a_failed_job_is_one_line_and_a_dead_one_is_said():
     assert outcomes[2].error == "the job's process ended without a result (exit status 9)"
 
 
-def job_for_the_test(what: str):
+def job_for_the_test(what: str, path: str = ""):
     """Runs in a spawned job process (importable by name)."""
+    import atexit
+    import logging
     import os
+    import time
 
     import torch
 
@@ -94,7 +105,81 @@ def job_for_the_test(what: str):
         raise ValueError("bad value\non two lines")
     if what == "die":
         os._exit(9)
+    if what == "slow exit":
+        atexit.register(time.sleep, 3)
+    if what == "levels":
+        return logging.getLogger().level, logging.getLogger("aiokafka").getEffectiveLevel()
+    if what == "sleep":
+        Path(path).write_text(str(os.getpid()))
+        time.sleep(120)
     return what, torch.get_num_threads()
+
+
+def test_a_jobs_outcome_is_taken_before_its_process_has_ended():
+    """A job's process takes a while to end after it has sent its outcome (its interpreter's exit): an
+    interrupt then lost an outcome already received, and compare left that finished run out of its
+    tables. The outcome is kept, and on_outcome called, first."""
+    from streamer.jobs import run_jobs
+
+    alive = []
+
+    def seen(index, outcome):
+        alive.extend(process.is_alive() for process in multiprocessing.active_children()
+                     if process.name == "streamer-job-0")
+    outcomes = run_jobs(job_for_the_test, [("slow exit",)], jobs=1, on_outcome=seen)
+    assert outcomes[0].value == ("slow exit", 1) and alive == [True]
+    assert not [process for process in multiprocessing.active_children() if process.name == "streamer-job-0"]
+
+
+def test_a_job_logs_as_its_parent_does():
+    """A spawned job is a fresh interpreter: without the parent's levels, aiokafka's warnings reached the
+    terminal from every job while the command's own one-line messages were meant to stand alone."""
+    from streamer.jobs import run_jobs
+
+    quiet = logging.getLogger("aiokafka")
+    before = quiet.level
+    quiet.setLevel(logging.CRITICAL + 1)
+    try:
+        outcomes = run_jobs(job_for_the_test, [("levels",)], jobs=1)
+    finally:
+        quiet.setLevel(before)
+    assert outcomes[0].value == (logging.getLogger().level, logging.CRITICAL + 1)
+
+
+def test_a_kill_9_of_the_parent_leaves_no_job_running(tmp_path):
+    """The jobs are the parent's daemons, which ends them only when it exits itself: killed with -9, they
+    ran on (a compare's runs to their end, for hours), then failed to send. They get SIGTERM from the
+    kernel when the parent dies (Linux), taken as Ctrl-C."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    pid_file = tmp_path / "job.pid"
+    script = ("from streamer.jobs import run_jobs; from tests.test_compare_cmd import job_for_the_test; "
+              f"run_jobs(job_for_the_test, [('sleep', {str(pid_file)!r})], jobs=1)")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert parent.poll() is None and time.monotonic() < deadline, parent.stderr.read()
+            time.sleep(0.05)
+        job = int(pid_file.read_text())
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while running(job) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(job)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert "Traceback" not in parent.stderr.read()
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatch, capsys):
@@ -132,3 +217,34 @@ def test_learn_points_multitask_to_compare(capsys):
         parse_flags(["learn", "--strategy", "multitask"])
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "streamer compare --strategies naive,multitask" in err
+
+
+def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned(broker, tmp_path):
+    """SIGTERM (or Ctrl-C) stops a parallel compare as it stops one run alone: every run writes the report
+    of the batches it learned and names its directory in one line (a job was ended by the signal's default
+    action, with no report), and the command ends 130."""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "naive,replay",
+               "--bootstrap-servers", broker.bootstrap_servers, "--jobs", "2", "--out", str(out), "--no-probe",
+               *TINY[:TINY.index("--probe-tokens")], "--fragments", "30", "--lambda", "2000"]
+    compare = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = [out / f"{name}-seed0" / "losses.jsonl" for name in ("naive", "replay")]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(log.exists() and log.stat().st_size for log in logs):
+            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
+            time.sleep(0.05)
+        compare.send_signal(signal.SIGTERM)
+        _, err = compare.communicate(timeout=60)
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+    assert compare.returncode == 130, err
+    total = json.loads((out / "streams" / "seed0" / "manifest.json").read_text())["total_batches"]
+    for log in logs:
+        learned = len(log.read_text().splitlines())
+        assert 0 < learned < total and f"report of the batches learned so far in {log.parent}" in err, err
+        assert json.loads((log.parent / "results.json").read_text())["run"] == str(log.parent)
+    assert "Traceback" not in err and "Unclosed" not in err and len(err.strip().splitlines()) == 3, err

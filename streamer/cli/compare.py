@@ -48,8 +48,9 @@ def add_parser(sub) -> None:
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoint.pt (deleted after its report by default)")
     g.add_argument("--jobs", type=positive_int, metavar="N",
-                   help="runs at a time, each in its own process with 1 torch thread (--threads N: N each); 1 runs "
-                        "them one after the other in this process (default: the CPUs this process may use)")
+                   help="runs at a time, each in its own process with 1 torch thread (--threads N or "
+                        "OMP_NUM_THREADS: N each); 1 runs them one after the other in this process (default: "
+                        "the CPUs this process may use, divided by each run's threads)")
 
 
 def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, tuple]:
@@ -69,6 +70,7 @@ def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, t
 def compare_config(args):
     """The comparison the flags ask for (its corpus as given: `run` puts the built directory there)."""
     from streamer.compare import CompareConfig, CompareError, strategy_names
+    from streamer.settings import omp_num_threads
     from streamer.threads import available_cpus
 
     try:
@@ -77,6 +79,7 @@ def compare_config(args):
         raise UserError(str(exc)) from None
     tables = getattr(args, "strategy_tables", {}) or {}
     options = stream_options(args)
+    threads = args.threads or omp_num_threads() or 1  # each job's (a user's OMP_NUM_THREADS, as the policy's)
     return CompareConfig(
         learn=model_config(args, bootstrap_servers="", topic="", run_dir=Path("."), k=args.k, live_view=False),
         schedule=schedule(args), corpus=Path(args.corpus),
@@ -87,7 +90,7 @@ def compare_config(args):
         probe_examples=options["probe_examples"], utterances=options["utterances"],
         keep_checkpoints=args.keep_checkpoints, bootstrap_servers=args.bootstrap_servers,
         flags={k: v for k, v in vars(args).items() if k != "strategy_tables"},
-        jobs=args.jobs or available_cpus(), job_threads=args.threads or 1)
+        jobs=args.jobs or max(1, available_cpus() // threads), job_threads=threads)
 
 
 def run(args) -> int:
