@@ -248,3 +248,20 @@ def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned
         assert 0 < learned < total and f"report of the batches learned so far in {log.parent}" in err, err
         assert json.loads((log.parent / "results.json").read_text())["run"] == str(log.parent)
     assert "Traceback" not in err and "Unclosed" not in err and len(err.strip().splitlines()) == 3, err
+
+
+def test_the_default_jobs_share_the_cpus_among_each_runs_threads(monkeypatch):
+    """Each job has --threads N torch threads (or a user's OMP_NUM_THREADS, as the thread policy takes it),
+    so the default is the CPUs divided by N: --threads 4 on 2 CPUs ran 2 jobs of 4 threads each."""
+    from streamer.threads import available_cpus
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpus = available_cpus()
+    default = compare_config(parse_flags(["compare"]))
+    assert (default.jobs, default.job_threads) == (cpus, 1)
+    threaded = compare_config(parse_flags(["compare", "--threads", "2"]))
+    assert (threaded.jobs, threaded.job_threads) == (max(1, cpus // 2), 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cpus + 1))
+    crowded = compare_config(parse_flags(["compare"]))
+    assert (crowded.jobs, crowded.job_threads) == (1, cpus + 1)
+    assert compare_config(parse_flags(["compare", "--jobs", "3", "--threads", "1"])).jobs == 3
