@@ -11,6 +11,7 @@ of the parent leaves no job running), and logs as the parent does (its levels, i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -40,11 +41,11 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, logs: tuple, parent: int,
            conn) -> None:
-    """A job process: the parent stops us with SIGTERM, taken as Ctrl-C once (SIGINT ignored here: a
-    terminal's Ctrl-C reaches the parent, which decides), also sent when the parent dies; logging as the
-    parent's (`logs`, _logging_now); torch gets `threads` threads (streamer.threads' policy, the
-    allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
-    `conn`. Stopped, it sends nothing: the parent has stopped reading."""
+    """A job process: SIGTERM (the parent's, a process group's, the kernel's when the parent dies) is taken
+    as Ctrl-C once and ignored after (SIGINT ignored here: a terminal's Ctrl-C reaches the parent, which
+    decides); logging as the parent's (`logs`, _logging_now); torch gets `threads` threads
+    (streamer.threads' policy, the allocator's with it; OpenMP's spins governed where the parent's are);
+    the outcome goes back through `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt_once)
     try:
@@ -59,32 +60,45 @@ def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, log
             outcome = Outcome(error=one_line(exc))
         conn.send(outcome)
         conn.close()
-    except KeyboardInterrupt:  # stopped by the parent, or the parent died: the job has said what it wrote
+    except KeyboardInterrupt:  # the job has written and said what it could
         logging.disable(logging.CRITICAL)  # not the interrupted clients' warnings as they are collected
-        return
+        with contextlib.suppress(OSError):  # read where the parent did not stop it (a user's kill)
+            conn.send(Outcome(error="stopped by SIGTERM"))
     except OSError:  # BrokenPipeError: the parent is gone, and nobody reads the outcome
         return
 
 
 def _interrupt_once(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the job at once
+    """A process group's SIGTERM (`timeout`, systemd) reaches the job and the parent, which then sends its
+    own: the second must not end the job while it writes its report. The parent kills it if asked twice."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
+_STYLES = {logging.PercentStyle: "%", logging.StrFormatStyle: "{", logging.StringTemplateStyle: "$"}
+
+
 def _logging_now() -> tuple:
-    """(the root logger's level, the format of its handler or None where it has none, {logger: level} of
-    those set), for _log_as in a spawned job: a fresh interpreter, whose logging is not configured (the
-    parent's quiet aiokafka warned there on every lost connection)."""
+    """(the root logger's level, its first handler's (format, date format, style) or None where it has
+    none, {logger: level} of those set), for _log_as in a spawned job: a fresh interpreter, whose logging is
+    not configured (the parent's quiet aiokafka warned there on every lost connection)."""
     root = logging.getLogger()
-    formats = [handler.formatter._fmt for handler in root.handlers if handler.formatter is not None]
+    form = None
+    if root.handlers:
+        formatter = root.handlers[0].formatter or logging.Formatter()
+        form = (formatter._fmt, formatter.datefmt, _STYLES.get(type(formatter._style), "%"))
     levels = {name: logger.level for name, logger in logging.root.manager.loggerDict.items()
               if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
-    return root.level, (formats or [logging.BASIC_FORMAT])[0] if root.handlers else None, levels
+    return root.level, form, levels
 
 
-def _log_as(level: int, form: str | None, levels: dict) -> None:
-    if form is not None:  # the parent has a handler: one alike
-        logging.basicConfig(level=level, format=form)
+def _log_as(level: int, form: tuple | None, levels: dict) -> None:
+    if form is not None:  # the parent has a handler: one alike (a format of its own class: the default one)
+        fmt, datefmt, style = form
+        try:
+            logging.basicConfig(level=level, format=fmt, datefmt=datefmt, style=style)
+        except ValueError:
+            logging.basicConfig(level=level)
     logging.getLogger().setLevel(level)
     for name, named_level in levels.items():
         logging.getLogger(name).setLevel(named_level)
@@ -98,11 +112,11 @@ def _ended(exitcode: int | None) -> str:
 
 
 def _received(conn) -> Outcome | None:
-    """The outcome a job process has sent, else None (it ended without one)."""
+    """The outcome a job process has sent, else None (it ended without one, or has not sent it yet)."""
     try:
         if conn.poll():
             return conn.recv()
-    except EOFError:  # the pipe closed with nothing in it: the process died
+    except (EOFError, OSError):  # the pipe closed with nothing in it: the process died
         pass
     return None
 
@@ -114,13 +128,20 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
     `function` must be importable by name (a module-level function) and the tasks picklable.
     `on_outcome(index, outcome)` runs in the parent as each job ends (in any order); an exception
     it raises stops the remaining jobs and propagates. A process that dies (killed, out of memory)
-    is its job's error. Returns the outcomes in task order."""
+    is its job's error. Stopped (an interrupt, on_outcome's exception), the outcomes already sent are
+    taken (on_outcome's exceptions then ignored), every other job is sent SIGTERM and waited for (it
+    writes what it can); a second interrupt meanwhile kills them. Returns the outcomes in task order."""
     context = multiprocessing.get_context("spawn")
     outcomes: list[Outcome | None] = [None] * len(tasks)
     waiting = list(range(len(tasks)))
     running: dict[int, tuple] = {}  # index -> (process, the parent's end of its pipe)
     governed = governor() is not None  # where the parent's spins are governed, the jobs' are too
-    logs, ending = _logging_now(), []  # ending: processes that have sent their outcome, to be joined
+    logs, ending = _logging_now(), []  # ending: processes that have sent their outcome (never waited for)
+
+    def taken(index: int, outcome: Outcome) -> None:
+        outcomes[index] = outcome  # kept before anything can be interrupted: a finished job is never lost
+        if on_outcome is not None:
+            on_outcome(index, outcome)
     try:
         while waiting or running:
             while waiting and len(running) < max(1, jobs):
@@ -141,18 +162,33 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                     outcome = Outcome(error=f"the job's process ended without a result ({_ended(process.exitcode)})")
                 else:
                     ending.append(process)
-                outcomes[index] = outcome  # kept before anything can be interrupted: a finished job is never lost
-                if on_outcome is not None:
-                    on_outcome(index, outcome)
-            while ending:
-                ending[0].join()
-                ending.pop(0)
+                taken(index, outcome)
+            ending = [process for process in ending if process.is_alive()]  # is_alive reaps the ended
+        while ending:
+            ending[0].join()
+            ending.pop(0)
     except BaseException:  # interrupted, or on_outcome stopped it: no job outlives the parent's decision
-        for process, conn in running.values():
-            process.terminate()
-        for process in [*(process for process, _ in running.values()), *ending]:
-            process.join()
+        for index, (process, conn) in list(running.items()):
+            if (outcome := _received(conn)) is not None:
+                with contextlib.suppress(Exception):
+                    taken(index, outcome)
+        _stop([process for process, _ in running.values()], ending)
         for process, conn in running.values():
             conn.close()
         raise
     return outcomes
+
+
+def _stop(running: list, ending: list) -> None:
+    """SIGTERM to the running jobs, then wait for them and for those ending; killed on a second interrupt."""
+    for process in running:
+        process.terminate()
+    try:
+        for process in [*running, *ending]:
+            process.join()
+    except KeyboardInterrupt:
+        for process in [*running, *ending]:
+            process.kill()
+        for process in [*running, *ending]:
+            process.join()
+        raise

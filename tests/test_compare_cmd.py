@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,12 +107,24 @@ def job_for_the_test(what: str, path: str = ""):
     if what == "die":
         os._exit(9)
     if what == "slow exit":
-        atexit.register(time.sleep, 3)
+        atexit.register(time.sleep, float(path or 3))
+    if what == "after":  # the file `path` exists, then says so in `path`.done
+        while not Path(path).exists():
+            time.sleep(0.02)
+        Path(f"{path}.done").touch()
     if what == "levels":
         return logging.getLogger().level, logging.getLogger("aiokafka").getEffectiveLevel()
     if what == "sleep":
         Path(path).write_text(str(os.getpid()))
         time.sleep(120)
+    if what == "report":  # stopped, it writes `path`.report for a second, as a stopped run writes its report
+        Path(path).write_text(str(os.getpid()))
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:
+            time.sleep(1)
+            Path(f"{path}.report").write_text("written")
+            raise
     return what, torch.get_num_threads()
 
 
@@ -131,19 +144,76 @@ def test_a_jobs_outcome_is_taken_before_its_process_has_ended():
     assert not [process for process in multiprocessing.active_children() if process.name == "streamer-job-0"]
 
 
+def test_an_interrupt_keeps_the_outcomes_sent_while_a_job_was_ending(tmp_path):
+    """Job 0 sends its outcome and takes 6 s to exit; job 1 sends its own just after. An interrupt while
+    the parent waited for job 0 to end lost job 1's outcome, which it never read: the parent waits for
+    no job that has sent its outcome until the end, and takes what was sent when it is stopped."""
+    from streamer.jobs import run_jobs
+
+    go, seen = tmp_path / "go", {}
+
+    def interrupt_once_job_1_has_returned():
+        while not Path(f"{go}.done").exists():
+            time.sleep(0.02)
+        time.sleep(1.5)  # its outcome sent
+        os.kill(os.getpid(), signal.SIGALRM)
+
+    def taken(index, outcome):
+        seen[index] = outcome.value
+        if index == 0:
+            go.touch()  # job 1 returns now, while job 0 is still ending
+            threading.Thread(target=interrupt_once_job_1_has_returned, daemon=True).start()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_jobs(job_for_the_test, [("slow exit", "6"), ("after", str(go))], jobs=2, on_outcome=taken)
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    assert seen == {0: ("slow exit", 1), 1: ("after", 1)}
+    assert not [process for process in multiprocessing.active_children() if process.name.startswith("streamer-job")]
+
+
+def test_a_job_stopped_by_sigterm_writes_what_it_can_through_a_second_one_and_says_so(tmp_path):
+    """A process group's SIGTERM (`timeout`, systemd) reaches every job and the command, which then sends
+    its own: that second one ended a job halfway through its report. And a job stopped by anyone but the
+    command (a user's kill) came back as 'exit status 0'."""
+    from streamer.jobs import run_jobs
+
+    pid_file = tmp_path / "job.pid"
+
+    def twice():
+        while not pid_file.exists() or not pid_file.read_text():
+            time.sleep(0.02)
+        job = int(pid_file.read_text())
+        os.kill(job, signal.SIGTERM)
+        time.sleep(0.3)
+        os.kill(job, signal.SIGTERM)
+    threading.Thread(target=twice, daemon=True).start()
+    outcomes = run_jobs(job_for_the_test, [("report", str(pid_file))], jobs=1)
+    assert outcomes[0].error == "stopped by SIGTERM"
+    assert (tmp_path / "job.pid.report").read_text() == "written"
+
+
 def test_a_job_logs_as_its_parent_does():
     """A spawned job is a fresh interpreter: without the parent's levels, aiokafka's warnings reached the
     terminal from every job while the command's own one-line messages were meant to stand alone."""
     from streamer.jobs import run_jobs
 
-    quiet = logging.getLogger("aiokafka")
-    before = quiet.level
+    root, quiet = logging.getLogger(), logging.getLogger("aiokafka")
+    before, handlers = quiet.level, root.handlers[:]
     quiet.setLevel(logging.CRITICAL + 1)
+    braces = logging.StreamHandler()
+    braces.setFormatter(logging.Formatter("{name}: {message}", style="{"))  # a format of another style
+    root.handlers[:0] = [braces]
     try:
         outcomes = run_jobs(job_for_the_test, [("levels",)], jobs=1)
     finally:
         quiet.setLevel(before)
-    assert outcomes[0].value == (logging.getLogger().level, logging.CRITICAL + 1)
+        root.handlers[:] = handlers
+    assert outcomes[0].value == (logging.getLogger().level, logging.CRITICAL + 1), outcomes
 
 
 def test_a_kill_9_of_the_parent_leaves_no_job_running(tmp_path):
@@ -171,6 +241,8 @@ def test_a_kill_9_of_the_parent_leaves_no_job_running(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+        if pid_file.exists() and pid_file.read_text() and running(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert "Traceback" not in parent.stderr.read()
 
 
@@ -222,21 +294,22 @@ def test_learn_points_multitask_to_compare(capsys):
 def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned(broker, tmp_path):
     """SIGTERM (or Ctrl-C) stops a parallel compare as it stops one run alone: every run writes the report
     of the batches it learned and names its directory in one line (a job was ended by the signal's default
-    action, with no report), and the command ends 130."""
+    action, with no report), and the command ends 130. The SIGTERM goes to the process group, as `timeout`
+    and systemd send it: each job gets it, and then the command's own, which must not end it mid-report."""
     corpus = write_corpus(tmp_path / "corpus", lines=200)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "naive,replay",
                "--bootstrap-servers", broker.bootstrap_servers, "--jobs", "2", "--out", str(out), "--no-probe",
                *TINY[:TINY.index("--probe-tokens")], "--fragments", "30", "--lambda", "2000"]
     compare = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     logs = [out / f"{name}-seed0" / "losses.jsonl" for name in ("naive", "replay")]
     try:
         deadline = time.monotonic() + 120
         while not all(log.exists() and log.stat().st_size for log in logs):
             assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
             time.sleep(0.05)
-        compare.send_signal(signal.SIGTERM)
+        os.killpg(compare.pid, signal.SIGTERM)
         _, err = compare.communicate(timeout=60)
     finally:
         if compare.poll() is None:
