@@ -39,33 +39,39 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".replace("\\n", " ").split())[:limit]  # a repr's "\\n" too
 
 
-def _child(function: Callable, task: tuple, threads: int, govern_spin: bool, logs: tuple, parent: int,
-           conn) -> None:
+def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> None:
     """A job process: SIGTERM (the parent's, a process group's, the kernel's when the parent dies) is taken
-    as Ctrl-C once and ignored after (SIGINT ignored here: a terminal's Ctrl-C reaches the parent, which
-    decides); logging as the parent's (`logs`, _logging_now); torch gets `threads` threads
-    (streamer.threads' policy, the allocator's with it; OpenMP's spins governed where the parent's are);
-    the outcome goes back through `conn`."""
+    as Ctrl-C once and ignored after, until the job has sent its outcome (SIGINT ignored here: a terminal's
+    Ctrl-C reaches the parent, which decides); the job, `(function, task)`, comes through `conn` (after
+    the parent holds this process: an interrupt while a large task is sent stops it too); logging as the
+    parent's (`logs`, _logging_now); torch gets `threads` threads (streamer.threads' policy, the
+    allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
+    `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt_once)
     try:
         signal_on_parent_death(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
             return
+        function, task = conn.recv()
         _log_as(*logs)
         apply_thread_policy(threads, govern_spin=govern_spin)
         try:
             outcome = Outcome(value=function(*task))
         except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)
             outcome = Outcome(error=one_line(exc))
-        conn.send(outcome)
-        conn.close()
+        _send(conn, outcome)
     except KeyboardInterrupt:  # the job has written and said what it could
         logging.disable(logging.CRITICAL)  # not the interrupted clients' warnings as they are collected
-        with contextlib.suppress(OSError):  # read where the parent did not stop it (a user's kill)
-            conn.send(Outcome(error="stopped by SIGTERM"))
-    except OSError:  # BrokenPipeError: the parent is gone, and nobody reads the outcome
+        _send(conn, Outcome(error="stopped by SIGTERM"))  # read where the parent did not stop it (a user's kill)
+    except (EOFError, OSError):  # the parent is gone
         return
+
+
+def _send(conn, outcome: Outcome) -> None:
+    with contextlib.suppress(OSError):  # BrokenPipeError: the parent is gone, and nobody reads it
+        conn.send(outcome)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # nothing is left to write: from here a SIGTERM ends the job
 
 
 def _interrupt_once(signum, frame) -> None:
@@ -146,12 +152,13 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
         while waiting or running:
             while waiting and len(running) < max(1, jobs):
                 index = waiting.pop(0)
-                receiver, sender = context.Pipe(duplex=False)
+                ours, theirs = context.Pipe()
                 process = context.Process(target=_child, name=f"streamer-job-{index}", daemon=True,
-                                          args=(function, tasks[index], threads, governed, logs, os.getpid(), sender))
+                                          args=(threads, governed, logs, os.getpid(), theirs))
                 process.start()
-                sender.close()  # the child holds its copy
-                running[index] = (process, receiver)
+                theirs.close()  # the child holds its copy
+                running[index] = (process, ours)
+                ours.send((function, tasks[index]))  # once held: the child reads it after its imports
             ready = set(connection_wait([end for pair in running.values() for end in (pair[0].sentinel, pair[1])]))
             for index in [i for i, (process, conn) in running.items() if process.sentinel in ready or conn in ready]:
                 process, conn = running.pop(index)
@@ -168,12 +175,17 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
             ending[0].join()
             ending.pop(0)
     except BaseException:  # interrupted, or on_outcome stopped it: no job outlives the parent's decision
-        for index, (process, conn) in list(running.items()):
+        for index, (process, conn) in list(running.items()):  # the outcomes sent: those jobs are ending
             if (outcome := _received(conn)) is not None:
+                ending.append(running.pop(index)[0])
+                conn.close()
                 with contextlib.suppress(Exception):
                     taken(index, outcome)
         _stop([process for process, _ in running.values()], ending)
-        for process, conn in running.values():
+        for index, (process, conn) in running.items():  # those that finished as they were stopped
+            if (outcome := _received(conn)) is not None and outcome.error != "stopped by SIGTERM":
+                with contextlib.suppress(Exception):
+                    taken(index, outcome)
             conn.close()
         raise
     return outcomes

@@ -118,8 +118,8 @@ def job_for_the_test(what: str, path: str = ""):
         Path(path).write_text(str(os.getpid()))
         time.sleep(120)
     if what == "report":  # stopped, it writes `path`.report for a second, as a stopped run writes its report
-        Path(path).write_text(str(os.getpid()))
         try:
+            Path(path).write_text(str(os.getpid()))
             time.sleep(120)
         except KeyboardInterrupt:
             time.sleep(1)
@@ -195,6 +195,44 @@ def test_a_job_stopped_by_sigterm_writes_what_it_can_through_a_second_one_and_sa
     outcomes = run_jobs(job_for_the_test, [("report", str(pid_file))], jobs=1)
     assert outcomes[0].error == "stopped by SIGTERM"
     assert (tmp_path / "job.pid.report").read_text() == "written"
+
+
+def test_an_interrupt_while_a_large_task_is_sent_stops_that_job_too(capfd):
+    """A job's task (multitask's carries its whole stream) went with the process's start, which waits
+    until the child has read it, after its imports: an interrupt then left a child the parent did not
+    hold, blocked on a task that never came, and a traceback once the parent exited."""
+    from streamer.jobs import run_jobs
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    before = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_jobs(job_for_the_test, [("ok", "x" * 5_000_000)], jobs=1)
+        deadline = time.monotonic() + 10
+        while spawned_children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not spawned_children()
+        assert "Traceback" not in capfd.readouterr().err  # (UnpicklingError: pickle data was truncated)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        for pid in spawned_children():
+            os.kill(pid, signal.SIGKILL)
+
+
+def spawned_children() -> list[int]:
+    """This process's children that multiprocessing spawned (not its resource tracker)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid() and running(int(stat.parent.name)):
+                if b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                    found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def test_a_job_logs_as_its_parent_does():
