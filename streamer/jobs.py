@@ -53,7 +53,13 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
         signal_on_parent_death(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
             return
-        function, task = conn.recv()
+        try:
+            function, task = conn.recv()
+        except (EOFError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (a task this process cannot load: its module is not here)
+            _send(conn, Outcome(error=one_line(exc)))
+            return
         _log_as(*logs)
         apply_thread_policy(threads, govern_spin=govern_spin)
         try:
@@ -158,7 +164,8 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                 process.start()
                 theirs.close()  # the child holds its copy
                 running[index] = (process, ours)
-                ours.send((function, tasks[index]))  # once held: the child reads it after its imports
+                with contextlib.suppress(OSError):  # a child that ended unread: its sentinel or outcome says how
+                    ours.send((function, tasks[index]))  # once held: the child reads it after its imports
             ready = set(connection_wait([end for pair in running.values() for end in (pair[0].sentinel, pair[1])]))
             for index in [i for i, (process, conn) in running.items() if process.sentinel in ready or conn in ready]:
                 process, conn = running.pop(index)

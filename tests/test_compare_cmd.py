@@ -235,6 +235,39 @@ def spawned_children() -> list[int]:
     return found
 
 
+def test_a_job_killed_before_it_has_read_its_task_is_its_one_line_error():
+    """The task goes through the job's pipe once it runs; a job killed before it has read a large one
+    (out of memory as it starts) broke that pipe, and the BrokenPipeError stopped every job and left
+    compare without a word (the command takes it for a reader of its output that went away)."""
+    from streamer.jobs import run_jobs
+
+    def kill_the_job_once_it_exists():
+        deadline = time.monotonic() + 30
+        while not (children := spawned_children()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+    threading.Thread(target=kill_the_job_once_it_exists, daemon=True).start()
+    outcomes = run_jobs(job_for_the_test, [("ok", "x" * 20_000_000)], jobs=1)
+    assert outcomes[0].error == "the job's process ended without a result (killed by SIGKILL: out of memory?)"
+
+
+def test_a_job_whose_function_cannot_be_loaded_there_is_one_line(tmp_path, monkeypatch, capfd):
+    """The job's function is loaded by name in its process: a module that is not there (gone since the
+    command started) was a traceback from the job and 'exit status 1'."""
+    from streamer.jobs import run_jobs
+
+    (tmp_path / "gone_since.py").write_text("def job():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gone_since
+
+    (tmp_path / "gone_since.py").unlink()
+    outcomes = run_jobs(gone_since.job, [()], jobs=1)
+    assert outcomes[0].error == "ModuleNotFoundError: No module named 'gone_since'"
+    assert "Traceback" not in capfd.readouterr().err
+    sys.modules.pop("gone_since")
+
+
 def test_a_job_logs_as_its_parent_does():
     """A spawned job is a fresh interpreter: without the parent's levels, aiokafka's warnings reached the
     terminal from every job while the command's own one-line messages were meant to stand alone."""

@@ -142,3 +142,24 @@ def test_models_lists_each_model(capsys):
     out = capsys.readouterr().out
     for info in MODEL_CATALOG.values():
         assert f"{info.name}: {info.description}" in out and info.options in out
+
+
+def test_a_listing_whose_reader_left_ends_quietly_and_no_other_broken_pipe_is_taken_for_it(monkeypatch):
+    """`streamer strategies | head -1`: the reader closes the pipe, the next write fails with EPIPE, and the
+    command ends 0 without a word. A broken pipe of anything else (a job's, a process's) was taken for
+    that too: the command then ended 0 and said nothing of it."""
+    import subprocess
+    import sys
+
+    cli_main = sys.modules["streamer.cli.main"]  # (the package's `main` is the function)
+    listing = subprocess.Popen([sys.executable, "-m", "streamer", "strategies"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    listing.stdout.close()  # before its first line
+    err = listing.stderr.read()
+    assert listing.wait(timeout=60) == 0 and err == "", err
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setitem(cli_main.COMMANDS, "models", broken)
+    with pytest.raises(BrokenPipeError):
+        main(["models"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
+import stat
 import sys
 
 from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, produce, report, status
@@ -77,6 +79,19 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
 
 
+def _reader_left(stream) -> bool:
+    """Whether `stream` is a pipe whose reading end is closed (poll says POLLERR of its writing end)."""
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no descriptor, or no poll() here
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     forbid_model_hub()  # HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1 before transformers is imported
     environment = torchrun_environment()
@@ -106,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print("streamer: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `streamer models | head`: the reader left; say nothing more
+        if not _reader_left(sys.stdout):  # another pipe (a job's, a process's): not to be taken for it
+            raise
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not raise again
         return 0
