@@ -3,8 +3,9 @@
 Per seed the stream is built once (manifest and probe split in `<out>/streams/seed<s>/`) and
 produced once into its own topic; each strategy then reads that topic from its start as its
 own consumer group, into `<out>/<strategy>-seed<s>/`: one run after the other in this process
-(`jobs` 1), or `jobs` runs at a time, each in its own spawned process with `job_threads` torch
-threads (streamer.jobs; a run's losses are those of the same run alone with that many threads).
+(`jobs` 1, or a single run), or `jobs` runs at a time, each in its own spawned process with
+`job_threads` torch threads (streamer.jobs; a run's losses are those of the same run alone with that
+many threads).
 `multitask` learns the same records offline in a shuffled order (streamer.multitask). Each run
 gets its report (results.json, loss_curve.png); `<out>` gets table1.md, forgetting.md,
 after_switch.png and comparison.json (monitor.compare) and plan.json (strategies, options,

@@ -15,7 +15,8 @@ the same model and the same recorded losses as one process, to float rounding.
 
 Every collective runs in the loop's worker thread, in the same order on every rank (agree, the step's
 own, a checkpoint's gather); gloo on CPU, nccl on CUDA. Bytes between ranks are uint8 tensors of the
-checkpoint module's serialisation, never pickled objects. One process (no torchrun environment) has
+checkpoint module's serialisation (torch.save's format, loaded weights_only), never arbitrary pickled
+objects. One process (no torchrun environment) has
 no `Ranks`, and every function here is then a no-op.
 """
 
@@ -57,7 +58,7 @@ class Ranks:
 
     @property
     def leader(self) -> bool:
-        """Rank 0: writes the run directory (checkpoint, loss log, status, metrics, probes)."""
+        """Rank 0: writes the run directory (checkpoint, loss log, status, metrics; no probes with ranks)."""
         return self.rank == 0
 
     def streams_per_rank(self, streams: int) -> int:

@@ -60,8 +60,9 @@ def add_parser(sub) -> None:
     p.add_argument("--nproc", type=positive_int, default=1,
                    help="ranks on this machine learning as one model (torchrun's elastic agent starts them; "
                         "each learns streams / nproc of the --streams, from its own partitions: produce with "
-                        "--partitions <streams>; each is pinned to its own equal share of the CPUs (--pin-cpus) "
-                        "and takes its threads there, unless --threads or OMP_NUM_THREADS says; default "
+                        "--partitions <streams>; on the CPU, with a CPU or more a rank, each is pinned to its own "
+                        "equal share of the CPUs (--pin-cpus) and takes its threads there, unless --threads or "
+                        "OMP_NUM_THREADS says; default "
                         "%(default)s). Several machines: run `torchrun --nnodes ... -m streamer learn` on each "
                         "(see the README)")
     p.add_argument("--pin-cpus", action="store_true",
@@ -158,7 +159,11 @@ def run(args) -> int:
                 except RunDirBusy as exc:
                     raise UserError(str(exc)) from None
 
-            state = _start_or_resume(config, args.fresh, ranks, lock)
+            state, shared = _start_or_resume(config, args.fresh, ranks, lock, manifest)
+            if shared != manifest:  # another rank's (not the leader's) own or none: rank 0's is the stream's
+                manifest = shared
+                config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
+                                      run_dir=run_dir, manifest=manifest, manifest_path=manifest_path, log=silent)
             config = _resumed_span(config, state, leader)
             if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -417,21 +422,24 @@ def _resumed_span(config: LearnConfig, state: dict | None, leader: bool = True) 
     return dataclasses.replace(config, from_fragment=saved)
 
 
-def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None) -> dict | None:
-    """The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run dir.
-    `lock()` takes the run directory first (rank 0's). Ranks: rank 0 reads it and sends it to the
-    others (who may not see the run directory); a refusal
-    is rank 0's one line, the others exit quietly."""
+def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None,
+                     manifest: dict | None = None) -> tuple[dict | None, dict | None]:
+    """(The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run
+    dir; the stream's manifest). `lock()` takes the run directory first (rank 0's). Ranks: rank 0 reads
+    the checkpoint and sends it to the others (who may not see the run directory) with its `manifest`,
+    which every rank then learns by: a host that has none (produce ran on another) or another decided
+    the end of the stream alone, and the ranks' collectives parted (a hang). A refusal is rank 0's one
+    line, the others exit quietly."""
     if ranks is None:
         lock()
-        return _checkpoint_to_continue(config, fresh, 1)
+        return _checkpoint_to_continue(config, fresh, 1), manifest
     from streamer import checkpoint
 
     payload, failure = None, None
     if ranks.leader:
         try:
             lock()
-            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world)}
+            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world), "manifest": manifest}
         except UserError as exc:
             payload, failure = {"error": str(exc)}, exc
     shared = checkpoint.from_bytes(ranks.broadcast_bytes(checkpoint.to_bytes(payload) if ranks.leader else None))
@@ -439,7 +447,7 @@ def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: 
         raise failure
     if "error" in shared:
         raise SystemExit(2)
-    return shared["state"]
+    return shared["state"], shared["manifest"]
 
 
 def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
