@@ -252,18 +252,21 @@ def start_node(command: list[str], root: Path) -> subprocess.Popen:
 
 def test_the_two_host_commands_give_the_losses_of_one_process(broker, stream, one_process_naive, tmp_path):
     """The README's two machines, both on this one: each node's only rank has local rank 0, and the
-    global ranks still own their own streams and partitions. Only node 0's host has produce's manifest
-    (as where produce ran on host A), and node 1 is given neither --streams nor --window: every rank
-    learns by rank 0's manifest (node 1 took its own defaults, another window: batches of other rows
-    than one process's), to the stream's end."""
+    global ranks still own their own streams and partitions. The same command on both, but only node
+    0's host has this stream's manifest (produce ran there); node 1's cache holds a stale one of the same
+    topic, which its --streams contradicts. Every rank learns by rank 0's manifest and stream, to the
+    stream's end (node 1 refused its own, and node 0 waited on it; with none, it took its own defaults)."""
     root, manifest = stream
     run_dir = root / "two-nodes"
     port = free_port()  # for the rendezvous
     commands = [without(node_command(broker, manifest, run_dir, port, node), "--max-batches") for node in range(2)]
-    commands[1] = without(without(without(commands[1], "--manifest"), "--window"), "--streams")  # the manifest's
-    (tmp_path / "empty-cache").mkdir()
+    commands[1] = without(commands[1], "--manifest")
+    stale = tmp_path / "cache" / "streams" / f"{TOPIC}.manifest.json"  # where produce would have written it
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"streams": 4, "window": 20, "total_records": 80, "total_batches": 1,
+                                 "classes": ["en"], "n_fragments": 1}))
     nodes = [start_node(commands[0], root),
-             subprocess.Popen(commands[1], cwd=root, env={**ENV, "STREAMER_CACHE": str(tmp_path / "empty-cache")},
+             subprocess.Popen(commands[1], cwd=root, env={**ENV, "STREAMER_CACHE": str(tmp_path / "cache")},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
     deadline = time.monotonic() + 240
     try:

@@ -134,7 +134,9 @@ def run(args) -> int:
         return _launch(args)
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     leader = environment is None or environment[0] == 0  # rank 0 (or the one process) speaks for the run
-    manifest_path, manifest = _manifest(args, say=leader)
+    ranked = environment is not None and environment[1] > 1  # torchrun with one process: a plain learner
+    # rank 0's manifest and stream are every rank's (_start_or_resume): another host's own (or none) is not read
+    manifest_path, manifest = _manifest(args, say=leader) if leader or not ranked else (None, None)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
     group = args.group or default_group(args.topic, args.strategy)
@@ -143,7 +145,7 @@ def run(args) -> int:
                           run_dir=run_dir, manifest=manifest, manifest_path=manifest_path,
                           log=say if leader else silent)
     ranks = None
-    if environment is not None and environment[1] > 1:  # torchrun with one process: a plain learner
+    if ranked:
         _refuse_for_ranks(config, environment[1], leader)
         from streamer import distributed
 
@@ -159,11 +161,9 @@ def run(args) -> int:
                 except RunDirBusy as exc:
                     raise UserError(str(exc)) from None
 
-            state, shared = _start_or_resume(config, args.fresh, ranks, lock, manifest)
-            if shared != manifest:  # another rank's (not the leader's) own or none: rank 0's is the stream's
-                manifest = shared
-                config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
-                                      run_dir=run_dir, manifest=manifest, manifest_path=manifest_path, log=silent)
+            state, stream = _start_or_resume(config, args.fresh, ranks, lock, manifest)
+            if not leader:
+                config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
             config = _resumed_span(config, state, leader)
             if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -236,9 +236,10 @@ NOT_DISTRIBUTED = {
 }
 
 
-def _refusal(config: LearnConfig, world: int) -> str | None:
-    """Why `config` cannot run as `world` ranks (one line), or None."""
-    if config.streams % world:
+def _refusal(config: LearnConfig, world: int, stream: bool = True) -> str | None:
+    """Why `config` cannot run as `world` ranks (one line), or None; with `stream` False, not asked of its
+    streams (another rank than rank 0, whose stream is every rank's)."""
+    if stream and config.streams % world:
         return (f"--streams {config.streams} is not divisible by {world} ranks (each rank learns streams / ranks "
                 f"of them); use a multiple of {world}")
     if config.strategy in NOT_DISTRIBUTED:
@@ -250,7 +251,7 @@ def _refusal(config: LearnConfig, world: int) -> str | None:
 
 def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool) -> None:
     """Rank 0 says why in one line (UserError); the other ranks exit quietly with the same status."""
-    reason = _refusal(config, world)
+    reason = _refusal(config, world, stream=leader)
     if reason is None:
         return
     if leader:
@@ -425,21 +426,22 @@ def _resumed_span(config: LearnConfig, state: dict | None, leader: bool = True) 
 def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None,
                      manifest: dict | None = None) -> tuple[dict | None, dict | None]:
     """(The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run
-    dir; the stream's manifest). `lock()` takes the run directory first (rank 0's). Ranks: rank 0 reads
-    the checkpoint and sends it to the others (who may not see the run directory) with its `manifest`,
-    which every rank then learns by: a host that has none (produce ran on another) or another decided
-    the end of the stream alone, and the ranks' collectives parted (a hang). A refusal is rank 0's one
-    line, the others exit quietly."""
+    dir; with ranks, rank 0's stream for _rank_0s_stream). `lock()` takes the run directory first (rank
+    0's). Ranks: rank 0 reads the checkpoint and sends it to the others (who may not see the run
+    directory) with its `manifest` and what it decided of the stream. A refusal is rank 0's one line,
+    the others exit quietly."""
     if ranks is None:
         lock()
-        return _checkpoint_to_continue(config, fresh, 1), manifest
+        return _checkpoint_to_continue(config, fresh, 1), None
     from streamer import checkpoint
 
     payload, failure = None, None
     if ranks.leader:
         try:
             lock()
-            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world), "manifest": manifest}
+            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world), "stream": {
+                "manifest": manifest, "streams": config.streams, "window": config.window,
+                "from_fragment": config.from_fragment, "hidden": config.model.hidden}}
         except UserError as exc:
             payload, failure = {"error": str(exc)}, exc
     shared = checkpoint.from_bytes(ranks.broadcast_bytes(checkpoint.to_bytes(payload) if ranks.leader else None))
@@ -447,7 +449,17 @@ def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: 
         raise failure
     if "error" in shared:
         raise SystemExit(2)
-    return shared["state"], shared["manifest"]
+    return shared["state"], shared["stream"]
+
+
+def _rank_0s_stream(config: LearnConfig, stream: dict) -> LearnConfig:
+    """`config` with rank 0's stream: its manifest (what produce wrote on its host, --manifest or the
+    cache's), streams and window, span and hidden size (--params fits it to the manifest). Each host had
+    its own: one without produce's manifest took the default window, one with a stale one refused a
+    flag that contradicted it, and the ranks' collectives parted (a hang with no line)."""
+    return dataclasses.replace(
+        config.with_manifest(stream["manifest"]), streams=stream["streams"], window=stream["window"],
+        from_fragment=stream["from_fragment"], model=dataclasses.replace(config.model, hidden=stream["hidden"]))
 
 
 def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
