@@ -135,8 +135,10 @@ def run(args) -> int:
     environment = torchrun_environment()  # (rank, world, local rank) under torchrun, else None
     leader = environment is None or environment[0] == 0  # rank 0 (or the one process) speaks for the run
     ranked = environment is not None and environment[1] > 1  # torchrun with one process: a plain learner
-    # rank 0's manifest and stream are every rank's (_start_or_resume): another host's own (or none) is not read
-    manifest_path, manifest = _manifest(args, say=leader) if leader or not ranked else (None, None)
+    # rank 0's manifest and stream are every rank's (_start_or_resume): another machine's own (or none) is not
+    # read; on rank 0's (RANK == LOCAL_RANK), the files are rank 0's, and its ranks refuse a stream as it does
+    beside_rank_0 = not ranked or environment[0] == environment[2]
+    manifest_path, manifest = _manifest(args, say=leader) if beside_rank_0 else (None, None)
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
 
     group = args.group or default_group(args.topic, args.strategy)
@@ -146,7 +148,7 @@ def run(args) -> int:
                           log=say if leader else silent)
     ranks = None
     if ranked:
-        _refuse_for_ranks(config, environment[1], leader)
+        _refuse_for_ranks(config, environment[1], leader, stream=beside_rank_0)
         from streamer import distributed
 
         try:
@@ -249,9 +251,10 @@ def _refusal(config: LearnConfig, world: int, stream: bool = True) -> str | None
     return None
 
 
-def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool) -> None:
-    """Rank 0 says why in one line (UserError); the other ranks exit quietly with the same status."""
-    reason = _refusal(config, world, stream=leader)
+def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: bool = True) -> None:
+    """Rank 0 says why in one line (UserError); the other ranks exit quietly with the same status (`stream`
+    False: not asked of the streams, rank 0's, which a rank on another machine learns by)."""
+    reason = _refusal(config, world, stream=stream)
     if reason is None:
         return
     if leader:
