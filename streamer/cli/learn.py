@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -143,9 +144,11 @@ def run(args) -> int:
 
     group = args.group or default_group(args.topic, args.strategy)
     run_dir = args.run_dir or Path("runs") / f"{args.topic}-{group}"  # stable: the same command continues it
-    config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
-                          run_dir=run_dir, manifest=manifest, manifest_path=manifest_path,
-                          log=say if leader else silent)
+    # on another machine, --params is not fitted here (rank 0's hidden size comes with its stream): without
+    # the manifest, a word model's fit fails for want of its vocabulary, before the process group starts
+    config = learn_config(args if beside_rank_0 else argparse.Namespace(**{**vars(args), "params": None}),
+                          bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
+                          manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
     ranks = None
     if ranked:
         _refuse_for_ranks(config, environment[1], leader, stream=beside_rank_0)
