@@ -5,8 +5,9 @@ A job's exception never crosses the process boundary as a traceback: it comes ba
 Ctrl-C (or SIGTERM made an interrupt) in the parent stops every job: the children ignore SIGINT
 themselves, and the parent sends each SIGTERM, which a child takes as Ctrl-C once (the job writes
 what it can, as a command interrupted alone does; later SIGTERMs are ignored until it has sent its
-outcome), and waits for them before the interrupt goes on; a second interrupt kills them. A job gets the same SIGTERM when the parent dies (Linux: a kill -9
-of the parent leaves no job running), and logs as the parent does (its levels, its format).
+outcome), and waits for them before the interrupt goes on; a second interrupt kills them. A job
+gets the same SIGTERM when the parent dies (Linux: a kill -9 of the parent leaves no job running),
+and logs as the parent does (its levels, its format).
 """
 
 from __future__ import annotations
