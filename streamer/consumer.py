@@ -461,10 +461,11 @@ class KafkaSource:
             del self._asked_ends[tp]
         for tp in assigned:
             highwater, asked = self._consumer.highwater(tp), self._asked_ends.get(tp)
-            if asked is not None and highwater is not None and highwater >= asked:
-                del self._asked_ends[tp]  # a fetch has seen as far
-            elif asked is not None:
-                highwater = asked
+            if asked is not None:
+                if highwater is not None and highwater >= asked:
+                    del self._asked_ends[tp]  # a fetch has seen as far
+                else:
+                    highwater = asked
             if highwater is None:
                 continue
             following = None

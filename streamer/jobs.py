@@ -27,6 +27,9 @@ from streamer.threads import apply_thread_policy
 
 __all__ = ["Outcome", "one_line", "run_jobs"]
 
+STOPPED = "stopped by SIGTERM"  # the error of a job stopped by a SIGTERM (the parent's, or another's)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a job returned, or the one-line error it raised."""
@@ -70,7 +73,7 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
         _send(conn, outcome)
     except KeyboardInterrupt:  # the job has written and said what it could
         logging.disable(logging.CRITICAL)  # not the interrupted clients' warnings as they are collected
-        _send(conn, Outcome(error="stopped by SIGTERM"))  # read where the parent did not stop it (a user's kill)
+        _send(conn, Outcome(error=STOPPED))  # read where the parent did not stop it (a user's kill)
     except (EOFError, OSError):  # the parent is gone
         return
 
@@ -179,9 +182,8 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                     ending.append(process)
                 taken(index, outcome)
             ending = [process for process in ending if process.is_alive()]  # is_alive reaps the ended
-        while ending:
-            ending[0].join()
-            ending.pop(0)
+        for process in ending:
+            process.join()
     except BaseException:  # interrupted, or on_outcome stopped it: no job outlives the parent's decision
         for index, (process, conn) in list(running.items()):  # the outcomes sent: those jobs are ending
             if (outcome := _received(conn)) is not None:
@@ -191,7 +193,7 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                     taken(index, outcome)
         _stop([process for process, _ in running.values()], ending)
         for index, (process, conn) in running.items():  # those that finished as they were stopped
-            if (outcome := _received(conn)) is not None and outcome.error != "stopped by SIGTERM":
+            if (outcome := _received(conn)) is not None and outcome.error != STOPPED:
                 with contextlib.suppress(Exception):
                     taken(index, outcome)
             conn.close()

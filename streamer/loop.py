@@ -97,7 +97,7 @@ class PrequentialLoop:
         # a partition far ahead (its streams hold ahead_windows windows, a batch waits for another's) is not
         # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
         # others' in a held partition): then every partition is read until the next batch is cut
-        self.ahead_windows, self.hold_quiet_s = max(1, ahead_windows), hold_quiet_s
+        self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s  # (Batcher.ahead takes at least 1)
         self._cut_at = time.monotonic()  # when the last batch was cut (or the loop was made)
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
