@@ -44,15 +44,14 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> None:
-    """A job process: SIGTERM (the parent's, a process group's, the kernel's when the parent dies) is taken
-    as Ctrl-C once and ignored after, until the job has sent its outcome (SIGINT ignored here: a terminal's
-    Ctrl-C reaches the parent, which decides); the job, `(function, task)`, comes through `conn` (after
+    """A job process: SIGTERM (the parent's, a process group's, the kernel's when the parent dies) ends it
+    until its function runs; then it is taken as Ctrl-C once and ignored after, until the job has sent its
+    outcome (SIGINT ignored here: a terminal's Ctrl-C reaches the parent, which decides); the job, `(function, task)`, comes through `conn` (after
     the parent holds this process: an interrupt while a large task is sent stops it too); logging as the
     parent's (`logs`, _logging_now); torch gets `threads` threads (streamer.threads' policy, the
     allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
     `conn`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _interrupt_once)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIGTERM's default until the job runs: nothing to write yet
     try:
         signal_on_parent_death(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
@@ -66,6 +65,7 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
             return
         _log_as(*logs)
         apply_thread_policy(threads, govern_spin=govern_spin)
+        signal.signal(signal.SIGTERM, _interrupt_once)  # (raised in an import's callback it was swallowed)
         try:
             outcome = Outcome(value=function(*task))
         except Exception as exc:  # noqa: BLE001  (any failure of a job is its one-line outcome)
