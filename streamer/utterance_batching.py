@@ -136,14 +136,6 @@ class UtteranceBatcher:
         """No partition is ahead (Batcher.ahead): any stream's utterances make a batch, none waits for one."""
         return set()
 
-    def stalled(self, windows: int) -> set:
-        """Nor held in a stall (Batcher.stalled): fewer than `rows` utterances wait for any stream's next."""
-        return set()
-
-    def short_streams(self) -> list[int]:
-        """No stream is short (Batcher.short_streams): rows are not owned by streams."""
-        return []
-
     def pop(self) -> ReadyBatch:
         """The next b utterances as one batch; call only when `ready()`."""
         items = [self._pending.popleft() for _ in range(self.rows)]

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from producers.wire import Record, Truth
+from producers.wire import Record
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.consumer import Fetched
@@ -84,42 +84,6 @@ def test_the_loop_gives_the_in_memory_runs_results_and_stops_at_the_streams_end(
     assert loop.stop_reason == "end_of_stream" and loop.step == len(results) == manifest["total_batches"]
     assert loop.records == len(records) and loop.tokens == sum(r.tokens for r in results)
     assert peeked == [r.truth for r in expected[1:]]  # the next batch's truth, before it is learned
-
-
-class HeldSource(MemorySource):
-    """With a Kafka source's hold(): the partitions each fetch is asked to leave unread."""
-
-    def __init__(self, records, **kw):
-        super().__init__(records, **kw)
-        self.holds = []
-
-    def hold(self, partitions):
-        self.holds.append(set(partitions))
-        return set(partitions)
-
-
-@pytest.mark.parametrize("kind", ["bytes", "utterances"])
-def test_a_while_without_a_batch_holds_nothing_where_nothing_can_be_ahead(kind):
-    """No batch for hold_quiet_s: the loop asks its batcher which partitions a stall holds. A partition
-    that carried the short stream is never held; a classifier's batcher (UtteranceBatcher) holds none
-    (it had no such method: its run through Kafka crashed once 5 s went by without a batch). The loop
-    waits, counted as waiting for records, and stops at its idle timeout."""
-    if kind == "bytes":
-        batcher = Batcher(2, 10)  # stream 1 has 3 tokens of the 11 a batch needs
-        records = [Record("0", "plenty of text in stream zero " * 4), Record("1", "one")]
-    else:
-        from streamer.utterance_batching import UtteranceBatcher
-
-        batcher = UtteranceBatcher(4, lambda text: list(text.encode()), pad_id=0, max_length=8)
-        records = [Record(str(i), "turn the light on", Truth("en", 0, i, 0.0, "light")) for i in range(3)]
-    source, lines = HeldSource(records), []
-    loop = PrequentialLoop(naive(), batcher, source, idle_timeout_s=0.6, hold_quiet_s=0.0, ahead_windows=1,
-                           stall_windows=1, log=lines.append)
-    results, _ = learn(loop)
-    assert results == [] and loop.stop_reason == "idle" and loop.records == len(records)
-    assert len(source.holds) > 3 and all(held == set() for held in source.holds), source.holds
-    assert not [line for line in lines if line.startswith("no batch for")], lines
-    assert loop.waiting_since is not None
 
 
 def test_stop_conditions_and_dead_letters_are_plain_state(stream):
