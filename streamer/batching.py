@@ -169,18 +169,6 @@ class Batcher:
         full = {row for row, buf in enumerate(self._buffers) if len(buf.data) > enough}
         return {tp for tp, rows in self._carried.items() if rows <= full}
 
-    def stalled(self, windows: int) -> set:
-        """ahead(windows) where every short stream has come through some partition since this start: that
-        one carried it, so it is never held, and its records are read as they come. Where one has not,
-        its records may be behind the others' in any partition: none then (all are read)."""
-        carried = set().union(*self._carried.values())
-        short = {row for row, buf in enumerate(self._buffers) if len(buf.data) <= self.window}
-        return self.ahead(windows) if short <= carried else set()
-
-    def short_streams(self) -> list[int]:
-        """The stream ids whose rows hold a window or less (the ones a batch waits for)."""
-        return [self.first_stream + row for row, buf in enumerate(self._buffers) if len(buf.data) <= self.window]
-
     def _count_short(self) -> None:
         self._short = sum(len(b.data) <= self.window for b in self._buffers)
 

@@ -75,8 +75,7 @@ class PrequentialLoop:
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
-                 lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
-                 stall_windows: int = 4096):
+                 lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -96,13 +95,9 @@ class PrequentialLoop:
         self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
         # a partition far ahead (its streams hold ahead_windows windows, a batch waits for another's) is not
-        # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records may be behind
-        # others' in a held partition): then partitions are read until the next batch is cut, but none whose
-        # streams hold stall_windows (a stream that stopped: memory and checkpoint stay bounded, and the
-        # rest waits on the broker, counted in the lag; said once a stall, _partitions_ahead)
+        # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
+        # others' in a held partition): then every partition is read until the next batch is cut
         self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s  # (Batcher.ahead takes at least 1)
-        self.stall_windows, self._stall_said = max(stall_windows, ahead_windows), False
-        self._stalled = False  # the last fetch's holds were a stall's: what is held waits for a short stream
         self._cut_at = time.monotonic()  # when the last batch was cut (or the loop was made)
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
@@ -557,7 +552,7 @@ class PrequentialLoop:
                     if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
                         await self._room()
                     self._queue.append(batcher.pop())
-                    self._cut_at, self._stall_said = time.monotonic(), False
+                    self._cut_at = time.monotonic()
                     self.waiting_since = None
                     self._changed.set()
             failed = getattr(self.source, "dead_letter_failures", 0)
@@ -566,33 +561,18 @@ class PrequentialLoop:
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             if self._queue or self.records > read:
                 self.waiting_since = None
-            elif self.waiting_since is None and (not held or self._stalled):  # caught up (what a stall holds
-                # waits for a short stream's records): nothing to learn, nothing arrived
+            elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
 
     def _partitions_ahead(self) -> set:
-        """The partitions to leave unread for the next fetch (Batcher.ahead): once no batch has been cut
-        for `hold_quiet_s`, until the next one is, only those whose streams hold `stall_windows`, so that
-        a short stream whose records are behind another's in a held partition (fewer partitions than
-        streams, a stream that starts late, records of a stream moved to another partition) is read at
-        full speed, as before there were holds, while a stream that stopped (one that came through a
-        partition of its own since this start, Batcher.stalled) leaves the others' buffers (and the
-        checkpoint, which carries them) bounded: a daemon on a topic one of whose producers died grew by
-        all the others' records for as long as it ran."""
-        quiet_s = time.monotonic() - self._cut_at
-        if quiet_s < self.hold_quiet_s:
-            self._stalled = False
-            return self.batcher.ahead(self.ahead_windows)
-        stalled = self.batcher.stalled(self.stall_windows)
-        self._stalled = bool(stalled)
-        if stalled and not self._stall_said:
-            self._stall_said = True
-            short, held = self.batcher.short_streams(), sorted(partition for _, partition in stalled)
-            self._log(f"no batch for {quiet_s:.0f} s: stream(s) {_listed(short)} have too few records for one, and "
-                      f"the others' hold {self.stall_windows:,} windows each; partition(s) {_listed(held)} are "
-                      "not read until they come (their records wait on the broker, counted in the lag)")
-        return stalled
+        """The partitions to leave unread for the next fetch (Batcher.ahead): none once no batch has been
+        cut for `hold_quiet_s`, until the next one is, so that a short stream whose records are behind
+        another's in a held partition (fewer partitions than streams, a stream that starts late, records
+        of a stream moved to another partition) is read at full speed, as before there were holds."""
+        if time.monotonic() - self._cut_at >= self.hold_quiet_s:
+            return set()
+        return self.batcher.ahead(self.ahead_windows)
 
     async def _room(self) -> None:
         """With the queue full: wait until the worker has taken it down to `_refill_at` batches, which
@@ -669,12 +649,6 @@ async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say
         for task in tasks:
             if task.done() and not task.cancelled():
                 task.exception()
-
-
-def _listed(numbers: list[int], shown: int = 8) -> str:
-    """'0, 3, 4', or the first `shown` and how many more."""
-    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
-    return ", ".join(map(str, numbers[:shown])) + more
 
 
 def _rejected(batcher, record) -> tuple[str, str] | None:

@@ -164,19 +164,3 @@ def test_ahead_names_the_partitions_whose_streams_hold_enough_while_a_batch_wait
     assert batcher.ahead(1) == {b}  # a carries stream 2, short again; b's stream holds 2 windows
     assert batcher.ahead(2) == set()
     assert batcher.ahead(0) == batcher.ahead(1)  # at least one window: a short stream never counts as full
-
-
-def test_a_stall_holds_partitions_only_once_every_short_stream_has_come_through_one():
-    """After a while without a batch (PrequentialLoop.hold_quiet_s) the loop holds only Batcher.stalled's
-    partitions: a short stream not seen since this start may be behind the others in any partition, so
-    none is held then; once it has come through one (its own), the others' full partitions are."""
-    batcher = Batcher(3, 4)
-    a, b, c = ("t", 0), ("t", 1), ("t", 2)
-    batcher.add(Record("0", "x" * 20), a, 0)
-    batcher.add(Record("1", "y" * 20), b, 0)
-    assert batcher.ahead(2) == {a, b} and batcher.stalled(2) == set()  # stream 2: where is it?
-    assert batcher.short_streams() == [2]
-    batcher.add(Record("2", "zz"), c, 0)  # in c, short still
-    assert batcher.stalled(2) == {a, b} and batcher.stalled(5) == set()  # 5 windows each, not more
-    first = Batcher(3, 4, first_stream=3)  # a rank's: stream ids 3..5
-    assert first.short_streams() == [3, 4, 5]

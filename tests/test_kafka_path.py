@@ -22,10 +22,8 @@ from producers.wire import Record, encode
 from streamer.checkpoint import load
 from streamer.config import LearnConfig
 from streamer.broker import EmbeddedBroker
-from streamer.batching import Batcher
 from streamer.consumer import KafkaSource
 from streamer.learner import run as run_learner
-from streamer.loop import PrequentialLoop
 from streamer.step import run
 from tests.helpers import TINY, batches_from_records, naive, small_stream
 
@@ -303,65 +301,6 @@ def test_a_held_partitions_lag_counts_the_records_written_while_it_is_held(broke
             await producer.stop()
             await source.stop()
     assert asyncio.run(lags()) == [{0: 0, 1: 0}, {0: 7, 1: 0}, {0: 7, 1: 0}]
-
-
-def test_a_stream_that_stopped_leaves_the_others_bounded_and_learning_goes_on_when_it_comes_back(broker):
-    """Streams 0 and 1 (partitions 0 and 1) have 10,000 records each on the broker, stream 2 (partition 2)
-    20, then nothing for a while: no batch can be cut. After hold_quiet_s without one, every partition
-    used to be read, whole: a daemon on a topic one of whose producers died took in all the others'
-    records (and carried them in every checkpoint) for as long as it ran. Now they are read until their
-    streams hold stall_windows, then left on the broker, counted in the lag, and the stall is said once;
-    when stream 2's records come, learning goes on, with the losses of the in-memory run."""
-    topic, window = "stalled", 10
-
-    def records(stream: int, count: int, start: int = 0) -> list[Record]:
-        return [Record(str(stream), f"stream {stream}, record {i:05d}: lorem ipsum. ") for i in range(start, start + count)]
-
-    early = records(2, 20) + [record for i in range(10_000) for record in (records(0, 1, i) + records(1, 1, i))]
-    late = records(2, 300, start=20)
-    asyncio.run(produce(early, broker.bootstrap_servers, topic, partitions=3))
-    lines, seen = [], {}
-
-    async def learn():
-        source = KafkaSource(broker.bootstrap_servers, topic, f"{topic}-g", partitions=[0, 1, 2], dead_letter=False,
-                             max_records=200, log=lines.append)
-        batcher = Batcher(3, window)
-        source.seek_on_assign(batcher.offsets.next_positions)
-        loop = PrequentialLoop(naive(), batcher, source, max_batches=400, ahead_windows=8, stall_windows=64,
-                               hold_quiet_s=0.5, log=lines.append)
-
-        async def stream_2_comes_back():
-            deadline = time.monotonic() + 60
-            while not any(line.startswith("no batch for") for line in lines) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(1.5)  # reading on, if it would
-            seen.update(read=batcher.offsets.next_positions(), lag=dict(loop.lag), step=loop.step,
-                        waiting=loop.waiting_for_records_since is not None)
-            await produce(late, broker.bootstrap_servers, topic, partitions=3)
-
-        results = []
-        async with loop:
-            comes_back = asyncio.create_task(stream_2_comes_back())
-            async for result in loop:
-                results.append(result)
-            await comes_back
-        return results
-
-    results = asyncio.run(learn())
-    stalls = [line for line in lines if line.startswith("no batch for")]
-    assert len(stalls) == 1 and "stream(s) 2 have too few records" in stalls[0], lines
-    assert "64 windows each; partition(s) 0, 1 are not read until they come" in stalls[0], stalls
-    read = {partition: offset for (_, partition), offset in seen["read"].items()}
-    # stream 2's 20 records (37 tokens each) make 73 batches; the others' streams are read no further than
-    # 64 windows beyond them, plus a fetch (200 records) and the record that crossed; before, to their end
-    size = len(early[0].text)
-    stalled_at = (20 * size - 1) // window
-    bound = -(-(stalled_at + 64) * window // size) + 200 + 1
-    assert seen["step"] == stalled_at == 73 and read[2] == 20 and max(read[0], read[1]) <= bound == 239, seen
-    assert seen["lag"] == {0: 10_000 - read[0], 1: 10_000 - read[1], 2: 0}, seen  # the rest, on the broker
-    assert seen["waiting"], seen  # the console and status say it waits for records
-    expected = [r.loss for r in run(naive(), batches_from_records(early + late, 3, window)[:400])]
-    assert [r.loss for r in results] == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_lag_read_with_a_held_partition_does_not_wait_for_a_broker_that_is_away():
