@@ -3,11 +3,12 @@ event-loop state), one fresh process per job, a fixed number of torch threads ea
 
 A job's exception never crosses the process boundary as a traceback: it comes back as one line.
 Ctrl-C (or SIGTERM made an interrupt) in the parent stops every job: the children ignore SIGINT
-themselves, and the parent sends each SIGTERM, which a child takes as Ctrl-C once (the job writes
-what it can, as a command interrupted alone does; later SIGTERMs are ignored until it has sent its
-outcome), and waits for them before the interrupt goes on; a second interrupt kills them. A job
-gets the same SIGTERM when the parent dies (Linux: a kill -9 of the parent leaves no job running),
-and logs as the parent does (its levels, its format).
+themselves (blocked from their start until then: no traceback from an interpreter starting up), and
+the parent sends each SIGTERM, which a child takes as Ctrl-C once (the job writes what it can, as a
+command interrupted alone does; later SIGTERMs are ignored until it has sent its outcome), and waits
+for them before the interrupt goes on; a second interrupt kills them. A job gets the same SIGTERM
+when the parent dies (Linux: a kill -9 of the parent leaves no job running), and logs as the parent
+does (its levels, its format).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -52,6 +54,7 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
     allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
     `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIGTERM's default until the job runs: nothing to write yet
+    _unblock_sigint()  # blocked from its start (_sigint_blocked): one that came meanwhile is dropped now
     try:
         signal_on_parent_death(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
@@ -76,6 +79,30 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
         _send(conn, Outcome(error=STOPPED))  # read where the parent did not stop it (a user's kill)
     except (EOFError, OSError):  # the parent is gone
         return
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread while a job's process starts, which inherits the mask: a terminal's
+    Ctrl-C reaching the job before it ignores SIGINT (_child) waits there and is dropped, where it was
+    raised in the new interpreter's start-up (a traceback, or 'Fatal Python error: init_import_site').
+    The parent's own waits the milliseconds of the start (or is taken by another of its threads)."""
+    if not hasattr(signal, "pthread_sigmask"):  # (not on Windows)
+        yield
+        return
+    # the start launches multiprocessing's resource tracker where it is not running, and unblocks SIGINT
+    # after (its own block around the launch): launched first, the start finds it running
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _unblock_sigint() -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _send(conn, outcome: Outcome) -> None:
@@ -165,7 +192,8 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                 ours, theirs = context.Pipe()
                 process = context.Process(target=_child, name=f"streamer-job-{index}", daemon=True,
                                           args=(threads, governed, logs, os.getpid(), theirs))
-                process.start()
+                with _sigint_blocked():
+                    process.start()
                 theirs.close()  # the child holds its copy
                 running[index] = (process, ours)
                 with contextlib.suppress(OSError):  # a child that ended unread: its sentinel or outcome says how

@@ -1,5 +1,6 @@
 """`streamer compare`: strategies on the same stream per seed through the real broker, then Table 1."""
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -222,17 +223,50 @@ def test_an_interrupt_while_a_large_task_is_sent_stops_that_job_too(capfd):
             os.kill(pid, signal.SIGKILL)
 
 
-def spawned_children() -> list[int]:
-    """This process's children that multiprocessing spawned (not its resource tracker)."""
-    found = []
+def spawned_children(parent: int | None = None) -> list[int]:
+    """The children of `parent` (this process) that multiprocessing spawned (not its resource tracker)."""
+    found, parent = [], parent or os.getpid()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid() and running(int(stat.parent.name)):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent and running(int(stat.parent.name)):
                 if b"spawn_main" in (stat.parent / "cmdline").read_bytes():
                     found.append(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_ctrl_c_as_the_jobs_start_is_the_parents_alone_and_no_job_prints_a_traceback(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group. A job in its first few tenths of a second (a
+    fresh interpreter importing multiprocessing's bootstrap and this package, before it could ignore
+    SIGINT) raised KeyboardInterrupt there and printed its traceback. The jobs now start with SIGINT
+    blocked (the parent's own is held for the few milliseconds of a start, then taken): the parent
+    stops them, one line."""
+    script = ("import sys\nfrom streamer.jobs import run_jobs\nfrom tests.test_compare_cmd import job_for_the_test\n"
+              "try:\n"
+              f"    run_jobs(job_for_the_test, [('sleep', {str(tmp_path / 'a')!r}), ('sleep', {str(tmp_path / 'b')!r})], "
+              "jobs=2)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted', file=sys.stderr)\n"
+              "    sys.exit(130)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (starting := [job for job in spawned_children(parent.pid) if catches(job, signal.SIGINT)]):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.001)
+        # the job's interpreter has begun (its handler is set) and is importing: the Ctrl-C's signal reaches
+        # it first (the parent's answer, SIGTERM, could end it before its handler ran), then the parent's
+        os.kill(starting[0], signal.SIGINT)
+        time.sleep(1)
+        os.killpg(parent.pid, signal.SIGINT)
+        _, err = parent.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+    assert (parent.returncode, err) == (130, "interrupted\n")
 
 
 def test_a_job_killed_before_it_has_read_its_task_is_its_one_line_error():
@@ -315,6 +349,16 @@ def test_a_kill_9_of_the_parent_leaves_no_job_running(tmp_path):
         if pid_file.exists() and pid_file.read_text() and running(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert "Traceback" not in parent.stderr.read()
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler of its own for `signum` (an interpreter's, once it has begun)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signum - 1) & 1)
 
 
 def running(pid: int) -> bool:
