@@ -18,7 +18,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import threading
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait as connection_wait
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from streamer.threads import apply_thread_policy
 
 __all__ = ["Outcome", "one_line", "run_jobs"]
 
+_MASKS = hasattr(signal, "pthread_sigmask")  # (not on Windows)
 STOPPED = "stopped by SIGTERM"  # the error of a job stopped by a SIGTERM (the parent's, or another's)
 
 
@@ -55,7 +55,7 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
     allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
     `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIGTERM's default until the job runs: nothing to write yet
-    _unblock_sigint()  # blocked from its start (_sigint_held): one that came meanwhile is dropped now
+    _unblock_sigint()  # blocked from its start (run_jobs): one that came meanwhile is dropped now
     try:
         signal_on_parent_death(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the kernel was asked to tell us
@@ -82,38 +82,8 @@ def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> N
         return
 
 
-@contextlib.contextmanager
-def _sigint_held():
-    """While a job's process starts and is registered. SIGINT is blocked in this thread, and the child
-    inherits the mask: a terminal's Ctrl-C reaching the job before it ignores SIGINT (_child) waits there
-    and is dropped, where it was raised in the new interpreter's start-up (a traceback, or 'Fatal Python
-    error: init_import_site'). The parent's own interrupt (another of its threads may take the signal: the
-    spin governor's, OpenMP's) is held too, and raised once the job is registered, so that it is stopped
-    with the others: raised within the start, it left a child that never got its task, and a traceback."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield  # (no signal mask on Windows; handlers are the main thread's)
-        return
-    # the start launches multiprocessing's resource tracker where it is not running, and unblocks SIGINT
-    # after (its own block around the launch): launched first, the start finds it running
-    resource_tracker.ensure_running()
-    # read before anything changes: each call below changes, then runs the handlers of signals that came
-    # (another's, SIGTERM made an interrupt, may raise), and a change must not outlive that
-    came, handler, mask = [], signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, ())
-    try:
-        signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        yield
-    finally:
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        finally:
-            signal.signal(signal.SIGINT, handler)
-            if came:
-                signal.raise_signal(signal.SIGINT)  # to the handler it was for
-
-
 def _unblock_sigint() -> None:
-    if hasattr(signal, "pthread_sigmask"):
+    if _MASKS:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
@@ -204,10 +174,27 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                 ours, theirs = context.Pipe()
                 process = context.Process(target=_child, name=f"streamer-job-{index}", daemon=True,
                                           args=(threads, governed, logs, os.getpid(), theirs))
-                with _sigint_held():  # an interrupt meanwhile comes once the job is held
+                # SIGINT blocked in this thread while the job starts, which inherits the mask: a terminal's Ctrl-C
+                # reaching it before it ignores SIGINT (_child) waits there and is dropped, where it was raised
+                # in the new interpreter's start-up (a traceback, or 'Fatal Python error: init_import_site').
+                # The parent's own waits the milliseconds of the start (unless another of its threads takes it).
+                # Inline, not a context manager, whose frames' starts are more places for a handler to raise.
+                if _MASKS:  # multiprocessing's resource tracker, launched by a first start, unblocks SIGINT after
+                    resource_tracker.ensure_running()  # its launch: launched first, the start finds it running
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, ()) if _MASKS else None
+                try:
+                    if _MASKS:
+                        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                     process.start()
                     theirs.close()  # the child holds its copy
                     running[index] = (process, ours)
+                finally:
+                    if _MASKS:
+                        try:
+                            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                        finally:  # again: signal's wrapper is Python, and a handler raising (SIGTERM made an
+                            # interrupt) as it began skipped the first (2 in 10,000 under a stream of SIGTERMs)
+                            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 with contextlib.suppress(OSError):  # a child that ended unread: its sentinel or outcome says how
                     ours.send((function, tasks[index]))  # once held: the child reads it after its imports
             ready = set(connection_wait([end for pair in running.values() for end in (pair[0].sentinel, pair[1])]))

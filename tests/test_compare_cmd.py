@@ -269,35 +269,6 @@ def test_a_ctrl_c_as_the_jobs_start_is_the_parents_alone_and_no_job_prints_a_tra
     assert (parent.returncode, err) == (130, "interrupted\n")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_an_interrupt_taken_by_another_thread_during_a_jobs_start_stops_that_job_too(tmp_path, monkeypatch, capfd):
-    """The parent's main thread blocks SIGINT while a job starts, so another of its threads (compare's spin
-    governor, OpenMP's) takes a Ctrl-C, and its KeyboardInterrupt came within the start: the job, not yet
-    held, was never stopped nor given its task (a traceback once its pipe closed). It is raised once the
-    job is held, and that job is stopped with the others."""
-    from multiprocessing.process import BaseProcess
-
-    from streamer.jobs import run_jobs
-
-    start = BaseProcess.start
-
-    def start_then_ctrl_c(process):
-        start(process)  # the child exists
-        ctrl_c = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
-        ctrl_c.start()  # taken by a thread that does not block it
-        ctrl_c.join()
-        time.sleep(0.2)  # the main thread's handler runs at its next turn
-    monkeypatch.setattr(BaseProcess, "start", start_then_ctrl_c)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run_jobs(job_for_the_test, [("sleep", str(tmp_path / "a"))], jobs=1)
-        assert not spawned_children()  # stopped and waited for, not left behind
-        assert "Traceback" not in capfd.readouterr().err
-    finally:
-        for pid in spawned_children():
-            os.kill(pid, signal.SIGKILL)
-
-
 def test_a_job_killed_before_it_has_read_its_task_is_its_one_line_error():
     """The task goes through the job's pipe once it runs; a job killed before it has read a large one
     (out of memory as it starts) broke that pipe, and the BrokenPipeError stopped every job and left
