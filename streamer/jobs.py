@@ -49,11 +49,11 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 def _child(threads: int, govern_spin: bool, logs: tuple, parent: int, conn) -> None:
     """A job process: SIGTERM (the parent's, a process group's, the kernel's when the parent dies) ends it
     until its function runs; then it is taken as Ctrl-C once and ignored after, until the job has sent its
-    outcome (SIGINT ignored here: a terminal's Ctrl-C reaches the parent, which decides); the job, `(function, task)`, comes through `conn` (after
-    the parent holds this process: an interrupt while a large task is sent stops it too); logging as the
-    parent's (`logs`, _logging_now); torch gets `threads` threads (streamer.threads' policy, the
-    allocator's with it; OpenMP's spins governed where the parent's are); the outcome goes back through
-    `conn`."""
+    outcome (SIGINT ignored here: a terminal's Ctrl-C reaches the parent, which decides); the job,
+    `(function, task)`, comes through `conn` (after the parent holds this process: an interrupt while a
+    large task is sent stops it too); logging as the parent's (`logs`, _logging_now); torch gets
+    `threads` threads (streamer.threads' policy, the allocator's with it; OpenMP's spins governed where
+    the parent's are); the outcome goes back through `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIGTERM's default until the job runs: nothing to write yet
     _unblock_sigint()  # blocked from its start (run_jobs): one that came meanwhile is dropped now
     try:

@@ -243,10 +243,10 @@ def test_a_ctrl_c_as_the_jobs_start_is_the_parents_alone_and_no_job_prints_a_tra
     SIGINT) raised KeyboardInterrupt there and printed its traceback. The jobs now start with SIGINT
     blocked (the parent's own is held for the few milliseconds of a start, then taken): the parent
     stops them, one line."""
+    tasks = [("sleep", str(tmp_path / "a")), ("sleep", str(tmp_path / "b"))]
     script = ("import sys\nfrom streamer.jobs import run_jobs\nfrom tests.test_compare_cmd import job_for_the_test\n"
               "try:\n"
-              f"    run_jobs(job_for_the_test, [('sleep', {str(tmp_path / 'a')!r}), ('sleep', {str(tmp_path / 'b')!r})], "
-              "jobs=2)\n"
+              f"    run_jobs(job_for_the_test, {tasks!r}, jobs=2)\n"
               "except KeyboardInterrupt:\n"
               "    print('interrupted', file=sys.stderr)\n"
               "    sys.exit(130)\n")
