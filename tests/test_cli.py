@@ -118,9 +118,9 @@ def _one_clean_line(result):
     return lines[0]
 
 
-def test_unreachable_broker_names_the_address():
+def test_unreachable_broker_names_the_address(tmp_path):  # (its runs/ in tmp_path, not in the checkout)
     line = _one_clean_line(streamer("learn", "--bootstrap-servers", "127.0.0.1:9", "--idle-timeout", "1",
-                                    "--broker-timeout", "2", *TINY_FLAGS))
+                                    "--broker-timeout", "2", *TINY_FLAGS, cwd=tmp_path))
     assert "127.0.0.1:9" in line
 
 
