@@ -145,29 +145,28 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
                            max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size,
                            broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks)
-    server = None
-    if config.metrics_port is not None and monitor.metrics is not None:
-        _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
-        server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
-                          ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
-                          security=config.metrics_security)
-        log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
-        _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
-    probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
-    if ranks is not None and leader and manifest and config.probe:
-        log("probes: not scored in a distributed run (--nproc); `streamer report` has the stream's own metrics")
-    labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
-    checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
-                                config=config, loop=loop, monitor=monitor, labels=labels)
-    source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
-    loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
-        checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
-    if resume is not None:  # in a passing thread: the parameters' copies leave no OpenMP team behind
-        in_passing(restore, resume, loop, monitor, ranks)
-        if leader and checkpointer.path.exists():  # the console shows its age until the next one
-            monitor.checkpointed(checkpointer.path.stat().st_mtime)
-    tasks = []
+    server, tasks, failure = None, [], None
     try:
+        if config.metrics_port is not None and monitor.metrics is not None:
+            _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
+            server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
+                              ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
+                              security=config.metrics_security)
+            log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
+            _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
+        probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
+        if ranks is not None and leader and manifest and config.probe:
+            log("probes: not scored in a distributed run (--nproc); `streamer report` has the stream's own metrics")
+        labels = batcher.vocabulary.names if built.kind == "classifier" else None  # the label of each head row
+        checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
+                                    config=config, loop=loop, monitor=monitor, labels=labels)
+        source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
+        loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
+            checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
+        if resume is not None:  # in a passing thread: the parameters' copies leave no OpenMP team behind
+            in_passing(restore, resume, loop, monitor, ranks)
+            if leader and checkpointer.path.exists():  # the console shows its age until the next one
+                monitor.checkpointed(checkpointer.path.stat().st_mtime)
         with view, _StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
             tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view,
@@ -180,10 +179,15 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             view.update(final, force=True)
             if leader:
                 write_status(config.run_dir / STATUS_FILE, final)
+    except Exception as error:
+        failure = error
+        raise
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if failure is not None and leader:  # else status.json's last word stays "joining" or "consuming"
+            _failed_status(loop, monitor, config.run_dir, failure)
         if server is not None:
             server.shutdown(final_scrape=loop.stop_reason != "signal")  # a signal asks for a prompt exit
     split = monitor.time_split()
@@ -192,6 +196,18 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
                       broker_lost_seconds=split.broker_lost_s)
+
+
+def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, run_dir: Path, error: Exception) -> None:
+    """status.json says the run has stopped and why, when an error ends it: `streamer status` shows the
+    error rather than the last activity (a learner that never reached its broker said "joining")."""
+    records, lag, _ = loop.across_ranks()
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    monitor.read(LoopReading(step=loop.step, records=records, lag=lag, finished=True, stop_reason=f"failed: {reason}"))
+    try:
+        write_status(run_dir / STATUS_FILE, monitor.console_snapshot())
+    except OSError:  # the run directory gone or full: the run's own error is the one reported
+        pass
 
 
 def _note_in_run_config(run_dir: Path, **values) -> None:

@@ -122,6 +122,11 @@ def test_unreachable_broker_names_the_address(tmp_path):  # (its runs/ in tmp_pa
     line = _one_clean_line(streamer("learn", "--bootstrap-servers", "127.0.0.1:9", "--idle-timeout", "1",
                                     "--broker-timeout", "2", *TINY_FLAGS, cwd=tmp_path))
     assert "127.0.0.1:9" in line
+    (run_dir,) = (tmp_path / "runs").iterdir()  # `streamer status` says how it ended (it said "joining")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["activity"] == "stopped" and "cannot reach Kafka at 127.0.0.1:9" in status["stop_reason"]
+    shown = streamer("status", str(run_dir))
+    assert shown.returncode == 0 and "[stopped: failed: cannot reach Kafka at 127.0.0.1:9" in shown.stdout
 
 
 def test_producer_to_unreachable_broker_names_the_address(tiny_corpus):
