@@ -77,6 +77,8 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     torch = sys.modules.get("torch")  # not imported here: the caller's torch work has imported it
     device = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
     outcome: dict = {}
+    ended = threading.Event()  # not Thread.join: on Python 3.11 a join that an interrupt ends marks the
+    # still running thread as ended (bpo-45274's mend), and every later join returns at once
 
     def call() -> None:
         try:
@@ -85,16 +87,20 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
             outcome["value"] = function(*args)
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
+        finally:
+            ended.set()
 
     thread = threading.Thread(target=call, name="streamer-in-passing", daemon=True)
     thread.start()
     try:
-        thread.join()
+        ended.wait()
     except BaseException:
         if on_interrupt is not None:
             on_interrupt()
-        thread.join()
+        ended.wait()
+        thread.join()  # its last C++ (an OpenMP team's end) too
         raise
+    thread.join()
     error = outcome.pop("error", None)
     if error is not None:
         try:
