@@ -243,15 +243,22 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
                                           run_dir=run_dir), strategy_options=item.options)
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
-        stop = threading.Event()  # a Ctrl-C here stops the run at its next step
+        stop, learned = threading.Event(), [0]  # a Ctrl-C here stops the run at its next step
 
         def step() -> None:
             if stop.is_set():
                 raise KeyboardInterrupt
+            learned[0] += 1
             progress()
 
-        summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector, on_step=step),
-                             on_interrupt=stop.set)  # in a passing thread: no OpenMP team stays in this one
+        try:  # in a passing thread: no OpenMP team stays in this one
+            summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector,
+                                                       on_step=step), on_interrupt=stop.set)
+        except KeyboardInterrupt:  # its losses are complete only at the end: no report, but a line
+            print(f"streamer: interrupted; {item.name} seed {seed} had learned {learned[0]:,} batches of the "
+                  f"stream, shuffled: the i.i.d. reference writes its report only once it has learned them all",
+                  file=sys.stderr)
+            raise
     else:
         try:
             summary = _learn(run, manifest, progress, log)

@@ -453,3 +453,34 @@ def test_the_default_jobs_share_the_cpus_among_each_runs_threads(monkeypatch):
     crowded = compare_config(parse_flags(["compare"]))
     assert (crowded.jobs, crowded.job_threads) == (1, cpus + 1)
     assert compare_config(parse_flags(["compare", "--jobs", "3", "--threads", "1"])).jobs == 3
+
+
+def test_an_interrupted_multitask_run_says_what_it_had_learned_and_exits_cleanly(tmp_path):
+    """The i.i.d. reference learns the stream shuffled, so its losses are whole only at the end: a Ctrl-C
+    writes no report but says how far it got, in one line. (Its thread was still in a backward pass as
+    the command exited, which aborted it: 'terminate called without an active exception', status 134.)"""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "multitask",
+               "--out", str(out), "--no-probe", *TINY[:TINY.index("--probe-tokens")], "--fragments", "100",
+               "--lambda", "2000"]
+    compare = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "multitask-seed0" / "config.json").exists():  # written as the learning starts
+            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        compare.send_signal(signal.SIGINT)
+        _, err = compare.communicate(timeout=60)
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+    assert compare.returncode == 130, err
+    total = json.loads((out / "streams" / "seed0" / "manifest.json").read_text())["total_batches"]
+    (line,) = [line for line in err.splitlines() if "multitask seed 0 had learned" in line]
+    learned = int(line.split("had learned ")[1].split(" batches")[0].replace(",", ""))
+    assert 0 < learned < total and "writes its report only once it has learned them all" in line
+    assert "terminate called" not in err and "Traceback" not in err, err
+    assert not (out / "multitask-seed0" / "losses.jsonl").exists()
