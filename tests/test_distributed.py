@@ -471,6 +471,15 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
         "streamer learn: error: --nproc 2: --streams 9 is not divisible by 2 ranks (each rank learns streams / ranks "
         "of them); use a multiple of 2"])
     assert not (root / "odd").exists()
+    # under a plain torchrun, each rank refuses alike on its machine's files: rank 0 says it, once (each rank
+    # said it; a rank ending first had the agent stop rank 0 before its line, and none was said)
+    flags = learn_flags(broker, manifest, root / "contradicting")
+    flags[flags.index("--streams") + 1] = "4"
+    contradicting = run([*TORCHRUN, "-m", "streamer", *flags], root, timeout=60)
+    said = [line for line in contradicting.stderr.splitlines() if "error:" in line]
+    assert contradicting.returncode != 0 and said == [
+        f"streamer learn: error: --streams 4 contradicts the manifest {manifest}'s streams 10 (leave --streams out: "
+        "the manifest sets it)"], contradicting.stderr[-3000:]
     alone = run([*STREAMER, *learn_flags(broker, manifest, root / "alone", "--pin-cpus")], root, timeout=60)
     assert (alone.returncode, alone.stderr.strip().splitlines()) == (2, [
         "streamer learn: error: --pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from streamer.cli.configs import learn_config, say, silent
 from streamer.cli.errors import UserError, caused_by
@@ -139,16 +140,20 @@ def run(args) -> int:
     # rank 0's manifest and stream are every rank's (_start_or_resume): another machine's own (or none) is not
     # read; on rank 0's (RANK == LOCAL_RANK), the files are rank 0's, and its ranks refuse a stream as it does
     beside_rank_0 = not ranked or environment[0] == environment[2]
-    manifest_path, manifest = _manifest(args, say=leader) if beside_rank_0 else (None, None)
-    from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
-
     group = args.group or default_group(args.topic, args.strategy)
     run_dir = args.run_dir or Path("runs") / f"{args.topic}-{group}"  # stable: the same command continues it
-    # on another machine, --params is not fitted here (rank 0's hidden size comes with its stream): without
-    # the manifest, a word model's fit fails for want of its vocabulary, before the process group starts
-    config = learn_config(args if beside_rank_0 else argparse.Namespace(**{**vars(args), "params": None}),
-                          bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
-                          manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
+    try:
+        manifest_path, manifest = _manifest(args, say=leader) if beside_rank_0 else (None, None)
+        # on another machine, --params is not fitted here (rank 0's hidden size comes with its stream): without
+        # the manifest, a word model's fit fails for want of its vocabulary, before the process group starts
+        config = learn_config(args if beside_rank_0 else argparse.Namespace(**{**vars(args), "params": None}),
+                              bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
+                              manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
+    except UserError:
+        if leader or not beside_rank_0:
+            raise
+        _leave_the_line_to_rank_0()  # the same flags and files as rank 0's
+    from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
     ranks = None
     if ranked:
         _refuse_for_ranks(config, environment[1], leader, stream=beside_rank_0)
@@ -262,6 +267,18 @@ def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: boo
         return
     if leader:
         raise UserError(reason)
+    _leave_the_line_to_rank_0()
+
+
+def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
+    """A rank other than 0 that refuses the run as rank 0 does, before the process group: rank 0 says
+    why, and this rank ends quietly with status 2. It waits (up to `wait_s`) for the SIGTERM that
+    torchrun's agent sends once rank 0 has ended: ending first, it made the agent stop rank 0 before
+    rank 0 said its line (1 of 8 tries gave no line at all), where each rank had said it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))  # not the command's "SIGTERM before..."
+    time.sleep(wait_s)
     raise SystemExit(2)
 
 
