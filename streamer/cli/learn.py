@@ -260,12 +260,13 @@ def _refusal(config: LearnConfig, world: int, stream: bool = True) -> str | None
 
 
 def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: bool = True) -> None:
-    """Rank 0 says why in one line (UserError); the other ranks exit quietly with the same status (`stream`
-    False: not asked of the streams, rank 0's, which a rank on another machine learns by)."""
+    """Rank 0 says why in one line (UserError), and so does a rank on another machine (`stream` False: not
+    asked of the streams, rank 0's, which it learns by; its command line is its host's own); the other
+    ranks on rank 0's machine refuse alike and leave the line to rank 0."""
     reason = _refusal(config, world, stream=stream)
     if reason is None:
         return
-    if leader:
+    if leader or not stream:
         raise UserError(reason)
     _leave_the_line_to_rank_0()
 
