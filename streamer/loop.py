@@ -58,6 +58,7 @@ from typing import AsyncIterator
 
 from monitor.results import BatchTruth, StepResult
 from streamer.batching import ReadyBatch
+from streamer.spin import outlast
 from streamer.step import prequential_step
 from streamer.strategies.base import Batch
 
@@ -120,6 +121,7 @@ class PrequentialLoop:
         self._changed = asyncio.Event()
         self._started = self._last_record = time.monotonic()
         self._worker: ThreadPoolExecutor | None = None
+        self._submitted: list[concurrent.futures.Future] = []  # to the worker, those not done when last seen
         self._event_loop: asyncio.AbstractEventLoop | None = None  # the one the loop runs on (__aenter__)
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -208,7 +210,11 @@ class PrequentialLoop:
     async def __aexit__(self, *exc) -> None:
         self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
         await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
-        self._worker.shutdown(wait=True, cancel_futures=True)  # a step queued ahead never starts
+        in_flight = [future for future in self._submitted if not future.done()]
+        self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
+        # the step in flight ends first, on a wait that an interrupt cannot cut short (Thread.join, in
+        # shutdown's wait, on Python 3.11: then the exit aborted while the step was inside torch's C++)
+        outlast(lambda: concurrent.futures.wait(in_flight))
         await self.source.stop()
 
     async def _start_source(self) -> bool:
@@ -274,7 +280,7 @@ class PrequentialLoop:
         ready = self._queue.popleft()
         index = self.step + len(self._running)
         self._handed = index  # before the submit: the worker reads it when the step is done
-        stepped = self._worker.submit(self._stepping, ready, index)
+        stepped = self._submit(self._stepping, ready, index)
         stepped.add_done_callback(functools.partial(self._stepped, index))
         self._running.append((ready, stepped))
 
@@ -461,11 +467,18 @@ class PrequentialLoop:
     def submit(self, function, *args) -> asyncio.Future:
         """`function(*args)` queued in the model's worker thread now (collectives keep their order on
         every rank); await the returned future for its result."""
-        return asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
+        return asyncio.wrap_future(self._submit(function, *args))
 
     async def in_worker(self, function, *args):
         """Run `function(*args)` in the model's worker thread, after any step in flight."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
+        return await self.submit(function, *args)
+
+    def _submit(self, function, *args) -> concurrent.futures.Future:
+        """Everything the worker runs goes through here (on the event loop's thread), so that the stop
+        knows what is still in flight."""
+        future = self._worker.submit(function, *args)
+        self._submitted = [*(f for f in self._submitted if not f.done()), future]
+        return future
 
     def stop(self, reason: str = "signal") -> None:
         """Stop after the step in flight (a signal handler on the event loop calls it): the loop then

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governor", "in_passing", "busy_ticks", "stat_cpus", "watchable", "Reader"]
+__all__ = ["SpinGovernor", "govern", "governor", "in_passing", "outlast", "busy_ticks", "stat_cpus", "watchable", "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,7 +73,7 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     starts on the caller's CUDA device (torch keeps it per thread). A signal's exception (Ctrl-C,
     SIGTERM) that interrupts the wait here is raised once the thread has ended (a process that
     exits while a thread is inside torch's C++ aborts): `on_interrupt` is called first, to make
-    long work stop early."""
+    long work stop early; a second one exits at once (`outlast`)."""
     torch = sys.modules.get("torch")  # not imported here: the caller's torch work has imported it
     device = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
     outcome: dict = {}
@@ -97,7 +97,7 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     except BaseException:
         if on_interrupt is not None:
             on_interrupt()
-        ended.wait()
+        _to_the_end(ended.wait)
         thread.join()  # its last C++ (an OpenMP team's end) too
         raise
     thread.join()
@@ -108,6 +108,27 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
         finally:  # no cycle through this frame keeps the failed work's objects alive
             del error
     return outcome["value"]
+
+
+def outlast(wait: Callable[[], object]) -> None:
+    """`wait()`, a wait for work in another thread (a step in flight), to its end. An interrupt (Ctrl-C,
+    or SIGTERM taken as one) that lands in it is raised after it; a second exits the process at once."""
+    try:
+        wait()
+    except BaseException:
+        _to_the_end(wait)
+        raise
+
+
+def _to_the_end(wait: Callable[[], object]) -> None:
+    """`wait()` again, after an interrupt: a second interrupt exits the process now (os._exit, status 130, or
+    a SystemExit's own), since a normal exit while the awaited thread is inside torch's C++ aborts it
+    ('terminate called without an active exception', status 134), as two quick Ctrl-Cs did."""
+    try:
+        wait()
+    except BaseException as again:
+        print("streamer: interrupted again: exiting now", file=sys.stderr, flush=True)
+        os._exit(again.code if isinstance(again, SystemExit) and isinstance(again.code, int) else 130)
 
 
 def _cpu_lines(stat: str) -> dict[int, list[int]] | None:

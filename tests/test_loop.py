@@ -3,6 +3,7 @@ letters as plain state, probes' peek, and a snapshot that continues exactly."""
 
 import asyncio
 import json
+import signal
 import threading
 import time
 from unittest import mock
@@ -241,6 +242,50 @@ async def until(condition, timeout_s=10.0):
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not condition() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.002)
+
+
+def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream):
+    """The loop's end waits for the step in flight; an interrupt (here SIGUSR1 made one, to this main
+    thread) that lands in that wait is raised once the step has ended. The wait was ThreadPoolExecutor's
+    shutdown, a Thread.join: on Python 3.11 an interrupted join gives up on the thread for good, and the
+    interpreter's exit with the step inside torch's C++ aborted ('terminate called ...')."""
+    records, _ = stream
+    strategy, learned = counting(naive())
+    in_flight, ended, learn = threading.Event(), threading.Event(), strategy.learn
+
+    def slow_learn(batch):
+        if len(learned) == 1:  # batch 1, running ahead while the consumer holds result 0, and leaves
+            in_flight.set()
+            time.sleep(1.0)
+            ended.set()
+        return learn(batch)
+    strategy.learn = slow_learn
+    loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64, burst=1)
+    loop.snapshot_wanted = lambda index, upcoming, previous: False
+
+    async def go():
+        async with loop:
+            async for result in loop:
+                await until(in_flight.is_set)
+                break
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    def interrupt_the_wait(main=threading.main_thread().ident):
+        if in_flight.wait(10):  # (else no signal: one after the handler is put back would end pytest)
+            time.sleep(0.3)  # the consumer has left: the loop's end waits for the step
+            signal.pthread_kill(main, signal.SIGUSR1)
+    timer = threading.Thread(target=interrupt_the_wait)
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(go())
+        interrupted_after_the_step = ended.is_set()
+    finally:
+        timer.join()
+        signal.signal(signal.SIGUSR1, before)
+    assert interrupted_after_the_step
 
 
 def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(stream):

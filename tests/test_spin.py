@@ -144,7 +144,8 @@ def work():  # torch's C++ most of the time, as a model's build or a multitask r
 
 # to the main thread, waiting in in_passing, as a terminal's Ctrl-C comes (raise_signal, from the timer's
 # thread, went to that thread, and the main thread saw it only once its wait had ended)
-threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+for at in (0.3, 0.4)[:{interrupts}]:
+    threading.Timer(at, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
 try:
     in_passing(work, on_interrupt=stop.set)
 except KeyboardInterrupt:
@@ -161,13 +162,23 @@ def test_a_ctrl_c_while_in_passing_waits_for_the_work_and_exits_cleanly(tmp_path
     stop it. (Python 3.11's Thread.join, interrupted, marks a running thread as ended: bpo-45274's
     mend, and a second join then returned at once.)"""
     script = tmp_path / "interrupted.py"
-    script.write_text(INTERRUPTED.format(root=str(ROOT), stoppable=stoppable))
+    script.write_text(INTERRUPTED.format(root=str(ROOT), stoppable=stoppable, interrupts=1))
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130 and done.stdout.strip() == "interrupted after the work", (done, done.stderr[-2000:])
     assert "terminate called" not in done.stderr
     if stoppable:
         assert time.monotonic() - started < 60  # not asserting a speed: only that it did not hang
+
+
+def test_a_second_ctrl_c_while_in_passing_waits_exits_at_once_without_aborting(tmp_path):
+    """Two quick Ctrl-Cs: the second exits now (the work goes on for 3 s more), with status 130 and one
+    line; raised as an exception, it ended the interpreter while the thread was inside torch (status -6)."""
+    script = tmp_path / "twice.py"
+    script.write_text(INTERRUPTED.format(root=str(ROOT), stoppable=False, interrupts=2))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (130, ""), (done.returncode, done.stdout, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines() == ["streamer: interrupted again: exiting now"], done.stderr[-2000:]
 
 
 TEAMS = """
