@@ -245,10 +245,10 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
     if item.name == MULTITASK:
         stop, learned = threading.Event(), [0]  # a Ctrl-C here stops the run at its next step
 
-        def step() -> None:
+        def step() -> None:  # after each batch learned
+            learned[0] += 1
             if stop.is_set():
                 raise KeyboardInterrupt
-            learned[0] += 1
             progress()
 
         try:  # in a passing thread: no OpenMP team stays in this one

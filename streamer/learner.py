@@ -23,6 +23,7 @@ the metrics; the others write nothing there. Probes are not scored in a distribu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -145,7 +146,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
                            max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size,
                            broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks)
-    server, tasks, failure = None, [], None
+    server, tasks, failure, probes = None, [], None, None
     try:
         if config.metrics_port is not None and monitor.metrics is not None:
             _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
@@ -187,7 +188,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if failure is not None and leader:  # else status.json's last word stays "joining" or "consuming"
-            _failed_status(loop, monitor, config.run_dir, failure)
+            with contextlib.suppress(Exception):  # the run's own error is the one reported
+                _failed_status(loop, monitor, probes, config.run_dir, failure)
         if server is not None:
             server.shutdown(final_scrape=loop.stop_reason != "signal")  # a signal asks for a prompt exit
     split = monitor.time_split()
@@ -198,16 +200,24 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       broker_lost_seconds=split.broker_lost_s)
 
 
-def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, run_dir: Path, error: Exception) -> None:
+def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:
     """status.json says the run has stopped and why, when an error ends it: `streamer status` shows the
     error rather than the last activity (a learner that never reached its broker said "joining")."""
     records, lag, _ = loop.across_ranks()
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    monitor.read(LoopReading(step=loop.step, records=records, lag=lag, finished=True, stop_reason=f"failed: {reason}"))
-    try:
-        write_status(run_dir / STATUS_FILE, monitor.console_snapshot())
-    except OSError:  # the run directory gone or full: the run's own error is the one reported
-        pass
+    monitor.read(LoopReading(step=loop.step, records=records, lag=lag, finished=True,
+                             probe_seconds=probes.seconds if probes else 0.0, stop_reason=f"failed: {_said(error)}"))
+    write_status(run_dir / STATUS_FILE, monitor.console_snapshot())
+
+
+def _said(error: Exception, limit: int = 300) -> str:
+    """The error on one line: its own words for streamer's errors (gloo's less the C++ source location it
+    puts first), `Type: words` for Python's own (a bare KeyError('x') said only 'x')."""
+    words = " ".join(str(error).split())
+    if words.startswith("[") and "] " in words:
+        words = words.split("] ", 1)[1]
+    if type(error).__module__ == "builtins" or not words:
+        words = f"{type(error).__name__}: {words}" if words else type(error).__name__
+    return words[:limit]
 
 
 def _note_in_run_config(run_dir: Path, **values) -> None:

@@ -102,3 +102,17 @@ def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"streamer status: error: {tmp_path} is not a run directory (no config.json): "
                    "give the --run-dir of a learner"]
+
+
+def test_a_failed_runs_status_says_its_error_on_one_line():
+    """What status.json's "stopped: failed: ..." says: streamer's own errors in their words, gloo's less its
+    C++ source location, Python's own with their type (a bare KeyError('x') said only 'x')."""
+    from streamer.consumer import SourceError
+    from streamer.learner import _said
+
+    assert _said(SourceError("cannot reach Kafka at 127.0.0.1:9 (no answer for 2 s; --broker-timeout)")) == (
+        "cannot reach Kafka at 127.0.0.1:9 (no answer for 2 s; --broker-timeout)")
+    assert _said(KeyError("x")) == "KeyError: 'x'"
+    assert _said(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+                              "[127.0.0.1]:29500")) == "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
+    assert _said(ValueError()) == "ValueError"
