@@ -41,7 +41,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SpinGovernor", "govern", "governor", "in_passing", "outlast", "busy_ticks", "stat_cpus", "watchable", "Reader"]
+__all__ = ["SpinGovernor", "govern", "governor", "in_passing", "outlast", "busy_ticks", "stat_cpus", "watchable",
+           "Reader"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

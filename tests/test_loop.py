@@ -288,6 +288,28 @@ def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream
     assert interrupted_after_the_step
 
 
+def test_a_consumer_that_fails_with_work_queued_for_the_worker_ends_the_loop(stream):
+    """The loop's end waits for what the worker runs, not for what it has queued and the stop cancelled:
+    a consumer that fails with one submission running and another queued behind it (a probe's, a
+    checkpoint's gather) ended the loop, then waited for good on the cancelled one."""
+    records, _ = stream
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64)
+    done = []
+
+    async def go():
+        async with loop:
+            running, queued = loop.submit(time.sleep, 0.5), loop.submit(done.append, "queued")
+            await asyncio.sleep(0.1)
+            raise RuntimeError("the consumer fails")
+    finished = threading.Event()
+    outcome = []
+    thread = threading.Thread(target=lambda: (outcome.append(pytest.raises(RuntimeError, asyncio.run, go())),
+                                              finished.set()), daemon=True)
+    thread.start()
+    assert finished.wait(30), "the loop's end waited for a cancelled submission"
+    assert "the consumer fails" in str(outcome[0].value) and done == []  # the queued one never ran
+
+
 def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(stream):
     """With `snapshot_wanted` set (and no bursts), the worker learns batch k + 1 while the consumer still
     holds result k (never further ahead), the results are the in-memory run's, and a result whose next
