@@ -28,8 +28,8 @@ from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
 from streamer.config import LearnConfig, default_group
-from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, torchrun_environment,
-                               torchrun_local_world)
+from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, started_by_torchrun_agent,
+                               torchrun_environment, torchrun_local_world)
 from streamer.threads import available_cpus, pin_to_rank_share, rank_threads
 
 __all__ = ["add_parser", "run"]
@@ -150,7 +150,7 @@ def run(args) -> int:
                               bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
                               manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
     except UserError:
-        if leader or not beside_rank_0:
+        if leader or not beside_rank_0 or not started_by_torchrun_agent():
             raise
         _leave_the_line_to_rank_0()  # the same flags and files as rank 0's
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
@@ -266,19 +266,20 @@ def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: boo
     reason = _refusal(config, world, stream=stream)
     if reason is None:
         return
-    if leader or not stream:
+    if leader or not stream or not started_by_torchrun_agent():
         raise UserError(reason)
     _leave_the_line_to_rank_0()
 
 
 def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
-    """A rank other than 0 that refuses the run as rank 0 does, before the process group: rank 0 says
-    why, and this rank ends quietly with status 2. It waits (up to `wait_s`) for the SIGTERM that
-    torchrun's agent sends once rank 0 has ended: ending first, it made the agent stop rank 0 before
+    """A rank of torchrun's agent, other than rank 0, that refuses the run as rank 0 does, before the
+    process group: rank 0 says why, and this rank ends quietly. It waits (up to `wait_s`, then ends 2)
+    for the SIGTERM that the agent sends once rank 0 has ended, and ends as stopped by it (143: the
+    agent's summary names rank 0 alone as failed): ending first, it made the agent stop rank 0 before
     rank 0 said its line (1 of 8 tries gave no line at all), where each rank had said it."""
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))  # not the command's "SIGTERM before..."
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
     time.sleep(wait_s)
     raise SystemExit(2)
 
