@@ -209,16 +209,18 @@ class PrequentialLoop:
 
     async def __aexit__(self, *exc) -> None:
         self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
-        await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
-        self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
-        # the step in flight ends first, on a wait that an interrupt cannot cut short (Thread.join, in
-        # shutdown's wait, on Python 3.11: then the exit aborted while the step was inside torch's C++);
-        # not on those cancelled, which concurrent.futures.wait never counts as done (it hung on them)
-        in_flight = [future for future in self._submitted if not future.done()]
-        try:
-            outlast(lambda: concurrent.futures.wait(in_flight))
-        finally:  # an interrupt the wait held back still leaves the group
-            await self.source.stop()
+        try:  # (an interrupt, or asyncio.run's cancel, landing while they end still stops the worker)
+            await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
+        finally:
+            self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
+            # the step in flight ends first, on a wait that an interrupt cannot cut short (Thread.join, in
+            # shutdown's wait, on Python 3.11: then the exit aborted while the step was inside torch's C++);
+            # not on those cancelled, which concurrent.futures.wait never counts as done (it hung on them)
+            in_flight = [future for future in self._submitted if not future.done()]
+            try:
+                outlast(lambda: concurrent.futures.wait(in_flight))
+            finally:  # an interrupt the wait held back still leaves the group
+                await self.source.stop()
 
     async def _start_source(self) -> bool:
         """source.start(), given up when the loop is stopped meanwhile; False then."""

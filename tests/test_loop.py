@@ -16,6 +16,7 @@ from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.consumer import Fetched
 from streamer.distributed import Agreement
+from streamer import loop as loop_module
 from streamer.loop import PrequentialLoop
 from streamer.step import prequential_step, run
 from tests.helpers import batches_from_records, naive, small_stream
@@ -244,11 +245,20 @@ async def until(condition, timeout_s=10.0):
         await asyncio.sleep(0.002)
 
 
-def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream):
+@pytest.mark.parametrize("lands_in", ["the wait for the step", "the end of the fetch and watch tasks"])
+def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream, monkeypatch, lands_in):
     """The loop's end waits for the step in flight; an interrupt (here SIGUSR1 made one, to this main
     thread) that lands in that wait is raised once the step has ended. The wait was ThreadPoolExecutor's
     shutdown, a Thread.join: on Python 3.11 an interrupted join gives up on the thread for good, and the
-    interpreter's exit with the step inside torch's C++ aborted ('terminate called ...')."""
+    interpreter's exit with the step inside torch's C++ aborted ('terminate called ...'). One landing
+    earlier, while the fetch and watch tasks end (here made to take 0.6 s), skipped that wait."""
+    if lands_in != "the wait for the step":
+        ended_tasks = loop_module._ended
+
+        async def slow_to_end(*args, **kwargs):
+            await asyncio.sleep(0.6)
+            await ended_tasks(*args, **kwargs)
+        monkeypatch.setattr(loop_module, "_ended", slow_to_end)
     records, _ = stream
     strategy, learned = counting(naive())
     in_flight, ended, learn = threading.Event(), threading.Event(), strategy.learn
