@@ -406,6 +406,24 @@ def test_learn_points_multitask_to_compare(capsys):
     assert len(err.strip().splitlines()) == 1 and "streamer compare --strategies naive,multitask" in err
 
 
+def stopped(command: list[str], cwd, ready, stop) -> tuple[int, str]:
+    """Start `command` (in a session of its own), call stop(process) once ready() holds; its exit status
+    and stderr."""
+    compare = subprocess.Popen(command, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
+            time.sleep(0.05)
+        stop(compare)
+        _, err = compare.communicate(timeout=60)
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+    return compare.returncode, err
+
+
 def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned(broker, tmp_path):
     """SIGTERM (or Ctrl-C) stops a parallel compare as it stops one run alone: every run writes the report
     of the batches it learned and names its directory in one line (a job was ended by the signal's default
@@ -416,20 +434,10 @@ def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned
     command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "naive,replay",
                "--bootstrap-servers", broker.bootstrap_servers, "--jobs", "2", "--out", str(out), "--no-probe",
                *TINY[:TINY.index("--probe-tokens")], "--fragments", "30", "--lambda", "2000"]
-    compare = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     logs = [out / f"{name}-seed0" / "losses.jsonl" for name in ("naive", "replay")]
-    try:
-        deadline = time.monotonic() + 120
-        while not all(log.exists() and log.stat().st_size for log in logs):
-            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
-            time.sleep(0.05)
-        os.killpg(compare.pid, signal.SIGTERM)
-        _, err = compare.communicate(timeout=60)
-    finally:
-        if compare.poll() is None:
-            compare.kill()
-    assert compare.returncode == 130, err
+    returncode, err = stopped(command, tmp_path, lambda: all(log.exists() and log.stat().st_size for log in logs),
+                              lambda compare: os.killpg(compare.pid, signal.SIGTERM))
+    assert returncode == 130, err
     total = json.loads((out / "streams" / "seed0" / "manifest.json").read_text())["total_batches"]
     for log in logs:
         learned = len(log.read_text().splitlines())
@@ -464,20 +472,9 @@ def test_an_interrupted_multitask_run_says_what_it_had_learned_and_exits_cleanly
     command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "multitask",
                "--out", str(out), "--no-probe", *TINY[:TINY.index("--probe-tokens")], "--fragments", "100",
                "--lambda", "2000"]
-    compare = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "multitask-seed0" / "config.json").exists():  # written as the learning starts
-            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()
-            time.sleep(0.05)
-        time.sleep(0.5)
-        compare.send_signal(signal.SIGINT)
-        _, err = compare.communicate(timeout=60)
-    finally:
-        if compare.poll() is None:
-            compare.kill()
-    assert compare.returncode == 130, err
+    returncode, err = stopped(command, tmp_path, (out / "multitask-seed0" / "config.json").exists,  # as it learns
+                              lambda compare: (time.sleep(0.5), compare.send_signal(signal.SIGINT)))
+    assert returncode == 130, err
     total = json.loads((out / "streams" / "seed0" / "manifest.json").read_text())["total_batches"]
     (line,) = [line for line in err.splitlines() if "multitask seed 0 had learned" in line]
     learned = int(line.split("had learned ")[1].split(" batches")[0].replace(",", ""))
