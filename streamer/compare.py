@@ -243,10 +243,11 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
                                           run_dir=run_dir), strategy_options=item.options)
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
-        stop, learned = threading.Event(), [0]  # a Ctrl-C here stops the run at its next step
+        stop, learned = threading.Event(), 0  # a Ctrl-C here stops the run at its next step
 
         def step() -> None:  # after each batch learned
-            learned[0] += 1
+            nonlocal learned
+            learned += 1
             if stop.is_set():
                 raise KeyboardInterrupt
             progress()
@@ -255,7 +256,7 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
             summary = in_passing(lambda: run_multitask(run, manifest, records=records, detector=run.detector,
                                                        on_step=step), on_interrupt=stop.set)
         except KeyboardInterrupt:  # its losses are complete only at the end: no report, but a line
-            print(f"streamer: interrupted; {item.name} seed {seed} had learned {learned[0]:,} batches of the "
+            print(f"streamer: interrupted; {item.name} seed {seed} had learned {learned:,} batches of the "
                   f"stream, shuffled: the i.i.d. reference writes its report only once it has learned them all",
                   file=sys.stderr)
             raise

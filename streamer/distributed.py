@@ -32,7 +32,7 @@ import torch.distributed as dist
 from streamer.settings import torchrun_environment
 
 __all__ = ["Ranks", "Agreement", "start", "current", "stop", "average_gradients", "mean_over_ranks", "ranks_count",
-           "true_on_every_rank", "STOP_REASONS"]
+           "true_on_every_rank", "without_source_location", "STOP_REASONS"]
 
 # The stop reason all ranks take when several differ in one round: the later in this tuple wins.
 STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "signal")
@@ -185,6 +185,11 @@ def stop() -> None:
         dist.destroy_process_group()
         gc.collect()
     _current = None
+
+
+def without_source_location(text: str) -> str:
+    """An error's text less the C++ source location gloo puts first ("[.../pair.cc:534] Connection ...")."""
+    return text.split("] ", 1)[1] if text.startswith("[") and "] " in text else text
 
 
 def ranks_count() -> int:

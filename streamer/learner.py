@@ -212,9 +212,7 @@ def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir:
 def _said(error: Exception, limit: int = 300) -> str:
     """The error on one line: its own words for streamer's errors (gloo's less the C++ source location it
     puts first), `Type: words` for Python's own (a bare KeyError('x') said only 'x')."""
-    words = " ".join(str(error).split())
-    if words.startswith("[") and "] " in words:
-        words = words.split("] ", 1)[1]
+    words = distributed.without_source_location(" ".join(str(error).split()))
     if type(error).__module__ == "builtins" or not words:
         words = f"{type(error).__name__}: {words}" if words else type(error).__name__
     return words[:limit]

@@ -94,14 +94,9 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     thread = threading.Thread(target=call, name="streamer-in-passing", daemon=True)
     thread.start()
     try:
-        ended.wait()
-    except BaseException:
-        if on_interrupt is not None:
-            on_interrupt()
-        _to_the_end(ended.wait)
+        outlast(ended.wait, on_interrupt)
+    finally:
         thread.join()  # its last C++ (an OpenMP team's end) too
-        raise
-    thread.join()
     error = outcome.pop("error", None)
     if error is not None:
         try:
@@ -111,12 +106,15 @@ def in_passing(function: Callable[..., T], *args, on_interrupt: Callable[[], Non
     return outcome["value"]
 
 
-def outlast(wait: Callable[[], object]) -> None:
+def outlast(wait: Callable[[], object], on_interrupt: Callable[[], None] | None = None) -> None:
     """`wait()`, a wait for work in another thread (a step in flight), to its end. An interrupt (Ctrl-C,
-    or SIGTERM taken as one) that lands in it is raised after it; a second exits the process at once."""
+    or SIGTERM taken as one) that lands in it calls `on_interrupt` (to make the work stop early) and is
+    raised after the wait; a second exits the process at once."""
     try:
         wait()
     except BaseException:
+        if on_interrupt is not None:
+            on_interrupt()
         _to_the_end(wait)
         raise
 

@@ -149,10 +149,8 @@ def run(args) -> int:
         config = learn_config(args if beside_rank_0 else argparse.Namespace(**{**vars(args), "params": None}),
                               bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
                               manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
-    except UserError:
-        if leader or not beside_rank_0 or not started_by_torchrun_agent():
-            raise
-        _leave_the_line_to_rank_0()  # the same flags and files as rank 0's
+    except UserError as exc:
+        _refuse(exc, leader, beside_rank_0)  # the same flags and files as rank 0's on its machine
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
     ranks = None
     if ranked:
@@ -221,8 +219,9 @@ def _a_peer_is_gone(exc: RuntimeError) -> bool:
 
 def _last_words(exc: Exception) -> str:
     """The error's first line, less the C++ source location gloo puts before it."""
-    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+    from streamer.distributed import without_source_location
+
+    return without_source_location(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
 
 def rank_status(stop_reason: str) -> int:
@@ -264,19 +263,20 @@ def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: boo
     asked of the streams, rank 0's, which it learns by; its command line is its host's own); the other
     ranks on rank 0's machine refuse alike and leave the line to rank 0."""
     reason = _refusal(config, world, stream=stream)
-    if reason is None:
-        return
-    if leader or not stream or not started_by_torchrun_agent():
-        raise UserError(reason)
-    _leave_the_line_to_rank_0()
+    if reason is not None:
+        _refuse(UserError(reason), leader, beside_rank_0=stream)
 
 
-def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
-    """A rank of torchrun's agent, other than rank 0, that refuses the run as rank 0 does, before the
-    process group: rank 0 says why, and this rank ends quietly. It waits (up to `wait_s`, then ends 2)
-    for the SIGTERM that the agent sends once rank 0 has ended, and ends as stopped by it (143: the
-    agent's summary names rank 0 alone as failed): ending first, it made the agent stop rank 0 before
-    rank 0 said its line (1 of 8 tries gave no line at all), where each rank had said it."""
+def _refuse(error: UserError, leader: bool, beside_rank_0: bool, wait_s: float = 10.0) -> NoReturn:
+    """Refuse the run before the process group: `error` is raised (one line) by rank 0, by one process,
+    by a rank on another machine (its command line is its host's own) and by a rank that torchrun's
+    agent did not start. A rank of the agent on rank 0's machine refuses alike and leaves the line to
+    rank 0: it waits (up to `wait_s`, then ends 2) for the SIGTERM that the agent sends once rank 0
+    has ended, and ends as stopped by it (143: the agent's summary names rank 0 alone as failed).
+    Ending first, it made the agent stop rank 0 before rank 0 said its line (1 of 8 tries gave no line
+    at all), where each rank had said it."""
+    if leader or not beside_rank_0 or not started_by_torchrun_agent():
+        raise error
     sys.stdout.flush()
     sys.stderr.flush()
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
