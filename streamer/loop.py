@@ -99,7 +99,12 @@ class PrequentialLoop:
         # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
         # others' in a held partition): then every partition is read until the next batch is cut
         self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s  # (Batcher.ahead takes at least 1)
-        self._cut_at = time.monotonic()  # when the last batch was cut (or the loop was made)
+        self._cut_at = time.monotonic()  # when the last batch was cut (or the fetch side began)
+        self._cut_wall = time.time()  # then, as wall time
+        self.batches_cut = 0  # in this process
+        # the stream ids the next batch waits for while other streams' records came after theirs
+        # (Batcher.stalled_streams) and no batch has been cut for hold_quiet_s: a stream that stopped; () otherwise
+        self.waiting_for: tuple[int, ...] = ()
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
@@ -434,7 +439,8 @@ class PrequentialLoop:
     async def _report(self) -> None:
         """This rank's records, lag and dead letters to rank 0 (a gather in the worker thread, where every
         rank runs its collectives in the same order), kept there as the other ranks' reports."""
-        own = {"records": self.records, "lag": self.lag, "dead_letters": self.dead_letters}  # (JSON: keys as text)
+        own = {"records": self.records, "lag": self.lag, "dead_letters": self.dead_letters,  # (JSON: keys as text)
+               "waiting_for": self.waiting_for}
         parts = await self.in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
         self._reported_at = time.monotonic()
         if parts is not None:
@@ -450,8 +456,9 @@ class PrequentialLoop:
 
         def take() -> None:
             for rank, (records, dead_letters) in counts.items():
-                lag = self._reports.get(rank, {}).get("lag", {})
-                self._reports[rank] = {"records": records, "lag": lag, "dead_letters": dead_letters}
+                reported = self._reports.get(rank, {})
+                self._reports[rank] = {"records": records, "lag": reported.get("lag", {}), "dead_letters": dead_letters,
+                                       "waiting_for": reported.get("waiting_for", ())}
         with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile: nobody left to show them
             self._event_loop.call_soon_threadsafe(take)
 
@@ -550,6 +557,7 @@ class PrequentialLoop:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
         batcher = self.batcher
         hold = getattr(self.source, "hold", None)  # a Kafka source; an in-memory one has all it will have
+        self._cut_at, self._cut_wall = time.monotonic(), time.time()
         while not self._closing:
             read, held = self.records, set()
             if hold is not None:  # a held partition may have records: not caught up while one is held
@@ -570,18 +578,43 @@ class PrequentialLoop:
                     if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
                         await self._room()
                     self._queue.append(batcher.pop())
-                    self._cut_at = time.monotonic()
+                    self._cut()
                     self.waiting_since = None
                     self._changed.set()
             failed = getattr(self.source, "dead_letter_failures", 0)
             if failed:  # dead-letter sends that failed: counted, never raised (with those before a resume)
                 self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
-            if self._queue or self.records > read:
+            self.waiting_for = self._streams_waited_for()
+            if self.waiting_for:  # waiting for records, of these streams, since the last batch
+                self.waiting_since = self._cut_wall
+            elif self._queue or self.records > read:
                 self.waiting_since = None
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    def _cut(self) -> None:
+        """A batch was cut: the next one waits for no stream yet."""
+        self._cut_at, self._cut_wall = time.monotonic(), time.time()
+        self.batches_cut += 1
+        self.waiting_for = ()
+
+    def _streams_waited_for(self) -> tuple[int, ...]:
+        """The streams the next batch waits for while others send (Batcher.stalled_streams), once none has
+        been cut for `hold_quiet_s`; () while a batch waits in the queue."""
+        if self._queue or time.monotonic() - self._cut_at < self.hold_quiet_s:
+            return ()
+        return self.batcher.stalled_streams()
+
+    @property
+    def streams_waited_for(self) -> tuple[int, ...]:
+        """`waiting_for` of the whole learner: this rank's and, on rank 0 of ranks, the other ranks'
+        as of their last report."""
+        streams = set(self.waiting_for)
+        for report in self._reports.values():
+            streams.update(report.get("waiting_for", ()))
+        return tuple(sorted(streams))
 
     def _partitions_ahead(self) -> set:
         """The partitions to leave unread for the next fetch (Batcher.ahead): none once no batch has been

@@ -136,6 +136,10 @@ class UtteranceBatcher:
         """No partition is ahead (Batcher.ahead): any stream's utterances make a batch, none waits for one."""
         return set()
 
+    def stalled_streams(self) -> tuple[int, ...]:
+        """None: any stream's utterances fill a batch (Batcher.stalled_streams)."""
+        return ()
+
     def pop(self) -> ReadyBatch:
         """The next b utterances as one batch; call only when `ready()`."""
         items = [self._pending.popleft() for _ in range(self.rows)]

@@ -560,7 +560,7 @@ class PeerWithout:
     is set, the next agreement does not come back until `freed` is (the other rank stuck in a step).
     Its reports (gather_bytes) say REPORT: its own records, partition and dead letters."""
 
-    REPORT = {"records": 7, "lag": {"3": 5}, "dead_letters": {"bad_key": 2, "unreadable": 1}}
+    REPORT = {"records": 7, "lag": {"3": 5}, "dead_letters": {"bad_key": 2, "unreadable": 1}, "waiting_for": [3]}
     rank = 0
 
     def __init__(self):
@@ -598,7 +598,7 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
                 await until(lambda: loop.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
                 await asyncio.sleep(1.0)  # a few agreements (every 0.2 s) and reports (every 0.3 s)
                 waiting = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since,
-                           loop.across_ranks(), len(peer.reports))
+                           loop.across_ranks(), len(peer.reports), loop.streams_waited_for)
                 peer.stuck.set()
                 await asyncio.sleep(6)  # past the 5 s in which the last agreement's word holds
                 stuck = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since)
@@ -613,16 +613,17 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
             return results, await stopping
     started = time.time()
     results, (waiting, stuck) = asyncio.run(go())
-    (queued, depth, waiting_since, (all_records, lag, dead_letters), reports), (queued_stuck, depth_stuck,
+    (queued, depth, waiting_since, (all_records, lag, dead_letters), reports, streams), (queued_stuck, depth_stuck,
                                                                               waiting_stuck, anew) = waiting, stuck
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
     assert started < waiting_since < time.time()
     assert all_records == loop.records + 7 and lag == {0: len(records) - loop.records_batched - 1, 3: 5}
     assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1}
     assert reports >= 3  # the first agreement's, then every 0.3 s
+    assert streams == (3,)  # the stream the other rank's next batch waits for, as it reported
     assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None and 0 <= anew < 0.5
     assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
-                                "dead_letters": {"bad_utf8": 1}}  # the stop's
+                                "dead_letters": {"bad_utf8": 1}, "waiting_for": []}  # the stop's
 
 
 class LeaderOfTwo:
@@ -663,3 +664,79 @@ def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letter
     assert checkpoint.save_gathered(tmp_path / "b.pt", state, ranks, loop.checkpointed_parts)  # no event loop left
     assert ranks.said == [True, True] and (tmp_path / "b.pt").exists()
 
+
+
+class PacedSource(MemorySource):
+    """A MemorySource whose fetches take `pace_s`, and whose records stop for `pause_s` once, at `pause_at`
+    (its fetches return none meanwhile, as Kafka's)."""
+
+    def __init__(self, records, *, pace_s=0.02, pause_at=None, pause_s=0.0, chunk=2):
+        super().__init__(records, chunk=chunk)
+        self.pace_s, self.pause_at, self.pause_s = pace_s, pause_at, pause_s
+        self.paused_until = None
+
+    async def fetch(self):
+        await asyncio.sleep(self.pace_s)
+        if self.position == self.pause_at and self.paused_until is None:
+            self.paused_until = time.monotonic() + self.pause_s
+        if self.paused_until is not None and time.monotonic() < self.paused_until:
+            return
+        async for fetched in super().fetch():
+            yield fetched
+
+
+def watched(loop):
+    """Learn with `loop`, sampling (wall time, waiting_for, waiting_since) every 10 ms."""
+    async def go():
+        samples, results = [], []
+
+        async def watch():
+            while True:
+                samples.append((time.time(), loop.waiting_for, loop.waiting_since))
+                await asyncio.sleep(0.01)
+        async with loop:
+            watcher = asyncio.create_task(watch())
+            async for result in loop:
+                results.append(result)
+            watcher.cancel()
+        return results, samples
+    return asyncio.run(go())
+
+
+def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_and_the_losses_stay():
+    """Stream 1 sends nothing for a while (60 records of stream 0: 30 fetches, 0.6 s) while stream 0 goes on:
+    after hold_quiet_s without a batch the loop names stream 1 as the one the next batch waits for, waiting
+    since the last batch, and none once its records come again; the losses are the in-memory run's. Where
+    every stream pauses together the learner has caught up: it waits for records, for no stream in particular."""
+    text = "hello world, how are you " * 40
+
+    def record(stream, k):
+        return Record(str(stream), text[10 * k: 10 * k + 10])
+    records = [record(s, k) for k in range(6) for s in (0, 1)]  # 5 batches' worth of both (and a window carried)
+    records += [record(0, k) for k in range(6, 66)]  # stream 1 silent: 30 fetches of 2 records, 20 ms each
+    records += [record(1, k) for k in range(6, 66)]
+    expected = [r.loss for r in run(naive(), batches_from_records(records, 2, 10))]
+    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(records), max_batches=len(expected), hold_quiet_s=0.2)
+    results, samples = watched(loop)
+    assert [r.loss for r in results] == expected
+    named = [(at, since) for at, streams, since in samples if streams]
+    assert {streams for _, streams, _ in samples} == {(), (1,)}, samples
+    assert named and all(since is not None and at - since >= 0.2 for at, since in named), named
+    assert len({since for _, since in named}) == 1  # since the last batch before stream 1 stopped
+    assert samples[-1][1] == ()
+
+    steady = [record(s, k) for k in range(36) for s in (0, 1)]
+    expected = [r.loss for r in run(naive(), batches_from_records(steady, 2, 10))]
+    # a pause of 0.6 s after 7 records of each (the batch after the 6th waits for both), none coming
+    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(steady, pause_at=14, pause_s=0.6),
+                           max_batches=len(expected), hold_quiet_s=0.2)
+    results, samples = watched(loop)
+    assert [r.loss for r in results] == expected
+    assert all(streams == () for _, streams, _ in samples)
+    assert any(since is not None for _, _, since in samples)  # caught up, waiting for records
+    # a producer's slow pace: one record a fetch of 0.15 s, in turn, a batch every 0.3 s (past hold_quiet_s)
+    expected = [r.loss for r in run(naive(), batches_from_records(steady[:16], 2, 10))]
+    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(steady[:16], pace_s=0.15, chunk=1),
+                           max_batches=len(expected), hold_quiet_s=0.2)
+    results, samples = watched(loop)
+    assert [r.loss for r in results] == expected and all(streams == () for _, streams, _ in samples)
