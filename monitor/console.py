@@ -48,6 +48,7 @@ class LoopReading:
     stop_reason: str | None = None  # the loop was asked to stop, or reached a stop condition
     finished: bool = False  # the run is over (its final checkpoint written)
     topic_missing_since: float | None = None  # the source waits for its topic to be created
+    waiting_for: tuple = ()  # stream ids the next batch waits for while others' records come (waiting_since: since)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class ConsoleSnapshot(ViewSnapshot):
     probe_s: float = 0.0
     probe_share: float | None = None  # probe evaluations' share of wall time
     at: float | None = None  # wall time of the snapshot
+    waiting_for: tuple = ()  # stream ids the next batch waits for while others' records come (LoopReading)
 
 
 def as_console(snapshot: ViewSnapshot) -> ConsoleSnapshot:
@@ -149,9 +151,10 @@ class ActivityClock:
         self.reading = reading
         before = self.activity
         self._set(*self._activity(reading, now))
-        if before == "consuming" and self.activity == "waiting" and not reading.waiting_reported:
+        if before == "consuming" and self.activity == "waiting" and (not reading.waiting_reported or reading.waiting_for):
+            # inferred, or (streams waited for) reported, late: the quiet time since the last batch was waiting
             quiet = min(now - (self._last_batch if self._last_batch is not None else self._started),
-                        self._split["compute_s"])  # inferred late: the quiet time since the last batch was waiting
+                        self._split["compute_s"])
             self._split["compute_s"] -= quiet
             self._split["idle_s"] += quiet
 
@@ -217,7 +220,8 @@ class ActivityClock:
             recent_window_s=self.recent_window_s, tokens_per_s_compute=self.compute_rate(now),
             compute_s=split.compute_s, waiting_s=split.waiting_s,
             checkpoint_age_s=None if r.checkpoint_at is None else max(0.0, wall - r.checkpoint_at),
-            probe_s=probe_s, probe_share=probe_s / elapsed if elapsed >= 1.0 else None, at=wall)
+            probe_s=probe_s, probe_share=probe_s / elapsed if elapsed >= 1.0 else None, at=wall,
+            waiting_for=tuple(r.waiting_for) if self.activity == "waiting" else ())
 
 
 def snapshot_to_json(snapshot: ConsoleSnapshot) -> dict:
@@ -228,7 +232,7 @@ def snapshot_from_json(data: dict) -> ConsoleSnapshot:
     """Inverse of snapshot_to_json (tuples back from lists); unknown keys are ignored."""
     known = {f.name for f in fields(ConsoleSnapshot)}
     values = {key: value for key, value in data.items() if key in known}
-    for name in ("recent_losses", "recent_switches"):
+    for name in ("recent_losses", "recent_switches", "waiting_for"):
         values[name] = tuple(values.get(name, ()))
     return ConsoleSnapshot(**values)
 

@@ -43,6 +43,7 @@ FILTER = 'run=~"$run", strategy=~"$strategy"'
 RATE = "[$__rate_interval]"
 # units Grafana shows on axes and tooltips ("suffix:" is its custom-unit form)
 NATS, BATCHES, PPL, RECORDS, SWITCHES = "suffix: nats", "suffix: batches", "suffix: ppl", "suffix: records", "suffix: switches"
+STREAMS = "suffix: streams"
 TOKENS_PER_S, BATCHES_PER_S = "suffix: tokens/s", "suffix: batches/s"
 RATIO = "suffix: x"  # a loss over another loss
 
@@ -179,12 +180,14 @@ def _panels() -> list[dict]:
                 for metric in ("predict_seconds", "learn_seconds") for q in (0.5, 0.95)],
                unit="s", description="Quantiles of the time to score and to learn a batch."),
         _row("Kafka"),
-        _panel("timeseries", "Consumer lag and queue depth",
+        _panel("timeseries", "Consumer lag, queue depth and streams waited for",
                [(_m("consumer_lag_records"), "lag p{{partition}} " + per_run),
-                (_m("queue_depth"), "queue " + per_run)],
-               unit=RECORDS, units={"B": BATCHES},
+                (_m("queue_depth"), "queue " + per_run),
+                (_m("streams_waited_for"), "streams waited for " + per_run)],
+               unit=RECORDS, units={"B": BATCHES, "C": STREAMS},
                description="Records the learner has not yet taken into batches, per partition; batches cut whose "
-                           "results are not yet taken in (the step in flight included)."),
+                           "results are not yet taken in (the step in flight included); streams the next batch "
+                           "waits for while the others send (a stream that stopped: the learning stops)."),
         _panel("timeseries", "Dead letters by reason",
                [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) or on (run, strategy) "
                  f"label_replace(0 * sum by (run, strategy) ({_m('batches_learned_total')}), \"reason\", \"none\", \"run\", \".*\")",

@@ -112,6 +112,7 @@ class LiveMonitor:
             self.set_lag(reading.lag)
         self.set_queue_depth(reading.queue_depth)
         if self.sink is not None:
+            self.sink.streams_waited_for(len(reading.waiting_for))
             self._publish_rate(now)
 
     def _publish_rate(self, now: float) -> None:

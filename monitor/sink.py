@@ -23,7 +23,7 @@ __all__ = ["PrometheusSink"]
 
 PHASES = ("after_switch", "steady")
 # readings that the next report replaces, and the wall-clock checkpoint age: not saved
-_READINGS = {"checkpoint_age_seconds", "consumer_lag_records", "queue_depth", "tokens_per_second"}
+_READINGS = {"checkpoint_age_seconds", "consumer_lag_records", "queue_depth", "streams_waited_for", "tokens_per_second"}
 
 
 class PrometheusSink:
@@ -145,6 +145,9 @@ class PrometheusSink:
 
     def queue_depth(self, depth: int) -> None:
         self.metrics.queue_depth.labels(*self.labels).set(depth)
+
+    def streams_waited_for(self, count: int) -> None:
+        self.metrics.streams_waited_for.labels(*self.labels).set(count)
 
     def dead_letter(self, reason: str) -> None:
         self.metrics.dead_letter_total.labels(*self.labels, reason).inc()

@@ -22,7 +22,7 @@ from monitor.console import ConsoleSnapshot, as_console
 from monitor.tracker import ViewSnapshot
 
 __all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line",
-           "rate_line", "activity_line", "activity_text", "duration", "LiveView"]
+           "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -86,12 +86,35 @@ _ACTIVITY_STYLE = {"consuming": "bold green", "checkpointing": "bold blue", "wai
 def activity_text(snapshot: ConsoleSnapshot) -> str:
     """consuming / caught up, waiting since HH:MM:SS / broker lost since HH:MM:SS / checkpointing / ..."""
     since = _clock(snapshot.activity_since)
+    if snapshot.activity == "waiting" and snapshot.waiting_for:
+        return (f"waiting for {streams_text(snapshot.waiting_for)} since {since} "
+                "(a batch takes a window of every stream)")
     return {"waiting": f"caught up, waiting for records since {since}",
             "joining": f"joining the consumer group since {since}",
             "topic_missing": f"waiting for the topic to be created since {since}",
             "broker_lost": f"broker lost since {since}",
             "stopping": f"stopping ({snapshot.stop_reason}): last checkpoint, commit, leaving the group",
             "stopped": f"stopped: {snapshot.stop_reason or 'done'}"}.get(snapshot.activity, snapshot.activity)
+
+
+def streams_text(ids, most: int = 8) -> str:
+    """stream 3 / streams 3, 7 / streams 0, 1, ... (+5 more)"""
+    ids = list(ids)
+    shown = ", ".join(str(i) for i in ids[:most]) + (f" (+{len(ids) - most} more)" if len(ids) > most else "")
+    return f"stream{'s' if len(ids) > 1 else ''} {shown}"
+
+
+def waiting_for_line(before: tuple, now: tuple, quiet_s: float, cut: bool) -> str:
+    """The log line when the streams the next batch waits for (LoopReading.waiting_for) change from
+    `before` to `now`; `cut`: a batch was cut since they were first named."""
+    came = [stream for stream in before if stream not in now]
+    if now and not before:
+        return (f"the next batch waits for {streams_text(now)}: other streams' records came after "
+                f"{'its' if len(now) == 1 else 'their'} last, and no batch was cut for {quiet_s:g} s (a batch takes "
+                "a window of every stream; the others' records are kept, not learned, until then)")
+    if now:
+        return f"the next batch waits for {streams_text(now)}" + (f" ({streams_text(came)}: records came)" if came else "")
+    return f"{streams_text(before)}: records came" + (", learning on" if cut else "")
 
 
 def _lag_unknown(snapshot: ConsoleSnapshot) -> bool:

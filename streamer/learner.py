@@ -43,7 +43,7 @@ from monitor.exporter import create_metrics, serve
 from monitor.files import replace_text
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
-from monitor.view import LiveView
+from monitor.view import LiveView, waiting_for_line
 from producers.kafka import ensure_topic
 from streamer import checkpoint, distributed
 from streamer.checkpoint import Checkpointer
@@ -170,7 +170,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                 monitor.checkpointed(checkpointer.path.stat().st_mtime)
         with view, _StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
-            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view,
+            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view, log=log,
                                                   final_probe=built.kind == "classifier", resumed=resume is not None))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
@@ -317,12 +317,12 @@ def _abort(signum) -> None:
 
 
 async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path | None, view,
-                   final_probe: bool, resumed: bool = False) -> None:
+                   final_probe: bool, resumed: bool = False, log=None) -> None:
     """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes. The run's
     logs are cut back to the loop's step (a resumed run's checkpoint; 0 otherwise) once the source has
     started, then appended to. `run_dir` None (a rank other than 0): no log, no status file."""
     # from the start: the consumer group's JoinGroup (in the source's start) shows as joining
-    publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir))
+    publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir, log))
     try:
         async with loop:
             if run_dir is not None:
@@ -363,13 +363,18 @@ class _NoLossLog:
 
 
 async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpointer=None, probes=None,
-                   run_dir: Path | None = None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
+                   run_dir: Path | None = None, log=None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
     """Read the loop's plain state into the monitor and refresh the view a few times a second; write
     the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
-    and whenever the activity changes."""
-    written_at, written_activity = None, None
+    and whenever the activity changes; with a run directory (one process, rank 0), say in `log` when
+    the streams the next batch waits for change."""
+    written_at, written_activity, waited_for, cut_then = None, None, (), 0
     while True:
         _sync(loop, monitor, checkpointer, probes)
+        if run_dir is not None and log is not None and loop.streams_waited_for != waited_for:
+            cut_then = cut_then if waited_for else loop.batches_cut
+            log(waiting_for_line(waited_for, loop.streams_waited_for, loop.hold_quiet_s, loop.batches_cut > cut_then))
+            waited_for = loop.streams_waited_for
         snapshot = monitor.console_snapshot()
         view.update(snapshot)
         now = time.monotonic()
@@ -393,7 +398,8 @@ def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointe
         waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
-        topic_missing_since=getattr(loop.source, "topic_missing_since", None)))
+        topic_missing_since=getattr(loop.source, "topic_missing_since", None),
+        waiting_for=() if finished else loop.streams_waited_for))
 
 
 def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[int | None, int | None]:

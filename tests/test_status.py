@@ -3,15 +3,19 @@ the embedded broker, catches up and waits; its status, read from the run directo
 endpoint, says so, and its view's batch count equals streamer_batches_learned_total; after SIGTERM
 the status says the learner is gone and shows its last state. The learner's plain log says the same."""
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
+from producers.kafka import produce
+from producers.wire import Record
 from streamer.cli.main import main
 from streamer.cli.status import run_status
 from tests.conftest import write_corpus
@@ -62,7 +66,7 @@ def waiting_learner(broker, tmp_path):
         process.stdout.close()
 
 
-def test_status_of_a_waiting_daemon_then_of_a_stopped_one(waiting_learner, capsys):
+def test_status_of_a_waiting_daemon_then_of_a_stopped_one(broker, waiting_learner, capsys):
     process, run_dir, manifest = waiting_learner
     total = manifest["total_batches"]
 
@@ -83,10 +87,32 @@ def test_status_of_a_waiting_daemon_then_of_a_stopped_one(waiting_learner, capsy
     assert console["tokens_per_s_compute"] > 0  # the model's speed over its last minute of compute
     assert console["waiting_s"] > 0 and console["compute_s"] > 0
 
+    # streams 0 and 2 send 7 records (315 windows) each, stream 1 nothing: after 5 s without a batch the
+    # learner names it (console, status, metric, log), and learns on once its records come, from where it stopped
+    text = "the quick brown fox jumps over the lazy dog. " * 10  # 450 bytes
+    asyncio.run(produce([Record(stream, text) for _ in range(7) for stream in ("0", "2")], broker.bootstrap_servers,
+                        "status"))
+    _wait_for(lambda: _status_json(run_dir).get("waiting_for") == [1], process, "stream 1 waited for", 60)
+    status = run_status(run_dir)
+    assert status["status"]["activity"] == "waiting" and status["metrics"]["url"]
+    assert main(["status", str(run_dir)]) == 0
+    assert "[waiting for stream 1 since " in capsys.readouterr().out
+    with urllib.request.urlopen(status["metrics"]["url"], timeout=5) as answer:
+        assert 'streamer_streams_waited_for{run="run",strategy="naive"} 1.0' in answer.read().decode()
+    asyncio.run(produce([Record("1", text)] * 7, broker.bootstrap_servers, "status"))
+    _wait_for(lambda: _status_json(run_dir).get("batches", 0) >= total + 314  # 3,150 bytes more in each stream
+              and _status_json(run_dir).get("activity") == "waiting", process, "the batches of stream 1's records")
+    assert _status_json(run_dir)["waiting_for"] == [] and _status_json(run_dir)["batches"] <= total + 315
+
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output[-3000:]
     assert "[caught up, waiting for records since " in output  # the plain log said it too
+    said = [line for line in output.splitlines() if line.startswith(("the next batch waits", "stream ", "streams "))]
+    assert said == ["the next batch waits for stream 1: other streams' records came after its last, and no batch "
+                    "was cut for 5 s (a batch takes a window of every stream; the others' records are kept, not "
+                    "learned, until then)", "stream 1: records came, learning on"], output[-3000:]
+    total = _status_json(run_dir)["batches"]
     summary = next(line for line in output.splitlines() if line.startswith(f"{total} batches"))
     assert "s computing (" in summary and "s waiting (" in summary and "idle " in summary
 

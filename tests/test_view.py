@@ -9,7 +9,7 @@ from rich.console import Console
 
 from monitor.console import ActivityClock, ConsoleSnapshot, LoopReading, as_console, read_status, write_status
 from monitor.tracker import ViewSnapshot
-from monitor.view import LiveView, activity_text, duration, plain_line, render, sparkline
+from monitor.view import LiveView, activity_text, duration, plain_line, render, sparkline, waiting_for_line
 
 VIEW = ViewSnapshot(
     run="r1", strategy="naive", batches=50, total_batches=200, last_loss=1.0, rolling_ppl=3.5,
@@ -68,6 +68,10 @@ def test_each_activity_is_said_with_its_time():
     assert activity_text(replace(SNAPSHOT, activity="topic_missing")) == "waiting for the topic to be created since 15:32:10"
     assert activity_text(replace(SNAPSHOT, activity="stopping", stop_reason="signal")).startswith("stopping (signal)")
     assert activity_text(replace(SNAPSHOT, activity="stopped", stop_reason="idle")) == "stopped: idle"
+    assert activity_text(replace(SNAPSHOT, waiting_for=(3,))) == \
+        "waiting for stream 3 since 15:32:10 (a batch takes a window of every stream)"
+    assert activity_text(replace(SNAPSHOT, waiting_for=tuple(range(10)))).startswith(
+        "waiting for streams 0, 1, 2, 3, 4, 5, 6, 7 (+2 more) since 15:32:10")
     assert [duration(s) for s in (None, 4.4, 184, 7500)] == ["n/a", "4s", "3m04s", "2h05m"]
 
 
@@ -174,6 +178,21 @@ def test_the_loops_own_waiting_and_broker_lost_times_win():
     assert clock.activity == "stopped"
 
 
+def test_streams_waited_for_count_as_waiting_from_the_last_batch_and_are_shown_only_while_waiting():
+    clock = ActivityClock()
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=0.0)
+    clock.learned(100, now=1.0)
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=6.0)  # others' records came: consuming, so far
+    clock.read(_reading(waiting_reported=True, waiting_since=AT, waiting_for=(3,)), now=7.0)  # named after 5 s
+    assert (clock.activity, clock.activity_since) == ("waiting", AT)
+    split = clock.split(now=7.0)
+    assert (split.compute_s, split.idle_s) == (1.0, 6.0)  # the quiet time since the last batch was waiting
+    snapshot = clock.snapshot(VIEW, now=7.0, wall=AT + 6)
+    assert snapshot.waiting_for == (3,) and activity_text(snapshot).startswith("waiting for stream 3 since")
+    clock.read(_reading(waiting_reported=True, waiting_for=(3,), checkpointing=True), now=8.0)
+    assert clock.snapshot(VIEW, now=8.0, wall=AT + 7).waiting_for == ()  # said only with the waiting
+
+
 def test_a_missing_topic_is_waited_for_and_counts_as_waiting():
     clock = ActivityClock()
     clock.read(LoopReading(topic_missing_since=AT), now=0.0)
@@ -187,3 +206,16 @@ def test_a_lag_not_measured_yet_is_not_shown_as_zero():
     assert "| lag n/a queue 2 " in plain_line(unmeasured)
     assert "lag n/a  queue 2" in _text(render(unmeasured))
     assert "lag 7 (p0 3 · p1 4)" in _text(render(SNAPSHOT))
+
+
+def test_the_log_says_when_the_streams_a_batch_waits_for_change():
+    assert waiting_for_line((), (3,), 5.0, cut=False) == (
+        "the next batch waits for stream 3: other streams' records came after its last, and no batch was cut for "
+        "5 s (a batch takes a window of every stream; the others' records are kept, not learned, until then)")
+    assert waiting_for_line((), (3, 7), 0.2, cut=False).startswith(
+        "the next batch waits for streams 3, 7: other streams' records came after their last, and no batch was cut "
+        "for 0.2 s")
+    assert waiting_for_line((3,), (3, 7), 5.0, cut=False) == "the next batch waits for streams 3, 7"
+    assert waiting_for_line((3, 7), (7,), 5.0, cut=False) == "the next batch waits for stream 7 (stream 3: records came)"
+    assert waiting_for_line((3, 7), (), 5.0, cut=False) == "streams 3, 7: records came"  # less than a window
+    assert waiting_for_line((3, 7), (), 5.0, cut=True) == "streams 3, 7: records came, learning on"
