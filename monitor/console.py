@@ -12,6 +12,7 @@ readings: what the terminal view, the plain log and `streamer status` (through `
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
@@ -112,6 +113,7 @@ class ActivityClock:
         self._records_at_start = None
         self._probe_seconds_at_start = None
         self.reading = LoopReading()
+        self._consuming_from = -math.inf  # (monotonic) when the activity last became consuming
 
     def _advance(self, now: float) -> None:
         """Account the time since the last call to the activity that held during it."""
@@ -151,10 +153,13 @@ class ActivityClock:
         self.reading = reading
         before = self.activity
         self._set(*self._activity(reading, now))
+        if before != "consuming" and self.activity == "consuming":
+            self._consuming_from = now
         if before == "consuming" and self.activity == "waiting" and (not reading.waiting_reported or reading.waiting_for):
-            # inferred, or (streams waited for) reported, late: the quiet time since the last batch was waiting
-            quiet = min(now - (self._last_batch if self._last_batch is not None else self._started),
-                        self._split["compute_s"])
+            # inferred, or (streams waited for) reported, late: the quiet time since the last batch (or since
+            # the activity became consuming, after an earlier wait) was waiting
+            quiet_since = max(self._last_batch if self._last_batch is not None else self._started, self._consuming_from)
+            quiet = min(now - quiet_since, self._split["compute_s"])
             self._split["compute_s"] -= quiet
             self._split["idle_s"] += quiet
 

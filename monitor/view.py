@@ -104,17 +104,16 @@ def streams_text(ids, most: int = 8) -> str:
     return f"stream{'s' if len(ids) > 1 else ''} {shown}"
 
 
-def waiting_for_line(before: tuple, now: tuple, quiet_s: float, cut: bool) -> str:
-    """The log line when the streams the next batch waits for (LoopReading.waiting_for) change from
-    `before` to `now`; `cut`: a batch was cut since they were first named."""
-    came = [stream for stream in before if stream not in now]
+def waiting_for_line(before: tuple, now: tuple, windows: int, quiet_s: float) -> str:
+    """The log line when the streams the learning waits for (LoopReading.waiting_for) change from `before`
+    to `now`: named while another stream holds more than `windows` windows, after `quiet_s` without a batch."""
     if now and not before:
-        return (f"the next batch waits for {streams_text(now)}: other streams' records came after "
-                f"{'its' if len(now) == 1 else 'their'} last, and no batch was cut for {quiet_s:g} s (a batch takes "
-                "a window of every stream; the others' records are kept, not learned, until then)")
+        return (f"the next batch waits for {streams_text(now)}: another stream holds more than {windows} windows, "
+                f"and no batch was cut for {quiet_s:g} s (a batch takes a window of every stream; the others' "
+                "records are kept, not learned, until then)")
     if now:
-        return f"the next batch waits for {streams_text(now)}" + (f" ({streams_text(came)}: records came)" if came else "")
-    return f"{streams_text(before)}: records came" + (", learning on" if cut else "")
+        return f"the next batch waits for {streams_text(now)}"
+    return f"{streams_text(before)}: caught up (no stream holds more than {windows} windows)"
 
 
 def _lag_unknown(snapshot: ConsoleSnapshot) -> bool:

@@ -64,9 +64,6 @@ class _Stream:
     # (end position in `data` coordinates, truth or None, offset handle) per record
     spans: deque = field(default_factory=deque)
     base: int = 0  # absolute position of data[0]
-    # the numbers (Batcher._added) of its last two records added in this process, 0 for none
-    last: int = 0
-    before_last: int = 0
 
 
 class OffsetTracker:
@@ -124,7 +121,6 @@ class Batcher:
         self._short = streams  # rows holding fewer than window + 1 tokens (ready() is asked after every record)
         self.offsets = OffsetTracker()
         self._carried: dict = {}  # partition -> the rows whose records it has carried (since this start)
-        self._added = 0  # records added in this process
 
     def _row(self, stream: str) -> int | None:
         """Stream id first_stream + n (producers.wire.stream_id: "0", "1", ...) owns row n; None for an
@@ -150,8 +146,6 @@ class Batcher:
         buf = self._buffers[row]
         short = len(buf.data) <= self.window
         buf.data += self.encode(record.text)
-        self._added += 1
-        buf.before_last, buf.last = buf.last, self._added
         self._short -= short and len(buf.data) > self.window
         handle = None if tp is None else (tp, offset)
         if handle is not None:
@@ -162,18 +156,16 @@ class Batcher:
     def ready(self) -> bool:
         return not self._short and len(self._rows) == self.streams
 
-    def stalled_streams(self) -> tuple[int, ...]:
-        """The stream ids the next batch waits for while others send: those holding a window or less after
-        whose last record (in this process; any time before it for one with none) a stream holding more
-        has had two or more. () while a batch can be cut, where the streams came in turn (a producer's
-        pace), each no more than once between two of another's, and where every stream is short (the
-        learner has read what there is: it waits for records, not for some streams')."""
+    def short_streams(self) -> tuple[int, ...]:
+        """The stream ids the next batch waits for: those holding a window or less (() while one can be cut)."""
         if self.ready():
             return ()
-        # of the streams with enough for the next batch, the latest second-to-last record
-        newest = max((buf.before_last for buf in self._buffers if len(buf.data) > self.window), default=0)
-        return tuple(self.first_stream + row for row, buf in enumerate(self._buffers)
-                     if len(buf.data) <= self.window and buf.last < newest)
+        return tuple(self.first_stream + row for row, buf in enumerate(self._buffers) if len(buf.data) <= self.window)
+
+    def far_ahead(self, windows: int) -> bool:
+        """Whether a stream holds more than `windows` windows (at least 1): the others' fall behind."""
+        enough = max(windows, 1) * self.window
+        return any(len(buf.data) > enough for buf in self._buffers)
 
     def ahead(self, windows: int) -> set:
         """The partitions not worth reading now: while the next batch waits for a stream that is short

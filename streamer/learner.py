@@ -368,12 +368,11 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
     the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
     and whenever the activity changes; with a run directory (one process, rank 0), say in `log` when
     the streams the next batch waits for change."""
-    written_at, written_activity, waited_for, cut_then = None, None, (), 0
+    written_at, written_activity, waited_for = None, None, ()
     while True:
         _sync(loop, monitor, checkpointer, probes)
         if run_dir is not None and log is not None and loop.streams_waited_for != waited_for:
-            cut_then = cut_then if waited_for else loop.batches_cut
-            log(waiting_for_line(waited_for, loop.streams_waited_for, loop.hold_quiet_s, loop.batches_cut > cut_then))
+            log(waiting_for_line(waited_for, loop.streams_waited_for, loop.ahead_windows, loop.hold_quiet_s))
             waited_for = loop.streams_waited_for
         snapshot = monitor.console_snapshot()
         view.update(snapshot)

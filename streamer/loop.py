@@ -101,9 +101,7 @@ class PrequentialLoop:
         self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s  # (Batcher.ahead takes at least 1)
         self._cut_at = time.monotonic()  # when the last batch was cut (or the fetch side began)
         self._cut_wall = time.time()  # then, as wall time
-        self.batches_cut = 0  # in this process
-        # the stream ids the next batch waits for while other streams' records came after theirs
-        # (Batcher.stalled_streams) and no batch has been cut for hold_quiet_s: a stream that stopped; () otherwise
+        # the streams the learning waits for (_streams_waited_for): a stream that stopped sending; () otherwise
         self.waiting_for: tuple[int, ...] = ()
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
@@ -586,7 +584,7 @@ class PrequentialLoop:
                 self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
-            if self.waiting_for:  # waiting for records, of these streams, since the last batch
+            if self.waiting_for and self._quiet():  # waiting for records, of these streams, since the last batch
                 self.waiting_since = self._cut_wall
             elif self._queue or self.records > read:
                 self.waiting_since = None
@@ -595,17 +593,24 @@ class PrequentialLoop:
             self._changed.set()  # a fetch ended: stop conditions may hold now
 
     def _cut(self) -> None:
-        """A batch was cut: the next one waits for no stream yet."""
+        """A batch was cut: the quiet time (_quiet) starts anew."""
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
-        self.batches_cut += 1
-        self.waiting_for = ()
+
+    def _quiet(self) -> bool:
+        """No batch waits in the queue, and none has been cut for `hold_quiet_s`."""
+        return not self._queue and time.monotonic() - self._cut_at >= self.hold_quiet_s
 
     def _streams_waited_for(self) -> tuple[int, ...]:
-        """The streams the next batch waits for while others send (Batcher.stalled_streams), once none has
-        been cut for `hold_quiet_s`; () while a batch waits in the queue."""
-        if self._queue or time.monotonic() - self._cut_at < self.hold_quiet_s:
+        """The streams the learning waits for: those short of a window while another stream holds more
+        than `ahead_windows` windows (Batcher.short_streams, far_ahead), named once no batch has been cut
+        for `hold_quiet_s` and until no stream holds that much (a stream that sends again goes on being
+        named while the others' surplus is learned: the learning goes at its pace). Streams that come in
+        turn, however slowly or unevenly, are never that far apart."""
+        if not self.batcher.far_ahead(self.ahead_windows):
             return ()
-        return self.batcher.stalled_streams()
+        if not self._quiet():
+            return self.waiting_for
+        return tuple(sorted(set(self.waiting_for) | set(self.batcher.short_streams())))
 
     @property
     def streams_waited_for(self) -> tuple[int, ...]:

@@ -136,9 +136,12 @@ class UtteranceBatcher:
         """No partition is ahead (Batcher.ahead): any stream's utterances make a batch, none waits for one."""
         return set()
 
-    def stalled_streams(self) -> tuple[int, ...]:
-        """None: any stream's utterances fill a batch (Batcher.stalled_streams)."""
+    def short_streams(self) -> tuple[int, ...]:
+        """None: any stream's utterances fill a batch (Batcher.short_streams)."""
         return ()
+
+    def far_ahead(self, windows: int) -> bool:
+        return False
 
     def pop(self) -> ReadyBatch:
         """The next b utterances as one batch; call only when `ready()`."""

@@ -166,41 +166,15 @@ def test_ahead_names_the_partitions_whose_streams_hold_enough_while_a_batch_wait
     assert batcher.ahead(0) == batcher.ahead(1)  # at least one window: a short stream never counts as full
 
 
-def test_the_streams_a_batch_waits_for_are_the_short_ones_after_whose_last_record_another_stream_had_two():
+def test_the_streams_a_batch_waits_for_are_the_short_ones_and_far_ahead_is_a_stream_past_the_windows():
     batcher = Batcher(3, 4, first_stream=6)  # stream ids 6, 7, 8; a batch needs 5 tokens of each
-    assert batcher.stalled_streams() == ()  # nothing came yet: caught up, waiting for no stream in particular
-    for text in ("abc", "def"):  # streams 6 and 7 in turn, as a producer paces them; 8 not yet
-        batcher.add(Record("6", text[:2]))
-        batcher.add(Record("7", text))
-    assert batcher.stalled_streams() == (8,)  # 6 and 7 sent two each: 8 none
-    batcher.add(Record("8", "gh"))
-    assert batcher.stalled_streams() == ()  # none of them had two records after 8's
+    assert batcher.short_streams() == (6, 7, 8) and not batcher.far_ahead(2)
+    batcher.add(Record("6", "abcde"))
+    batcher.add(Record("7", "abcdefgh"))  # 8 tokens: 2 windows
+    assert batcher.short_streams() == (8,) and not batcher.far_ahead(2) and batcher.far_ahead(1)
     batcher.add(Record("7", "i"))
-    batcher.add(Record("6", "j"))  # 6: 5 tokens; 7: 7; 8: 2
-    assert batcher.stalled_streams() == ()  # one record each after 8's: streams in turn
-    batcher.add(Record("7", "k"))
-    assert batcher.stalled_streams() == (8,)  # 7 sent two after 8's last, and 8 is short
-    batcher.add(Record("8", "l"))
-    assert batcher.stalled_streams() == ()
-    batcher.add(Record("8", "mn"))  # 8 holds 5 tokens: a batch can be cut
-    assert batcher.ready() and batcher.stalled_streams() == ()
-    batcher.pop()  # 1, 4 and 1 tokens left: all short; 8 was the last to send, twice
-    assert batcher.stalled_streams() == ()  # all short: what there was is read, none is ahead of the others
-    batcher.add(Record("6", "t"))
-    batcher.add(Record("7", "u"))  # 7 holds 5 tokens, from one record after 6's and 8's last
-    assert batcher.stalled_streams() == ()
-    batcher.add(Record("7", "v"))
-    assert batcher.stalled_streams() == (6, 8)
-
-
-def test_a_stream_without_records_since_a_restart_is_waited_for_once_another_sends_two():
-    """The carry-over of a checkpoint counts as long before this process's records."""
-    batcher = Batcher(2, 4)
-    batcher.add(Record("0", "ab"), ("t", 0), 0)
-    batcher.add(Record("1", "cd"), ("t", 0), 1)
-    restored = Batcher(2, 4)
-    restored.load_state_dict(batcher.state_dict())
-    restored.add(Record("0", "e"), ("t", 0), 2)
-    assert restored.stalled_streams() == ()
-    restored.add(Record("0", "fg"), ("t", 0), 3)  # stream 0 holds 5 tokens, from two records since the restart
-    assert restored.stalled_streams() == (1,)
+    assert batcher.far_ahead(2) and batcher.far_ahead(0) == batcher.far_ahead(1)  # at least one window
+    batcher.add(Record("8", "jklmn"))
+    assert batcher.ready() and batcher.short_streams() == ()  # a batch can be cut: it waits for none
+    batcher.pop()
+    assert batcher.short_streams() == (6, 8) and batcher.far_ahead(1) and not batcher.far_ahead(2)

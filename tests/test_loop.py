@@ -705,9 +705,10 @@ def watched(loop):
 
 def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_and_the_losses_stay():
     """Stream 1 sends nothing for a while (60 records of stream 0: 30 fetches, 0.6 s) while stream 0 goes on:
-    after hold_quiet_s without a batch the loop names stream 1 as the one the next batch waits for, waiting
-    since the last batch, and none once its records come again; the losses are the in-memory run's. Where
-    every stream pauses together the learner has caught up: it waits for records, for no stream in particular."""
+    once stream 0 holds more than ahead_windows windows and no batch was cut for hold_quiet_s the loop names
+    stream 1 as the one the learning waits for, waiting since the last batch, until stream 0's surplus is
+    learned after stream 1's records come; the losses are the in-memory run's. Streams that pause together,
+    or come in turn however slowly, are never named."""
     text = "hello world, how are you " * 40
 
     def record(stream, k):
@@ -716,20 +717,21 @@ def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_a
     records += [record(0, k) for k in range(6, 66)]  # stream 1 silent: 30 fetches of 2 records, 20 ms each
     records += [record(1, k) for k in range(6, 66)]
     expected = [r.loss for r in run(naive(), batches_from_records(records, 2, 10))]
-    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(records), max_batches=len(expected), hold_quiet_s=0.2)
+    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(records), max_batches=len(expected), hold_quiet_s=0.2,
+                           ahead_windows=4)
     results, samples = watched(loop)
     assert [r.loss for r in results] == expected
-    named = [(at, since) for at, streams, since in samples if streams]
     assert {streams for _, streams, _ in samples} == {(), (1,)}, samples
-    assert named and all(since is not None and at - since >= 0.2 for at, since in named), named
-    assert len({since for _, since in named}) == 1  # since the last batch before stream 1 stopped
-    assert samples[-1][1] == ()
+    waiting = [(at, since) for at, streams, since in samples if streams and since is not None]
+    assert waiting and all(at - since >= 0.2 for at, since in waiting), waiting
+    assert len({since for _, since in waiting}) == 1  # since the last batch before stream 1 stopped
+    assert samples[-1][1] == ()  # stream 0's surplus learned
 
     steady = [record(s, k) for k in range(36) for s in (0, 1)]
     expected = [r.loss for r in run(naive(), batches_from_records(steady, 2, 10))]
     # a pause of 0.6 s after 7 records of each (the batch after the 6th waits for both), none coming
     loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(steady, pause_at=14, pause_s=0.6),
-                           max_batches=len(expected), hold_quiet_s=0.2)
+                           max_batches=len(expected), hold_quiet_s=0.2, ahead_windows=4)
     results, samples = watched(loop)
     assert [r.loss for r in results] == expected
     assert all(streams == () for _, streams, _ in samples)
@@ -737,6 +739,6 @@ def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_a
     # a producer's slow pace: one record a fetch of 0.15 s, in turn, a batch every 0.3 s (past hold_quiet_s)
     expected = [r.loss for r in run(naive(), batches_from_records(steady[:16], 2, 10))]
     loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(steady[:16], pace_s=0.15, chunk=1),
-                           max_batches=len(expected), hold_quiet_s=0.2)
+                           max_batches=len(expected), hold_quiet_s=0.2, ahead_windows=4)
     results, samples = watched(loop)
     assert [r.loss for r in results] == expected and all(streams == () for _, streams, _ in samples)

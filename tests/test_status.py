@@ -87,8 +87,8 @@ def test_status_of_a_waiting_daemon_then_of_a_stopped_one(broker, waiting_learne
     assert console["tokens_per_s_compute"] > 0  # the model's speed over its last minute of compute
     assert console["waiting_s"] > 0 and console["compute_s"] > 0
 
-    # streams 0 and 2 send 7 records (315 windows) each, stream 1 nothing: after 5 s without a batch the
-    # learner names it (console, status, metric, log), and learns on once its records come, from where it stopped
+    # streams 0 and 2 send 7 records (315 windows: more than 256) each, stream 1 nothing: after 5 s without a
+    # batch the learner names it (console, status, metric, log), and learns on once its records come
     text = "the quick brown fox jumps over the lazy dog. " * 10  # 450 bytes
     asyncio.run(produce([Record(stream, text) for _ in range(7) for stream in ("0", "2")], broker.bootstrap_servers,
                         "status"))
@@ -109,9 +109,10 @@ def test_status_of_a_waiting_daemon_then_of_a_stopped_one(broker, waiting_learne
     assert process.returncode == 0, output[-3000:]
     assert "[caught up, waiting for records since " in output  # the plain log said it too
     said = [line for line in output.splitlines() if line.startswith(("the next batch waits", "stream ", "streams "))]
-    assert said == ["the next batch waits for stream 1: other streams' records came after its last, and no batch "
+    assert said == ["the next batch waits for stream 1: another stream holds more than 256 windows, and no batch "
                     "was cut for 5 s (a batch takes a window of every stream; the others' records are kept, not "
-                    "learned, until then)", "stream 1: records came, learning on"], output[-3000:]
+                    "learned, until then)", "stream 1: caught up (no stream holds more than 256 windows)"], \
+        output[-3000:]
     total = _status_json(run_dir)["batches"]
     summary = next(line for line in output.splitlines() if line.startswith(f"{total} batches"))
     assert "s computing (" in summary and "s waiting (" in summary and "idle " in summary

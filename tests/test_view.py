@@ -191,6 +191,10 @@ def test_streams_waited_for_count_as_waiting_from_the_last_batch_and_are_shown_o
     assert snapshot.waiting_for == (3,) and activity_text(snapshot).startswith("waiting for stream 3 since")
     clock.read(_reading(waiting_reported=True, waiting_for=(3,), checkpointing=True), now=8.0)
     assert clock.snapshot(VIEW, now=8.0, wall=AT + 7).waiting_for == ()  # said only with the waiting
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=10.0)  # records again, no batch: consuming
+    clock.read(_reading(waiting_reported=True, waiting_since=AT + 9, waiting_for=(3,)), now=11.0)  # named again
+    split = clock.split(now=11.0)  # the 2 s checkpointing stay compute; of the time since, the last second moves
+    assert (split.compute_s, split.idle_s) == (3.0, 8.0)  # (moving all since the last batch: 0.0 and 11.0)
 
 
 def test_a_missing_topic_is_waited_for_and_counts_as_waiting():
@@ -209,13 +213,11 @@ def test_a_lag_not_measured_yet_is_not_shown_as_zero():
 
 
 def test_the_log_says_when_the_streams_a_batch_waits_for_change():
-    assert waiting_for_line((), (3,), 5.0, cut=False) == (
-        "the next batch waits for stream 3: other streams' records came after its last, and no batch was cut for "
+    assert waiting_for_line((), (3,), 256, 5.0) == (
+        "the next batch waits for stream 3: another stream holds more than 256 windows, and no batch was cut for "
         "5 s (a batch takes a window of every stream; the others' records are kept, not learned, until then)")
-    assert waiting_for_line((), (3, 7), 0.2, cut=False).startswith(
-        "the next batch waits for streams 3, 7: other streams' records came after their last, and no batch was cut "
+    assert waiting_for_line((), (3, 7), 4, 0.2).startswith(
+        "the next batch waits for streams 3, 7: another stream holds more than 4 windows, and no batch was cut "
         "for 0.2 s")
-    assert waiting_for_line((3,), (3, 7), 5.0, cut=False) == "the next batch waits for streams 3, 7"
-    assert waiting_for_line((3, 7), (7,), 5.0, cut=False) == "the next batch waits for stream 7 (stream 3: records came)"
-    assert waiting_for_line((3, 7), (), 5.0, cut=False) == "streams 3, 7: records came"  # less than a window
-    assert waiting_for_line((3, 7), (), 5.0, cut=True) == "streams 3, 7: records came, learning on"
+    assert waiting_for_line((3,), (3, 7), 256, 5.0) == "the next batch waits for streams 3, 7"
+    assert waiting_for_line((3, 7), (), 256, 5.0) == "streams 3, 7: caught up (no stream holds more than 256 windows)"
