@@ -22,7 +22,8 @@ from monitor.console import ConsoleSnapshot, as_console
 from monitor.tracker import ViewSnapshot
 
 __all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line",
-           "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line", "LiveView"]
+           "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
+           "learning_on_line", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -104,16 +105,16 @@ def streams_text(ids, most: int = 8) -> str:
     return f"stream{'s' if len(ids) > 1 else ''} {shown}"
 
 
-def waiting_for_line(before: tuple, now: tuple, windows: int, quiet_s: float) -> str:
-    """The log line when the streams the learning waits for (LoopReading.waiting_for) change from `before`
-    to `now`: named while another stream holds more than `windows` windows, after `quiet_s` without a batch."""
-    if now and not before:
-        return (f"the next batch waits for {streams_text(now)}: another stream holds more than {windows} windows, "
-                f"and no batch was cut for {quiet_s:g} s (a batch takes a window of every stream; the others' "
-                "records are kept, not learned, until then)")
-    if now:
-        return f"the next batch waits for {streams_text(now)}"
-    return f"{streams_text(before)}: caught up (no stream holds more than {windows} windows)"
+def waiting_for_line(streams: tuple, windows: int, quiet_s: float) -> str:
+    """The log line when the learning begins to wait for `streams` (LoopReading.waiting_for)."""
+    return (f"the next batch waits for {streams_text(streams)}: no batch for {quiet_s:g} s while another stream "
+            f"holds more than {windows} windows (a batch takes a window of every stream; the others' records are "
+            "kept, not learned, until then)")
+
+
+def learning_on_line(streams: tuple, waited_s: float) -> str:
+    """The log line when a batch is cut again after the learning waited for `streams`."""
+    return f"{streams_text(streams)}: records came, learning on after {duration(waited_s)} of waiting"
 
 
 def _lag_unknown(snapshot: ConsoleSnapshot) -> bool:

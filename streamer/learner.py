@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import math
 import os
 import random
 import signal
@@ -43,7 +44,7 @@ from monitor.exporter import create_metrics, serve
 from monitor.files import replace_text
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
-from monitor.view import LiveView, waiting_for_line
+from monitor.view import LiveView, learning_on_line, waiting_for_line
 from producers.kafka import ensure_topic
 from streamer import checkpoint, distributed
 from streamer.checkpoint import Checkpointer
@@ -366,14 +367,14 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
                    run_dir: Path | None = None, log=None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
     """Read the loop's plain state into the monitor and refresh the view a few times a second; write
     the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
-    and whenever the activity changes; with a run directory (one process, rank 0), say in `log` when
-    the streams the next batch waits for change."""
-    written_at, written_activity, waited_for = None, None, ()
+    and whenever the activity changes; with a run directory (one process, rank 0), `say` in `log` when
+    the learning begins to wait for streams and when it learns on."""
+    written_at, written_activity = None, None
+    say = _WaitsSaid(loop, log) if run_dir is not None and log is not None else None
     while True:
         _sync(loop, monitor, checkpointer, probes)
-        if run_dir is not None and log is not None and loop.streams_waited_for != waited_for:
-            log(waiting_for_line(waited_for, loop.streams_waited_for, loop.ahead_windows, loop.hold_quiet_s))
-            waited_for = loop.streams_waited_for
+        if say is not None:
+            say()
         snapshot = monitor.console_snapshot()
         view.update(snapshot)
         now = time.monotonic()
@@ -382,6 +383,32 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
             written_at, written_activity = now, snapshot.activity
             write_status(run_dir / STATUS_FILE, snapshot)
         await asyncio.sleep(every_s)
+
+
+class _WaitsSaid:
+    """The learner's log lines about the streams the learning waits for (loop.streams_waited_for): when a
+    stream is named, unless it was said within `again_after_s` (a stream far slower than the others is
+    waited for at each of its windows), and when a batch is cut again after a wait that was said."""
+
+    def __init__(self, loop: PrequentialLoop, log, again_after_s: float = 600.0):
+        self.loop, self.log, self.again_after_s = loop, log, again_after_s
+        self._said_at: dict[int, float] = {}  # stream -> when its naming was last said (monotonic)
+        self._open: set = set()  # the streams of the wait said and not yet ended
+        self._since = None  # the wait's start (wall)
+
+    def __call__(self) -> None:
+        streams, now = self.loop.streams_waited_for, time.monotonic()
+        if not streams:
+            if self._open:
+                self.log(learning_on_line(tuple(sorted(self._open)), time.time() - self._since))
+                self._open = set()
+            return
+        new = [stream for stream in streams if now - self._said_at.get(stream, -math.inf) >= self.again_after_s]
+        if new:
+            self.log(waiting_for_line(tuple(new), self.loop.ahead_windows, self.loop.hold_quiet_s))
+            self._said_at.update((stream, now) for stream in new)
+            self._since = self._since if self._open else (self.loop.waiting_for_records_since or time.time())
+            self._open.update(new)
 
 
 def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:

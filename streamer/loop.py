@@ -584,7 +584,7 @@ class PrequentialLoop:
                 self.dead_letters["dead_letter_failed"] = self._failed_before + failed
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
-            if self.waiting_for and self._quiet():  # waiting for records, of these streams, since the last batch
+            if self.waiting_for:  # waiting for records, of these streams, since the last batch
                 self.waiting_since = self._cut_wall
             elif self._queue or self.records > read:
                 self.waiting_since = None
@@ -601,16 +601,13 @@ class PrequentialLoop:
         return not self._queue and time.monotonic() - self._cut_at >= self.hold_quiet_s
 
     def _streams_waited_for(self) -> tuple[int, ...]:
-        """The streams the learning waits for: those short of a window while another stream holds more
-        than `ahead_windows` windows (Batcher.short_streams, far_ahead), named once no batch has been cut
-        for `hold_quiet_s` and until no stream holds that much (a stream that sends again goes on being
-        named while the others' surplus is learned: the learning goes at its pace). Streams that come in
-        turn, however slowly or unevenly, are never that far apart."""
-        if not self.batcher.far_ahead(self.ahead_windows):
+        """The streams the learning waits for now: no batch has been cut for `hold_quiet_s`, and the next
+        one needs a window of these (Batcher.short_streams) while another stream holds more than
+        `ahead_windows` windows (Batcher.far_ahead): a stream that stopped sending, one far slower than the
+        others, or one whose records lie further on in the topic. () again from the next cut."""
+        if not self._quiet() or not self.batcher.far_ahead(self.ahead_windows):
             return ()
-        if not self._quiet():
-            return self.waiting_for
-        return tuple(sorted(set(self.waiting_for) | set(self.batcher.short_streams())))
+        return self.batcher.short_streams()
 
     @property
     def streams_waited_for(self) -> tuple[int, ...]:

@@ -705,10 +705,9 @@ def watched(loop):
 
 def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_and_the_losses_stay():
     """Stream 1 sends nothing for a while (60 records of stream 0: 30 fetches, 0.6 s) while stream 0 goes on:
-    once stream 0 holds more than ahead_windows windows and no batch was cut for hold_quiet_s the loop names
-    stream 1 as the one the learning waits for, waiting since the last batch, until stream 0's surplus is
-    learned after stream 1's records come; the losses are the in-memory run's. Streams that pause together,
-    or come in turn however slowly, are never named."""
+    once no batch was cut for hold_quiet_s while stream 0 holds more than ahead_windows windows, the loop
+    names stream 1 as the one the learning waits for, waiting since the last batch, until a batch is cut
+    again; the losses are the in-memory run's. Streams that pause together, or come in turn, are not named."""
     text = "hello world, how are you " * 40
 
     def record(stream, k):
@@ -722,10 +721,10 @@ def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_a
     results, samples = watched(loop)
     assert [r.loss for r in results] == expected
     assert {streams for _, streams, _ in samples} == {(), (1,)}, samples
-    waiting = [(at, since) for at, streams, since in samples if streams and since is not None]
-    assert waiting and all(at - since >= 0.2 for at, since in waiting), waiting
-    assert len({since for _, since in waiting}) == 1  # since the last batch before stream 1 stopped
-    assert samples[-1][1] == ()  # stream 0's surplus learned
+    named = [(at, since) for at, streams, since in samples if streams]
+    assert named and all(since is not None and at - since >= 0.2 for at, since in named), named
+    assert len({since for _, since in named}) == 1  # since the last batch before stream 1 stopped
+    assert samples[-1][1] == ()
 
     steady = [record(s, k) for k in range(36) for s in (0, 1)]
     expected = [r.loss for r in run(naive(), batches_from_records(steady, 2, 10))]

@@ -109,10 +109,10 @@ def test_status_of_a_waiting_daemon_then_of_a_stopped_one(broker, waiting_learne
     assert process.returncode == 0, output[-3000:]
     assert "[caught up, waiting for records since " in output  # the plain log said it too
     said = [line for line in output.splitlines() if line.startswith(("the next batch waits", "stream ", "streams "))]
-    assert said == ["the next batch waits for stream 1: another stream holds more than 256 windows, and no batch "
-                    "was cut for 5 s (a batch takes a window of every stream; the others' records are kept, not "
-                    "learned, until then)", "stream 1: caught up (no stream holds more than 256 windows)"], \
-        output[-3000:]
+    assert said[0] == ("the next batch waits for stream 1: no batch for 5 s while another stream holds more than "
+                       "256 windows (a batch takes a window of every stream; the others' records are kept, not "
+                       "learned, until then)") and len(said) == 2, output[-3000:]
+    assert said[1].startswith("stream 1: records came, learning on after ") and said[1].endswith("s of waiting")
     total = _status_json(run_dir)["batches"]
     summary = next(line for line in output.splitlines() if line.startswith(f"{total} batches"))
     assert "s computing (" in summary and "s waiting (" in summary and "idle " in summary
@@ -143,3 +143,31 @@ def test_a_failed_runs_status_says_its_error_on_one_line():
     assert _said(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
                               "[127.0.0.1]:29500")) == "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
     assert _said(ValueError()) == "ValueError"
+
+
+def test_a_wait_for_a_stream_is_said_once_in_ten_minutes_with_its_end():
+    """A stream far slower than the others is waited for at each of its windows: said once per 10 minutes."""
+    from types import SimpleNamespace
+
+    from streamer.learner import _WaitsSaid
+
+    loop = SimpleNamespace(streams_waited_for=(), ahead_windows=256, hold_quiet_s=5.0,
+                           waiting_for_records_since=time.time() - 65)
+    lines = []
+    say = _WaitsSaid(loop, lines.append)
+    say()
+    loop.streams_waited_for = (1,)
+    say(), say()
+    loop.streams_waited_for = ()
+    say()
+    assert [line.split(":")[0] for line in lines] == ["the next batch waits for stream 1", "stream 1"]
+    assert lines[1] == "stream 1: records came, learning on after 1m05s of waiting"
+    loop.streams_waited_for = (1,)  # waited for again within 10 minutes: neither the wait nor its end is said
+    say()
+    loop.streams_waited_for = ()
+    say()
+    loop.streams_waited_for = (1, 2)
+    say()
+    loop.streams_waited_for = ()
+    say()
+    assert [line.split(":")[0] for line in lines[2:]] == ["the next batch waits for stream 2", "stream 2"]

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from monitor.console import ActivityClock, ConsoleSnapshot, LoopReading, as_console, read_status, write_status
 from monitor.tracker import ViewSnapshot
-from monitor.view import LiveView, activity_text, duration, plain_line, render, sparkline, waiting_for_line
+from monitor.view import (LiveView, activity_text, duration, learning_on_line, plain_line, render, sparkline,
+                          waiting_for_line)
 
 VIEW = ViewSnapshot(
     run="r1", strategy="naive", batches=50, total_batches=200, last_loss=1.0, rolling_ppl=3.5,
@@ -212,12 +213,10 @@ def test_a_lag_not_measured_yet_is_not_shown_as_zero():
     assert "lag 7 (p0 3 · p1 4)" in _text(render(SNAPSHOT))
 
 
-def test_the_log_says_when_the_streams_a_batch_waits_for_change():
-    assert waiting_for_line((), (3,), 256, 5.0) == (
-        "the next batch waits for stream 3: another stream holds more than 256 windows, and no batch was cut for "
-        "5 s (a batch takes a window of every stream; the others' records are kept, not learned, until then)")
-    assert waiting_for_line((), (3, 7), 4, 0.2).startswith(
-        "the next batch waits for streams 3, 7: another stream holds more than 4 windows, and no batch was cut "
-        "for 0.2 s")
-    assert waiting_for_line((3,), (3, 7), 256, 5.0) == "the next batch waits for streams 3, 7"
-    assert waiting_for_line((3, 7), (), 256, 5.0) == "streams 3, 7: caught up (no stream holds more than 256 windows)"
+def test_the_log_says_when_the_learning_waits_for_streams_and_when_it_learns_on():
+    assert waiting_for_line((3,), 256, 5.0) == (
+        "the next batch waits for stream 3: no batch for 5 s while another stream holds more than 256 windows "
+        "(a batch takes a window of every stream; the others' records are kept, not learned, until then)")
+    assert waiting_for_line((3, 7), 4, 0.2).startswith(
+        "the next batch waits for streams 3, 7: no batch for 0.2 s while another stream holds more than 4 windows")
+    assert learning_on_line((3, 7), 184) == "streams 3, 7: records came, learning on after 3m04s of waiting"
