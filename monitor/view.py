@@ -105,11 +105,11 @@ def streams_text(ids, most: int = 8) -> str:
     return f"stream{'s' if len(ids) > 1 else ''} {shown}"
 
 
-def waiting_for_line(streams: tuple, windows: int, quiet_s: float) -> str:
-    """The log line when the learning begins to wait for `streams` (LoopReading.waiting_for)."""
-    return (f"the next batch waits for {streams_text(streams)}: no batch for {quiet_s:g} s while another stream "
-            f"holds more than {windows} windows (a batch takes a window of every stream; the others' records are "
-            "kept, not learned, until then)")
+def waiting_for_line(streams: tuple, windows: int, waited_s: float) -> str:
+    """The log line when the learning has waited `waited_s` for `streams` (LoopReading.waiting_for)."""
+    return (f"the next batch waits for {streams_text(streams)}: no batch for {duration(waited_s)} while another "
+            f"stream holds more than {windows} windows (a batch takes a window of every stream; the others' "
+            "records are kept, not learned, until then)")
 
 
 def learning_on_line(streams: tuple, waited_s: float) -> str:

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import inspect
 import json
-import math
 import os
 import random
 import signal
@@ -386,29 +385,29 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
 
 
 class _WaitsSaid:
-    """The learner's log lines about the streams the learning waits for (loop.streams_waited_for): when a
-    stream is named, unless it was said within `again_after_s` (a stream far slower than the others is
-    waited for at each of its windows), and when a batch is cut again after a wait that was said."""
+    """The learner's log lines about the streams the learning waits for (loop.streams_waited_for): a wait
+    once it has lasted `after_s` since the last batch (a stream far slower than the others is waited for
+    at each of its windows, briefly), the streams it adds later, and its end when a batch is cut again."""
 
-    def __init__(self, loop: PrequentialLoop, log, again_after_s: float = 600.0):
-        self.loop, self.log, self.again_after_s = loop, log, again_after_s
-        self._said_at: dict[int, float] = {}  # stream -> when its naming was last said (monotonic)
-        self._open: set = set()  # the streams of the wait said and not yet ended
-        self._since = None  # the wait's start (wall)
+    def __init__(self, loop: PrequentialLoop, log, after_s: float = 60.0):
+        self.loop, self.log, self.after_s = loop, log, after_s
+        self._said: tuple = ()  # the streams of the wait said so far (() when none is)
+        self._since = None  # the wait's start (wall: the last batch)
 
     def __call__(self) -> None:
-        streams, now = self.loop.streams_waited_for, time.monotonic()
+        streams, now = self.loop.streams_waited_for, time.time()
         if not streams:
-            if self._open:
-                self.log(learning_on_line(tuple(sorted(self._open)), time.time() - self._since))
-                self._open = set()
+            if self._said:
+                self.log(learning_on_line(self._said, now - self._since))
+                self._said = ()
             return
-        new = [stream for stream in streams if now - self._said_at.get(stream, -math.inf) >= self.again_after_s]
-        if new:
-            self.log(waiting_for_line(tuple(new), self.loop.ahead_windows, self.loop.hold_quiet_s))
-            self._said_at.update((stream, now) for stream in new)
-            self._since = self._since if self._open else (self.loop.waiting_for_records_since or time.time())
-            self._open.update(new)
+        since = self.loop.waiting_for_records_since or now
+        if not self._said and now - since < self.after_s:
+            return
+        if not set(streams) <= set(self._said):
+            self._since = since if not self._said else self._since
+            self._said = tuple(sorted(set(self._said) | set(streams)))
+            self.log(waiting_for_line(self._said, self.loop.ahead_windows, now - self._since))
 
 
 def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:

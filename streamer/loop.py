@@ -601,11 +601,13 @@ class PrequentialLoop:
         return not self._queue and time.monotonic() - self._cut_at >= self.hold_quiet_s
 
     def _streams_waited_for(self) -> tuple[int, ...]:
-        """The streams the learning waits for now: no batch has been cut for `hold_quiet_s`, and the next
-        one needs a window of these (Batcher.short_streams) while another stream holds more than
-        `ahead_windows` windows (Batcher.far_ahead): a stream that stopped sending, one far slower than the
-        others, or one whose records lie further on in the topic. () again from the next cut."""
-        if not self._quiet() or not self.batcher.far_ahead(self.ahead_windows):
+        """The streams the learning waits for now: no batch has been cut for `hold_quiet_s`, records were
+        read after that (the others go on sending: not a pause of every stream), and the next batch needs
+        a window of these (Batcher.short_streams) while another stream holds more than `ahead_windows`
+        windows (Batcher.far_ahead): a stream that stopped sending, one far slower than the others, or
+        one whose records lie further on in the topic. () again from the next cut."""
+        if (not self._quiet() or self._last_record < self._cut_at + self.hold_quiet_s
+                or not self.batcher.far_ahead(self.ahead_windows)):
             return ()
         return self.batcher.short_streams()
 

@@ -735,6 +735,14 @@ def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_a
     assert [r.loss for r in results] == expected
     assert all(streams == () for _, streams, _ in samples)
     assert any(since is not None for _, _, since in samples)  # caught up, waiting for records
+    # stream 0 three times as fast as stream 1, far ahead of it, then both stop: a pause of every stream
+    uneven = [record(s, k) for k in range(24) for s in (0, 0, 0, 1)]
+    expected = [r.loss for r in run(naive(), batches_from_records(uneven, 2, 10))]
+    loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(uneven), idle_timeout_s=1.0, hold_quiet_s=0.2,
+                           ahead_windows=4)
+    results, samples = watched(loop)
+    assert [r.loss for r in results] == expected and loop.stop_reason == "idle"
+    assert loop.batcher.far_ahead(4) and all(streams == () for _, streams, _ in samples)
     # a producer's slow pace: one record a fetch of 0.15 s, in turn, a batch every 0.3 s (past hold_quiet_s)
     expected = [r.loss for r in run(naive(), batches_from_records(steady[:16], 2, 10))]
     loop = PrequentialLoop(naive(), Batcher(2, 10), PacedSource(steady[:16], pace_s=0.15, chunk=1),

@@ -214,9 +214,9 @@ def test_a_lag_not_measured_yet_is_not_shown_as_zero():
 
 
 def test_the_log_says_when_the_learning_waits_for_streams_and_when_it_learns_on():
-    assert waiting_for_line((3,), 256, 5.0) == (
-        "the next batch waits for stream 3: no batch for 5 s while another stream holds more than 256 windows "
+    assert waiting_for_line((3,), 256, 60.2) == (
+        "the next batch waits for stream 3: no batch for 1m00s while another stream holds more than 256 windows "
         "(a batch takes a window of every stream; the others' records are kept, not learned, until then)")
-    assert waiting_for_line((3, 7), 4, 0.2).startswith(
-        "the next batch waits for streams 3, 7: no batch for 0.2 s while another stream holds more than 4 windows")
+    assert waiting_for_line((3, 7), 4, 9).startswith(
+        "the next batch waits for streams 3, 7: no batch for 9s while another stream holds more than 4 windows")
     assert learning_on_line((3, 7), 184) == "streams 3, 7: records came, learning on after 3m04s of waiting"
