@@ -593,8 +593,9 @@ class PrequentialLoop:
             self._changed.set()  # a fetch ended: stop conditions may hold now
 
     def _cut(self) -> None:
-        """A batch was cut: the quiet time (_quiet) starts anew."""
+        """A batch was cut: the quiet time (_quiet) starts anew, and the learning waits for no stream."""
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
+        self.waiting_for = ()
 
     def _quiet(self) -> bool:
         """No batch waits in the queue, and none has been cut for `hold_quiet_s`."""
