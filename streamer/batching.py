@@ -7,6 +7,7 @@ holds w + 1 unconsumed tokens (w inputs and the next token as the last target). 
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,39 +68,144 @@ class _Stream:
 
 
 class OffsetTracker:
-    """Per partition, the lowest offset whose record is not yet fully learned."""
+    """Per partition: the records read, those learned, and those skipped to be read again.
+
+    A record read is taken (`seen`, then `finish`ed once learned) or, while its stream holds more than
+    the loop lets it keep (`admit`), skipped: it stays in Kafka, and the partition is read again from
+    the first one skipped once that stream has room (`rewinds`). Records taken after that point are
+    passed over then, and a rereading that reaches streams with no room again jumps back to the
+    furthest offset read: nothing between is still to take. A stream's records are thus taken in
+    their order in the partition, however often it is skipped, and memory stays bounded while the
+    learning waits for another stream."""
 
     def __init__(self):
-        self._pending: dict = {}  # tp -> deque of offsets in arrival order
-        self._done: dict = {}  # tp -> set of finished offsets
-        self._next: dict = {}  # tp -> last seen offset + 1
+        self._pending: dict = {}  # tp -> heap of offsets taken and not yet learned
+        self._done: dict = {}  # tp -> set of learned offsets above the heap's lowest
+        self._next: dict = {}  # tp -> the next offset to read (a restart reads from it)
+        self._furthest: dict = {}  # tp -> the furthest offset read + 1
+        self._skip_from: dict = {}  # tp -> the first offset skipped and not read again since
+        self._skipping: dict = {}  # tp -> the rows skipped since then (all their records are, until a rewind)
+        self._taken_after: dict = {}  # tp -> offsets taken after _skip_from, passed over when read again
+        self._rereading: dict = {}  # tp -> the rows skipped before the last rewind, until _furthest is read
+        self._unread: dict = {}  # tp -> records skipped and not taken since (read again, or not yet)
+
+    def _read(self, tp, offset: int) -> None:
+        self._next[tp] = offset + 1
+        if offset + 1 >= self._furthest.get(tp, 0):
+            self._furthest[tp] = offset + 1
+            self._rereading.pop(tp, None)
 
     def seen(self, tp, offset: int) -> None:
-        self._pending.setdefault(tp, deque()).append(offset)
+        """The record at `offset` is taken (batched or dead-lettered)."""
+        heapq.heappush(self._pending.setdefault(tp, []), offset)
         self._done.setdefault(tp, set())
-        self._next[tp] = offset + 1
+        if tp in self._skip_from:
+            self._taken_after.setdefault(tp, set()).add(offset)
+        self._read(tp, offset)
 
     def finish(self, tp, offset: int) -> None:
         pending, done = self._pending[tp], self._done[tp]
         done.add(offset)
         while pending and pending[0] in done:
-            done.discard(pending.popleft())
+            done.discard(heapq.heappop(pending))
+
+    def admit(self, tp, offset: int, row: int | None, over: bool) -> str:
+        """What to do with the record read at `offset` of `tp`, of batcher row `row` (None: no row), whose
+        stream holds more than it may keep when `over`: "take" it; "skip" it (it is read again later);
+        "pass" it (taken before a rewind); "jump": skip it and read on from the furthest offset read
+        (next_positions), since every record up to it is taken or of a stream skipped now."""
+        taken = self._taken_after.get(tp)
+        if taken and offset in taken:
+            if tp not in self._skip_from:  # (after one skipped now, it is passed again after the rewind)
+                taken.discard(offset)
+            self._read(tp, offset)
+            return "pass"
+        again = offset < self._furthest.get(tp, 0)  # read again: a record skipped before (the others are passed)
+        skipping = self._skipping.get(tp)
+        if row is None or not (over or (skipping is not None and row in skipping)):
+            if again:
+                self._unread[tp] -= 1
+            return "take"
+        if not again:
+            self._unread[tp] = self._unread.get(tp, 0) + 1
+        self._skip_from.setdefault(tp, offset)
+        self._skipping.setdefault(tp, set()).add(row)
+        self._read(tp, offset)
+        rereading = self._rereading.get(tp)
+        if rereading is not None and rereading <= self._skipping[tp]:
+            del self._rereading[tp]
+            self._next[tp] = self._furthest[tp]
+            return "jump"
+        return "skip"
+
+    def skipping(self, tp) -> frozenset:
+        """The rows whose records in `tp` are skipped now."""
+        return frozenset(self._skipping.get(tp, ()))
+
+    @property
+    def unread(self) -> int:
+        """Records skipped and not yet taken: with those taken, every record read."""
+        return sum(self._unread.values())
+
+    def reading_again(self) -> bool:
+        """Whether a partition is being read again (from a rewind up to the furthest offset read): records
+        counted as unread come yet."""
+        return any(following < self._furthest.get(tp, following) for tp, following in self._next.items())
+
+    def rewinds(self, has_room, apply: bool = True) -> dict:
+        """{tp: offset to read from again} for the partitions that skipped a row `has_room(row)` says has
+        room now; they read on from their first skipped record (not with `apply`: only which)."""
+        rewound = {}
+        for tp in [tp for tp, rows in self._skipping.items() if any(has_room(row) for row in rows)]:
+            if not apply:
+                rewound[tp] = self._skip_from[tp]
+                continue
+            rewound[tp] = self._next[tp] = self._skip_from.pop(tp)
+            self._rereading[tp] = self._rereading.get(tp, set()) | self._skipping.pop(tp)
+        return rewound
 
     def commit_positions(self) -> dict:
-        return {tp: (q[0] if q else self._next[tp]) for tp, q in self._pending.items()}
+        """Per partition, the offset before which every record is learned."""
+        positions = {}
+        for tp, following in self._next.items():
+            pending = self._pending[tp]
+            if pending and pending[0] < following:
+                following = pending[0]
+            positions[tp] = min(following, self._skip_from.get(tp, following))
+        return positions
 
     def next_positions(self) -> dict:
-        """Per partition, the next offset to read: everything before it is learned or carried over."""
+        """Per partition, the next offset to read: a restart reads on from it (the records skipped before it
+        are read again, those taken after them passed over, as this tracker's state says)."""
         return dict(self._next)
 
+    def kept_positions(self) -> dict:
+        """Per partition, the offset before which every record is learned or carried over (in the batcher
+        or taken and passed over later): a checkpoint covers them, Kafka may have them committed."""
+        return {tp: min(following, self._skip_from.get(tp, following)) for tp, following in self._next.items()}
+
     def state_dict(self) -> list:
-        return [[list(tp), list(self._pending[tp]), sorted(self._done[tp]), self._next[tp]] for tp in self._next]
+        return [[list(tp), sorted(self._pending[tp]), sorted(self._done[tp]), self._next[tp],
+                 self._furthest.get(tp, self._next[tp]), self._skip_from.get(tp), sorted(self._skipping.get(tp, ())),
+                 sorted(self._taken_after.get(tp, ())), sorted(self._rereading.get(tp, ())), self._unread.get(tp, 0)]
+                for tp in self._next]
 
     def load_state_dict(self, state: list) -> None:
+        """A state_dict's, or one of 4 fields a partition (a checkpoint from before skipping)."""
         self.__init__()
-        for tp, pending, done, following in state:
+        for tp, pending, done, following, *skips in state:
             tp = tuple(tp)
-            self._pending[tp], self._done[tp], self._next[tp] = deque(pending), set(done), following
+            self._pending[tp], self._done[tp], self._next[tp] = sorted(pending), set(done), following
+            self._furthest[tp] = following
+            if skips:
+                furthest, skip_from, skipping, taken_after, rereading, self._unread[tp] = skips
+                self._furthest[tp] = furthest
+                if skip_from is not None:
+                    self._skip_from[tp], self._skipping[tp] = skip_from, set(skipping)
+                if taken_after:
+                    self._taken_after[tp] = set(taken_after)
+                if rereading:
+                    self._rereading[tp] = set(rereading)
 
 
 class Batcher:
@@ -152,6 +258,24 @@ class Batcher:
             self.offsets.seen(tp, offset)
             self._carried.setdefault(tp, set()).add(row)
         buf.spans.append((buf.base + len(buf.data), record.truth, handle))
+
+    def admit(self, tp, offset: int, stream: str | None, keep_windows: int) -> str:
+        """Whether to take the record read at `offset` of partition `tp`, of `stream` (None: undecodable):
+        OffsetTracker.admit, a stream being over when it holds more than `keep_windows` windows (at least
+        2): its further records are left in Kafka until `rewinds` finds it room."""
+        row = None if stream is None else self._row(stream)
+        over = row is not None and len(self._buffers[row].data) > max(keep_windows, 2) * self.window
+        return self.offsets.admit(tp, offset, row, over)
+
+    def rewinds(self, keep_windows: int, apply: bool = True) -> dict:
+        """{partition: offset} to read again from: those that skipped a stream now holding half of
+        `keep_windows` windows or less (OffsetTracker.rewinds; not with `apply`: only which)."""
+        room = max(keep_windows, 2) * self.window // 2
+        return self.offsets.rewinds(lambda row: len(self._buffers[row].data) <= room, apply)
+
+    def skipped_streams(self, tp) -> tuple[int, ...]:
+        """The stream ids whose records in partition `tp` are left in Kafka now (admit)."""
+        return tuple(sorted(self.first_stream + row for row in self.offsets.skipping(tp)))
 
     def ready(self) -> bool:
         return not self._short and len(self._rows) == self.streams

@@ -327,6 +327,14 @@ class KafkaSource:
             self._consumer.resume(*(paused - held))
         return held
 
+    def seek(self, tp, offset: int) -> None:
+        """Read partition `tp` ((topic, partition)) from `offset` at the next fetch (records of it that the
+        fetch in progress still yields are the caller's to pass over). One no longer assigned is left
+        alone: its next assignment seeks it to the learner's own offset (SeekOnAssign)."""
+        partition = TopicPartition(*tp)
+        if self._consumer is not None and partition in self._consumer.assignment():
+            self._consumer.seek(partition, offset)
+
     async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
         before = await self._positions()
         self._taking_from = before  # until every record this fetch returns has been taken (lag())

@@ -76,7 +76,8 @@ class PrequentialLoop:
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
-                 lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0):
+                 lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
+                 keep_windows: int = 1024):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -99,6 +100,13 @@ class PrequentialLoop:
         # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
         # others' in a held partition): then every partition is read until the next batch is cut
         self.ahead_windows, self.hold_quiet_s = ahead_windows, hold_quiet_s  # (Batcher.ahead takes at least 1)
+        # a stream that holds more than keep_windows windows (a batch waits for another) is not read into
+        # memory: its records stay in Kafka and are read again once it holds half as many (Batcher.admit);
+        # only with a source that can seek and a batcher of windows (an utterance batcher keeps all)
+        self.keep_windows = keep_windows
+        self._ahead_at = min(ahead_windows, keep_windows // 2)  # far ahead: never beyond what a stream may keep
+        self._skips = hasattr(batcher, "admit") and hasattr(source, "seek")
+        self._skips_said: set = set()  # the partitions whose skipping the log has said
         self._cut_at = time.monotonic()  # when the last batch was cut (or the fetch side began)
         self._cut_wall = time.time()  # then, as wall time
         # the streams the learning waits for (_streams_waited_for): a stream that stopped sending; () otherwise
@@ -155,6 +163,18 @@ class PrequentialLoop:
     def records_batched(self) -> int:
         """Records that reached the batcher: read, less those dead-lettered (the manifest counts only these)."""
         return self.records - sum(count for reason, count in self.dead_letters.items() if reason != "dead_letter_failed")
+
+    def _records_read(self) -> int:
+        """Records read: those that reached the batcher and those it left in Kafka (Batcher.admit) meanwhile."""
+        return self.records_batched + (self.batcher.offsets.unread if self._skips else 0)
+
+    def _more(self) -> bool:
+        """Whether the batcher has a batch to cut, or records to read again that may make one: a partition
+        being read again, or one to rewind (Batcher.rewinds)."""
+        if self.batcher.ready():
+            return True
+        return self._skips and (self.batcher.offsets.reading_again()
+                                or bool(self.batcher.rewinds(self.keep_windows, apply=False)))
 
     @property
     def consuming(self) -> bool:
@@ -413,8 +433,8 @@ class PrequentialLoop:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
             agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
-                                          self.checkpoint_wanted(), self.records_batched,
-                                          has_batch or self.batcher.ready(), self.total_records,
+                                          self.checkpoint_wanted(), self._records_read(),
+                                          has_batch or self._more(), self.total_records,
                                           time.monotonic() - self._reported_at >= self.lag_every_s)
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
@@ -507,7 +527,8 @@ class PrequentialLoop:
 
     def state_dict(self) -> dict:
         """The loop's side of a snapshot, read at a snapshot point on the event loop: the batcher's
-        carry-over, the batches cut but not yet learned, the next offset to read per partition."""
+        carry-over, the batches cut but not yet learned, and per partition the offset before which every
+        record is learned or carried over (OffsetTracker.kept_positions: Kafka may have them committed)."""
         return {
             "step": self.step, "tokens": self.tokens, "records": self.records, "skipped": self.skipped,
             "last_loss": self.last_loss,
@@ -515,11 +536,11 @@ class PrequentialLoop:
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
             "waiting": [_ready_to_plain(ready) for ready in self._queue],
-            "offsets": self.batcher.offsets.next_positions(),
+            "offsets": self.batcher.offsets.kept_positions(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue after a snapshot (call before `async with`; the source seeks to state["offsets"])."""
+        """Continue after a snapshot (call before `async with`; the source seeks to the batcher's next positions)."""
         self.step, self.tokens, self.records = state["step"], state["tokens"], state["records"]
         self.skipped, self.last_loss = state.get("skipped", 0), state.get("last_loss", float("nan"))
         self._stepped_loss = self.last_loss
@@ -540,8 +561,8 @@ class PrequentialLoop:
         if self.idle_timeout_s and not self._queue and now - self._last_record >= self.idle_timeout_s:
             self.stop_reason = self.stop_reason or "idle"
         if (self.ranks is None  # ranks: agreed (their records add up to it)
-                and self.total_records and self.records_batched >= self.total_records and not self._queue
-                and not self.batcher.ready()):  # every record read and batched: what remains is less than a batch
+                and self.total_records and self._records_read() >= self.total_records and not self._queue
+                and not self._more()):  # every record read and batched: what remains is less than a batch
             self.stop_reason = self.stop_reason or "end_of_stream"
 
     async def _changed_within(self, timeout_s: float) -> None:
@@ -557,11 +578,16 @@ class PrequentialLoop:
         hold = getattr(self.source, "hold", None)  # a Kafka source; an in-memory one has all it will have
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
         while not self._closing:
-            read, held = self.records, set()
+            read, held, sought = self.records, set(), set()
+            if self._skips:
+                for tp, offset in batcher.rewinds(self.keep_windows).items():
+                    self.source.seek(tp, offset)
             if hold is not None:  # a held partition may have records: not caught up while one is held
                 held = hold(self._partitions_ahead())
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
+                if fetched.tp in sought or (self._skips and not self._admitted(fetched, sought)):
+                    continue
                 self.records += 1
                 rejected = None if fetched.record is None else _rejected(batcher, fetched.record)
                 if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
@@ -592,6 +618,25 @@ class PrequentialLoop:
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
 
+    def _admitted(self, fetched, sought: set) -> bool:
+        """Whether to take a record read (Batcher.admit): not one skipped (its stream holds too much) nor
+        one taken already. A jump seeks its partition on, and the fetch's further records of it, which
+        lie before the jump's end, are passed over (`sought`)."""
+        stream = None if fetched.record is None else fetched.record.stream
+        admitted = self.batcher.admit(fetched.tp, fetched.offset, stream, self.keep_windows)
+        if admitted == "take":
+            return True
+        if admitted == "jump":
+            self.source.seek(fetched.tp, self.batcher.offsets.next_positions()[fetched.tp])
+            sought.add(fetched.tp)
+        if admitted != "pass" and fetched.tp not in self._skips_said:
+            self._skips_said.add(fetched.tp)
+            streams = ", ".join(map(str, self.batcher.skipped_streams(fetched.tp)))
+            self._log(f"partition {fetched.tp[1]}: stream {streams} holds more than {self.keep_windows} windows "
+                      f"while the learning waits for another; its further records stay in Kafka, read again from "
+                      f"offset {fetched.offset} once it holds half as many (said once a partition)")
+        return False
+
     def _cut(self) -> None:
         """A batch was cut: the quiet time (_quiet) starts anew, and the learning waits for no stream."""
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
@@ -608,7 +653,7 @@ class PrequentialLoop:
         windows (Batcher.far_ahead): a stream that stopped sending, one far slower than the others, or
         one whose records lie further on in the topic. () again from the next cut."""
         if (not self._quiet() or self._last_record < self._cut_at + self.hold_quiet_s
-                or not self.batcher.far_ahead(self.ahead_windows)):
+                or not self.batcher.far_ahead(self._ahead_at)):
             return ()
         return self.batcher.short_streams()
 
@@ -628,7 +673,7 @@ class PrequentialLoop:
         of a stream moved to another partition) is read at full speed, as before there were holds."""
         if time.monotonic() - self._cut_at >= self.hold_quiet_s:
             return set()
-        return self.batcher.ahead(self.ahead_windows)
+        return self.batcher.ahead(self._ahead_at)
 
     async def _room(self) -> None:
         """With the queue full: wait until the worker has taken it down to `_refill_at` batches, which

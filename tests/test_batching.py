@@ -178,3 +178,76 @@ def test_the_streams_a_batch_waits_for_are_the_short_ones_and_far_ahead_is_a_str
     assert batcher.ready() and batcher.short_streams() == ()  # a batch can be cut: it waits for none
     batcher.pop()
     assert batcher.short_streams() == (6, 8) and batcher.far_ahead(1) and not batcher.far_ahead(2)
+
+
+def read_with_skips(partitions, streams, window, keep_windows, seed, restarts=0, watch=None):
+    """A reader of `partitions` ({partition: records}) as the loop reads Kafka: fetches of 1-6 records of
+    one partition at a time in a random order, Batcher.admit deciding each, rewinds between fetches, a jump
+    passing the fetch's further records over; `restarts` times, the batcher goes through its state_dict
+    into a new one and every partition is read on from its next position. Returns (the batches' rows,
+    the most bytes a stream held, the records taken and those skipped and not read again). `watch(batcher,
+    records taken)` is called after each fetch."""
+    import random
+
+    rng = random.Random(seed)
+    batcher, positions, rows, peak, taken = Batcher(streams, window), dict.fromkeys(partitions, 0), [], 0, 0
+    restart_at = set(rng.sample(range(5, 60), restarts))
+    for fetch in range(100_000):
+        if fetch in restart_at:
+            state = batcher.state_dict()
+            batcher = Batcher(streams, window)
+            batcher.load_state_dict(state)
+            positions = {p: batcher.offsets.next_positions().get(("t", p), 0) for p in partitions}
+        positions.update({tp[1]: offset for tp, offset in batcher.rewinds(keep_windows).items()})
+        readable = [p for p in partitions if positions[p] < len(partitions[p])]
+        if not readable:
+            break
+        p = rng.choice(readable)
+        start = positions[p]
+        positions[p] = end = min(len(partitions[p]), start + rng.randint(1, 6))
+        for offset in range(start, end):
+            record = partitions[p][offset]
+            admitted = batcher.admit(("t", p), offset, record.stream, keep_windows)
+            if admitted == "jump":
+                positions[p] = batcher.offsets.next_positions()[("t", p)]
+                break
+            if admitted != "take":
+                continue
+            batcher.add(record, ("t", p), offset)
+            taken += 1
+            peak = max(peak, *(len(buf.data) for buf in batcher._buffers))
+            while batcher.ready():
+                ready = batcher.pop()
+                rows.append(ready.batch.inputs.tolist())
+        if watch is not None:
+            watch(batcher, taken)
+    return rows, peak, taken + batcher.offsets.unread
+
+
+def test_streams_skipped_and_read_again_give_the_same_batches_in_any_order_and_across_restarts():
+    """Random partition layouts and fetch orders (streams sharing a partition, a stream late, one three times
+    as fast, streams of unequal lengths): with keep_windows 2-4 and restarts through the state_dict, the
+    batches are those read with no bound, each record is taken once (those skipped that no batch could
+    use are counted as unread), and no stream holds more than keep_windows windows and a record."""
+    import random
+
+    text = "hello world, how are you today " * 40
+    for seed in range(60):
+        rng = random.Random(seed)
+        streams = rng.choice([2, 3])
+        counts = [rng.randint(20, 60) for _ in range(streams)]
+        per_stream = [[Record(str(s), text[(7 * k) % 200: (7 * k) % 200 + rng.randint(1, 9)]) for k in range(n)]
+                      for s, n in enumerate(counts)]
+        layout = rng.choice(["one", "each", "shared"])
+        owner = {"one": lambda s: 0, "each": lambda s: s, "shared": lambda s: s % 2}[layout]
+        partitions: dict = {}
+        queues = [list(records) for records in per_stream]
+        while any(queues):  # interleaved at random, stream 0 sometimes far ahead, a stream sometimes late
+            s = rng.choices(range(streams), weights=[(3 if s == 0 else 1) * bool(q) for s, q in enumerate(queues)])[0]
+            partitions.setdefault(owner(s), []).append(queues[s].pop(0))
+        keep = rng.randint(2, 4)
+        expected, _, _ = read_with_skips(partitions, streams, 5, 10_000, seed)
+        got, peak, taken = read_with_skips(partitions, streams, 5, keep, seed, restarts=rng.randint(0, 3))
+        assert got == expected, (seed, layout, keep)
+        assert taken == sum(counts), seed  # each record taken once, or left in Kafka at the end
+        assert peak <= keep * 5 + 9, (seed, peak)
