@@ -38,6 +38,7 @@ class LearnConfig:
     seed: int = 0
     device: str = "auto"
     queue_size: int = 64  # batches cut ahead of the worker (streamer.loop: two bursts of short steps)
+    keep_windows: int = 1024  # the most windows a stream keeps while a batch waits for another (streamer.loop)
     max_batches: int | None = None  # stop after this many batches
     minutes: float | None = None  # stop after this much wall time
     idle_timeout_s: float | None = None  # stop when nothing arrives for this long

@@ -145,7 +145,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
                            total_records=config.total_records, idle_timeout_s=config.idle_timeout_s,
                            max_seconds=config.minutes * 60 if config.minutes else None, queue_size=config.queue_size,
-                           broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks)
+                           broker_timeout_s=config.broker_timeout_s, log=log, ranks=ranks,
+                           keep_windows=config.keep_windows)
     server, tasks, failure, probes = None, [], None, None
     try:
         if config.metrics_port is not None and monitor.metrics is not None:

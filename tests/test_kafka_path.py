@@ -5,6 +5,7 @@ That the model never reads class headers is checked on the memory path for every
 metrics to a real Prometheus during a run is test_prometheus_live.py."""
 
 import asyncio
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -329,3 +330,33 @@ def test_a_lag_read_with_a_held_partition_does_not_wait_for_a_broker_that_is_awa
                 await source.stop()
         lag, took = asyncio.run(lags())
     assert lag == {0: 0, 1: 0} and took < 0.5, (lag, took)
+
+
+def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a_restart_reads_on(broker, tmp_path):
+    """Stream 1's records lie behind all of streams 0 and 2's in one partition (it stopped while they went on).
+    A batch needs a window of each, so the learner read the others whole into memory and its checkpoint;
+    now each keeps at most --keep-windows windows (4 here) and their further records stay in Kafka,
+    read again (aiokafka's seek) once they hold half as many. Stopped after 10 batches, mid-way, the
+    checkpoint holds that little; the same run continued to the end gives the memory path's losses."""
+    from streamer.resume import resume_state
+
+    records, manifest = small_stream(CORPUS, fragments=4, mean_tokens=900, streams=3, window=10, seed=4)
+    late = [r for r in records if r.stream != "1"] + [r for r in records if r.stream == "1"]
+    asyncio.run(produce(late, broker.bootstrap_servers, "far-ahead"))
+    config = _config(broker, "far-ahead", tmp_path, manifest, keep_windows=4, total_records=len(records))
+    lines = []
+    first = dataclasses.replace(config, max_batches=10)
+    asyncio.run(run_learner(first, monitor=LiveMonitor(run="far-ahead", strategy="naive"), log=lines.append))
+
+    saved = load(config.run_dir / "checkpoint.pt")
+    held = [len(buffer["data"]) for buffer in saved["loop"]["batcher"]["buffers"]]
+    assert saved["step"] == 10 and max(held) <= 4 * 10 + 10, held  # (records of up to 10 bytes here)
+    assert sum(len(r.text.encode()) for r in late if r.stream == "0") > 1000  # (all of it, before)
+    assert any(line.startswith("partition 0: stream 0 holds more than 4 windows") for line in lines), lines
+
+    summary = asyncio.run(run_learner(config, monitor=LiveMonitor(run="far-ahead", strategy="naive"),
+                                      resume=resume_state(config.run_dir, config), log=lines.append))
+    assert summary.stop_reason == "end_of_stream"
+    log = read_loss_log(config.run_dir / "losses.jsonl")
+    expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
+    assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)

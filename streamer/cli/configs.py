@@ -103,6 +103,7 @@ def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path,
         args, **stream_shape(args, manifest, where), bootstrap_servers=bootstrap, topic=topic, group_id=group,
         run_dir=run_dir, run_name=run_dir.name,
         strategy=args.strategy, idle_timeout_s=getattr(args, "idle_timeout", None),
+        keep_windows=getattr(args, "keep_windows", LearnConfig.keep_windows),
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, live_view=not args.no_view,
     ).with_manifest(manifest)
     config = dataclasses.replace(config, from_fragment=from_fragment(args.from_fragment, config.n_fragments, log))

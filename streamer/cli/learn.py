@@ -59,6 +59,11 @@ def add_parser(sub) -> None:
                    help="seed of the model and the strategy (default %(default)s)")
     p.add_argument("--idle-timeout", type=positive_float,
                    help="stop after this many seconds without records (default: wait forever, as a daemon)")
+    p.add_argument("--keep-windows", type=positive_int, default=default_of(LearnConfig, "keep_windows"),
+                   help="while the next batch waits for a stream (one stopped, or far slower), the most windows "
+                        "(of --window tokens: bytes for the byte-level models) any other stream keeps in memory "
+                        "and in the checkpoint: its further records stay in Kafka and are read again, in order, "
+                        "once it holds half as many (default %(default)s)")
     p.add_argument("--nproc", type=positive_int, default=1,
                    help="ranks on this machine learning as one model (torchrun's elastic agent starts them; "
                         "each learns streams / nproc of the --streams, from its own partitions: produce with "
