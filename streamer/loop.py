@@ -631,10 +631,11 @@ class PrequentialLoop:
             sought.add(fetched.tp)
         if admitted != "pass" and fetched.tp not in self._skips_said:
             self._skips_said.add(fetched.tp)
-            streams = ", ".join(map(str, self.batcher.skipped_streams(fetched.tp)))
-            self._log(f"partition {fetched.tp[1]}: stream {streams} holds more than {self.keep_windows} windows "
-                      f"while the learning waits for another; its further records stay in Kafka, read again from "
-                      f"offset {fetched.offset} once it holds half as many (said once a partition)")
+            skipped = self.batcher.skipped_streams(fetched.tp)
+            streams = f"stream {skipped[0]} holds" if len(skipped) == 1 else f"streams {', '.join(map(str, skipped))} hold"
+            self._log(f"partition {fetched.tp[1]}: {streams} more than {self.keep_windows} windows while the learning "
+                      f"waits for another; further records stay in Kafka, read again from offset {fetched.offset} "
+                      "once there is room (said once a partition)")
         return False
 
     def _cut(self) -> None:
