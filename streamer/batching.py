@@ -121,8 +121,7 @@ class OffsetTracker:
             self._read(tp, offset)
             return "pass"
         again = offset < self._furthest.get(tp, 0)  # read again: a record skipped before (the others are passed)
-        skipping = self._skipping.get(tp)
-        if row is None or not (over or (skipping is not None and row in skipping)):
+        if row is None or not (over or row in self._skipping.get(tp, ())):
             if again:
                 self._unread[tp] -= 1
             return "take"
@@ -150,7 +149,7 @@ class OffsetTracker:
     def reading_again(self) -> bool:
         """Whether a partition is being read again (from a rewind up to the furthest offset read): records
         counted as unread come yet."""
-        return any(following < self._furthest.get(tp, following) for tp, following in self._next.items())
+        return bool(self._rereading)  # (a partition is in it from its rewind until its furthest offset is read)
 
     def rewinds(self, has_room, apply: bool = True) -> dict:
         """{tp: offset to read from again} for the partitions that skipped a row `has_room(row)` says has
@@ -165,13 +164,12 @@ class OffsetTracker:
         return rewound
 
     def commit_positions(self) -> dict:
-        """Per partition, the offset before which every record is learned."""
-        positions = {}
-        for tp, following in self._next.items():
-            pending = self._pending[tp]
-            if pending and pending[0] < following:
-                following = pending[0]
-            positions[tp] = min(following, self._skip_from.get(tp, following))
+        """Per partition, the offset before which every record is learned: kept_positions, less those taken
+        and not yet learned."""
+        positions = self.kept_positions()
+        for tp, pending in self._pending.items():
+            if pending and pending[0] < positions[tp]:
+                positions[tp] = pending[0]
         return positions
 
     def next_positions(self) -> dict:
@@ -264,14 +262,18 @@ class Batcher:
         OffsetTracker.admit, a stream being over when it holds more than `keep_windows` windows (at least
         2): its further records are left in Kafka until `rewinds` finds it room."""
         row = None if stream is None else self._row(stream)
-        over = row is not None and len(self._buffers[row].data) > max(keep_windows, 2) * self.window
+        over = row is not None and len(self._buffers[row].data) > self._kept(keep_windows)
         return self.offsets.admit(tp, offset, row, over)
 
     def rewinds(self, keep_windows: int, apply: bool = True) -> dict:
         """{partition: offset} to read again from: those that skipped a stream now holding half of
         `keep_windows` windows or less (OffsetTracker.rewinds; not with `apply`: only which)."""
-        room = max(keep_windows, 2) * self.window // 2
+        room = self._kept(keep_windows) // 2
         return self.offsets.rewinds(lambda row: len(self._buffers[row].data) <= room, apply)
+
+    def _kept(self, keep_windows: int) -> int:
+        """The most tokens a stream keeps while a batch waits for another: `keep_windows` windows, at least 2."""
+        return max(keep_windows, 2) * self.window
 
     def skipped_streams(self, tp) -> tuple[int, ...]:
         """The stream ids whose records in partition `tp` are left in Kafka now (admit)."""

@@ -632,7 +632,8 @@ class PrequentialLoop:
         if admitted != "pass" and fetched.tp not in self._skips_said:
             self._skips_said.add(fetched.tp)
             skipped = self.batcher.skipped_streams(fetched.tp)
-            streams = f"stream {skipped[0]} holds" if len(skipped) == 1 else f"streams {', '.join(map(str, skipped))} hold"
+            streams = (f"stream {skipped[0]} holds" if len(skipped) == 1
+                       else f"streams {', '.join(map(str, skipped))} hold")
             self._log(f"partition {fetched.tp[1]}: {streams} more than {self.keep_windows} windows while the learning "
                       f"waits for another; further records stay in Kafka, read again from offset {fetched.offset} "
                       "once there is room (said once a partition)")
