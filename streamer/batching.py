@@ -71,40 +71,52 @@ class OffsetTracker:
     """Per partition: the records read, those learned, and those skipped to be read again.
 
     A record read is taken (`seen`, then `finish`ed once learned) or, while its stream holds more than
-    the loop lets it keep (`admit`), skipped: it stays in Kafka, and the partition is read again from
-    the first one skipped once that stream has room (`rewinds`). Records taken after that point are
-    passed over then, and a rereading that reaches streams with no room again jumps back to the
-    furthest offset read: nothing between is still to take. A stream's records are thus taken in
-    their order in the partition, however often it is skipped, and memory stays bounded while the
-    learning waits for another stream."""
+    the loop lets it keep (`admit`), skipped: it stays in Kafka, and so does every further record of that
+    stream, until the partition is read again from the first one skipped once the stream has room
+    (`rewinds`). What is taken is known per stream, by its first untaken offset: its records before it
+    are taken, those from it to the furthest offset read are not. A record read again that is taken is
+    passed over, and a rereading that meets only streams with no room jumps back to the furthest offset
+    read. A stream's records are thus taken in their order in the partition, however often it is
+    skipped, and what the tracker keeps grows with the streams, not with the records left in Kafka."""
 
     def __init__(self):
-        self._pending: dict = {}  # tp -> heap of offsets taken and not yet learned
+        self._lanes: dict = {}  # tp -> {row: its offsets taken and not yet learned, in order (learned so)}
+        self._pending: dict = {}  # tp -> heap of the others taken and not yet learned (dead letters)
         self._done: dict = {}  # tp -> set of learned offsets above the heap's lowest
         self._next: dict = {}  # tp -> the next offset to read (a restart reads from it)
         self._furthest: dict = {}  # tp -> the furthest offset read + 1
-        self._skip_from: dict = {}  # tp -> the first offset skipped and not read again since
-        self._skipping: dict = {}  # tp -> the rows skipped since then (all their records are, until a rewind)
-        self._taken_after: dict = {}  # tp -> offsets taken after _skip_from, passed over when read again
-        self._rereading: dict = {}  # tp -> the rows skipped before the last rewind, until _furthest is read
+        self._untaken: dict = {}  # tp -> {row: its first untaken offset} for the rows with records skipped
+        self._skipping: dict = {}  # tp -> the rows skipped since the last rewind (so are all their further records)
         self._unread: dict = {}  # tp -> records skipped and not taken since (read again, or not yet)
+        self._passed: dict = {}  # tp -> offsets taken that an earlier checkpoint says to pass over (_from_list)
 
     def _read(self, tp, offset: int) -> None:
         self._next[tp] = offset + 1
-        if offset + 1 >= self._furthest.get(tp, 0):
-            self._furthest[tp] = offset + 1
-            self._rereading.pop(tp, None)
+        if offset + 1 < self._furthest.get(tp, 0):
+            return
+        self._furthest[tp] = offset + 1
+        untaken, skipping = self._untaken.get(tp), self._skipping.get(tp, ())
+        if untaken and len(untaken) > len(skipping):  # a rereading's end: the rows not skipped again are taken
+            self._untaken[tp] = {row: untaken[row] for row in skipping}
+            if tp in self._passed:
+                self._passed[tp] = {offset for offset in self._passed[tp] if offset >= self._kept(tp)}
 
-    def seen(self, tp, offset: int) -> None:
-        """The record at `offset` is taken (batched or dead-lettered)."""
-        heapq.heappush(self._pending.setdefault(tp, []), offset)
-        self._done.setdefault(tp, set())
-        if tp in self._skip_from:
-            self._taken_after.setdefault(tp, set()).add(offset)
+    def seen(self, tp, offset: int, row: int | None = None) -> None:
+        """The record at `offset` is taken: batched in `row` (its records are learned in the order taken), or
+        not (dead-lettered; an utterance batcher's)."""
+        if row is None:
+            heapq.heappush(self._pending.setdefault(tp, []), offset)
+        else:
+            self._lanes.setdefault(tp, {}).setdefault(row, deque()).append(offset)
         self._read(tp, offset)
 
-    def finish(self, tp, offset: int) -> None:
-        pending, done = self._pending[tp], self._done[tp]
+    def finish(self, tp, offset: int, row: int | None = None) -> None:
+        """The record at `offset`, `seen` in `row`, is learned."""
+        lane = self._lanes.get(tp, {}).get(row)
+        if lane and lane[0] == offset:
+            lane.popleft()
+            return
+        pending, done = self._pending[tp], self._done.setdefault(tp, set())  # (or one a checkpoint's heap held)
         done.add(offset)
         while pending and pending[0] in done:
             done.discard(heapq.heappop(pending))
@@ -114,26 +126,25 @@ class OffsetTracker:
         stream holds more than it may keep when `over`: "take" it; "skip" it (it is read again later);
         "pass" it (taken before a rewind); "jump": skip it and read on from the furthest offset read
         (next_positions), since every record up to it is taken or of a stream skipped now."""
-        taken = self._taken_after.get(tp)
-        if taken and offset in taken:
-            if tp not in self._skip_from:  # (after one skipped now, it is passed again after the rewind)
-                taken.discard(offset)
+        untaken = self._untaken.get(tp, {})
+        again = offset < self._furthest.get(tp, 0)  # read again: taken, unless of a row from its first untaken on
+        if again and (row not in untaken or offset < untaken[row] or offset in self._passed.get(tp, ())):
             self._read(tp, offset)
             return "pass"
-        again = offset < self._furthest.get(tp, 0)  # read again: a record skipped before (the others are passed)
         if row is None or not (over or row in self._skipping.get(tp, ())):
             if again:
                 self._unread[tp] -= 1
+                untaken[row] = offset + 1  # (no record of the row lies between: they were read in order)
             return "take"
         if not again:
             self._unread[tp] = self._unread.get(tp, 0) + 1
-        self._skip_from.setdefault(tp, offset)
-        self._skipping.setdefault(tp, set()).add(row)
+        skipping = self._skipping.setdefault(tp, set())
+        if row not in skipping:
+            self._untaken.setdefault(tp, {})[row] = offset
+            skipping.add(row)
         self._read(tp, offset)
-        rereading = self._rereading.get(tp)
-        if rereading is not None and rereading <= self._skipping[tp]:
-            del self._rereading[tp]
-            self._next[tp] = self._furthest[tp]
+        if self._next[tp] < self._furthest[tp] and len(skipping) == len(self._untaken[tp]):
+            self._next[tp] = self._furthest[tp]  # every row still to read again is skipped again
             return "jump"
         return "skip"
 
@@ -149,18 +160,17 @@ class OffsetTracker:
     def reading_again(self) -> bool:
         """Whether a partition is being read again (from a rewind up to the furthest offset read): records
         counted as unread come yet."""
-        return bool(self._rereading)  # (a partition is in it from its rewind until its furthest offset is read)
+        return any(following < self._furthest.get(tp, following) for tp, following in self._next.items())
 
     def rewinds(self, has_room, apply: bool = True) -> dict:
         """{tp: offset to read from again} for the partitions that skipped a row `has_room(row)` says has
-        room now; they read on from their first skipped record (not with `apply`: only which)."""
+        room now; they read on from their first untaken record (not with `apply`: only which)."""
         rewound = {}
         for tp in [tp for tp, rows in self._skipping.items() if any(has_room(row) for row in rows)]:
-            if not apply:
-                rewound[tp] = self._skip_from[tp]
-                continue
-            rewound[tp] = self._next[tp] = self._skip_from.pop(tp)
-            self._rereading[tp] = self._rereading.get(tp, set()) | self._skipping.pop(tp)
+            rewound[tp] = min(self._untaken[tp].values())
+            if apply:
+                self._next[tp] = rewound[tp]
+                del self._skipping[tp]
         return rewound
 
     def commit_positions(self) -> dict:
@@ -170,40 +180,66 @@ class OffsetTracker:
         for tp, pending in self._pending.items():
             if pending and pending[0] < positions[tp]:
                 positions[tp] = pending[0]
+        for tp, lanes in self._lanes.items():
+            kept = positions[tp]
+            positions[tp] = min(kept, min((lane[0] for lane in lanes.values() if lane), default=kept))
         return positions
 
     def next_positions(self) -> dict:
         """Per partition, the next offset to read: a restart reads on from it (the records skipped before it
-        are read again, those taken after them passed over, as this tracker's state says)."""
+        are read again, those taken passed over, as this tracker's state says)."""
         return dict(self._next)
 
     def kept_positions(self) -> dict:
         """Per partition, the offset before which every record is learned or carried over (in the batcher
         or taken and passed over later): a checkpoint covers them, Kafka may have them committed."""
-        return {tp: min(following, self._skip_from.get(tp, following)) for tp, following in self._next.items()}
+        return {tp: self._kept(tp) for tp in self._next}
+
+    def _kept(self, tp) -> int:
+        following = self._next[tp]
+        return min(following, min(self._untaken.get(tp, {}).values(), default=following))
 
     def state_dict(self) -> list:
-        return [[list(tp), sorted(self._pending[tp]), sorted(self._done[tp]), self._next[tp],
-                 self._furthest.get(tp, self._next[tp]), self._skip_from.get(tp), sorted(self._skipping.get(tp, ())),
-                 sorted(self._taken_after.get(tp, ())), sorted(self._rereading.get(tp, ())), self._unread.get(tp, 0)]
+        return [{"partition": list(tp),
+                 "lanes": sorted([row, list(lane)] for row, lane in self._lanes.get(tp, {}).items() if lane),
+                 "pending": sorted(self._pending.get(tp, ())), "done": sorted(self._done.get(tp, ())),
+                 "next": self._next[tp], "furthest": self._furthest.get(tp, self._next[tp]),
+                 "untaken": sorted([row, offset] for row, offset in self._untaken.get(tp, {}).items()),
+                 "skipping": sorted(self._skipping.get(tp, ())), "unread": self._unread.get(tp, 0),
+                 "passed": sorted(self._passed.get(tp, ()))}
                 for tp in self._next]
 
     def load_state_dict(self, state: list) -> None:
-        """A state_dict's, or one of 4 fields a partition (a checkpoint from before skipping)."""
+        """A state_dict's, or an earlier checkpoint's list a partition (_from_list)."""
         self.__init__()
-        for tp, pending, done, following, *skips in state:
-            tp = tuple(tp)
-            self._pending[tp], self._done[tp], self._next[tp] = sorted(pending), set(done), following
-            self._furthest[tp] = following
-            if skips:
-                furthest, skip_from, skipping, taken_after, rereading, self._unread[tp] = skips
-                self._furthest[tp] = furthest
-                if skip_from is not None:
-                    self._skip_from[tp], self._skipping[tp] = skip_from, set(skipping)
-                if taken_after:
-                    self._taken_after[tp] = set(taken_after)
-                if rereading:
-                    self._rereading[tp] = set(rereading)
+        for part in state:
+            part = part if isinstance(part, Mapping) else _from_list(part)
+            tp = tuple(part["partition"])
+            self._pending[tp], self._done[tp] = sorted(part["pending"]), set(part["done"])
+            self._lanes[tp] = {row: deque(lane) for row, lane in part["lanes"]}
+            self._next[tp], self._furthest[tp], self._unread[tp] = part["next"], part["furthest"], part["unread"]
+            if part["untaken"]:
+                self._untaken[tp] = {row: offset for row, offset in part["untaken"]}
+            if part["skipping"]:
+                self._skipping[tp] = set(part["skipping"])
+            if part["passed"]:
+                self._passed[tp] = set(part["passed"])
+
+
+def _from_list(part: list) -> dict:
+    """A partition's state as checkpoints held it before `untaken`: 4 fields (before skipping), or 10, whose
+    offsets taken after the first skipped one are passed over when read again. The rows skipped since then
+    are untaken from it, those read again and not skipped yet from the next offset (their records between
+    the two are taken or were passed over)."""
+    tp, pending, done, following, *skips = part
+    state = {"partition": tp, "lanes": [], "pending": pending, "done": done, "next": following,
+             "furthest": following, "untaken": [], "skipping": [], "unread": 0, "passed": []}
+    if skips:
+        furthest, skip_from, skipping, taken_after, rereading, unread = skips
+        untaken = dict.fromkeys(rereading, following) | dict.fromkeys(skipping, skip_from)
+        state.update(furthest=furthest, untaken=list(untaken.items()), skipping=skipping, unread=unread,
+                     passed=taken_after)
+    return state
 
 
 class Batcher:
@@ -253,7 +289,7 @@ class Batcher:
         self._short -= short and len(buf.data) > self.window
         handle = None if tp is None else (tp, offset)
         if handle is not None:
-            self.offsets.seen(tp, offset)
+            self.offsets.seen(tp, offset, row)
             self._carried.setdefault(tp, set()).add(row)
         buf.spans.append((buf.base + len(buf.data), record.truth, handle))
 
@@ -319,10 +355,10 @@ class Batcher:
             grid = np.array([b.data[: w + 1] for b in self._buffers], dtype=np.int64)
         grid = grid.reshape(self.streams, w + 1)
         truth = self._majority_truth()
-        for buf in self._buffers:
+        for row, buf in enumerate(self._buffers):
             del buf.data[:w]
             buf.base += w
-            self._release(buf)
+            self._release(buf, row)
         self._count_short()
         inputs, targets = torch.from_numpy(grid[:, :w].astype(np.int64)), torch.from_numpy(grid[:, 1:].astype(np.int64))
         if self.device.type != "cpu":
@@ -370,9 +406,9 @@ class Batcher:
                 span_start = span_end
         return vote(votes)
 
-    def _release(self, buf: _Stream) -> None:
+    def _release(self, buf: _Stream, row: int) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""
         while buf.spans and buf.spans[0][0] <= buf.base:
             _, _, handle = buf.spans.popleft()
             if handle is not None:
-                self.offsets.finish(*handle)
+                self.offsets.finish(*handle, row)
