@@ -60,7 +60,7 @@ CATALOGUE = [
     ("tokens_per_second", "gauge", RUN, "Tokens learned per second over the last few seconds"),
     ("tokens_total", "counter", RUN, "Tokens learned"),
     ("batches_learned_total", "counter", RUN, "Batches scored then learned"),
-    ("consumer_lag_records", "gauge", RUN_PARTITION, "Records in the partition (up to its end as last fetched, or as the broker says while it is held) that the learner has not yet taken into its batcher"),
+    ("consumer_lag_records", "gauge", RUN_PARTITION, "Records in the partition (up to its end as last fetched, or as the broker says while it is held) that the learner has not yet taken into its batcher (those read past while their stream holds --keep-windows windows count until read again)"),
     ("streams_waited_for", "gauge", RUN, "Streams the learning waits for now: no batch cut for 5 s, records read after that, and the next batch needs a window of these while another stream holds more than 256 windows (a stream that stopped sending, one far slower than the others, or one whose records lie further on in the topic); 0 from the next cut"),
     ("queue_depth", "gauge", RUN, "Batches cut whose results are not yet taken in: queued, or handed to the model worker (the step in flight included); 0 when the model can learn none now"),
     ("dead_letter_total", "counter", RUN_REASON, "Records sent to the dead-letter topic instead of the model, by reason"),

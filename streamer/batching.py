@@ -157,6 +157,14 @@ class OffsetTracker:
         """Records skipped and not yet taken: with those taken, every record read."""
         return sum(self._unread.values())
 
+    def unread_in(self) -> dict:
+        """Per partition with any, the records skipped and not yet taken (they wait in Kafka)."""
+        return {tp: unread for tp, unread in self._unread.items() if unread}
+
+    def read_positions(self) -> dict:
+        """Per partition, the offset after the furthest record read: each before it is taken or skipped."""
+        return dict(self._furthest)
+
     def reading_again(self) -> bool:
         """Whether a partition is being read again (from a rewind up to the furthest offset read): records
         counted as unread come yet."""

@@ -449,17 +449,18 @@ class KafkaSource:
             return False
         return True
 
-    async def lag(self, taken: dict | None = None) -> dict[int, int]:
-        """Records in the log (up to its end as last fetched) not yet taken, per assigned partition.
+    async def lag(self, taken: dict | None = None, read: dict | None = None) -> dict[int, int]:
+        """Records in the log (up to its end as last fetched) not yet read, per assigned partition.
         Between two fetches: beyond the consumer's position, which is past commit markers and
         compacted-away offsets too. While a fetch's records are being taken (a getmany returns up to
         max_records at once, and the learner takes them one by one, waiting while its queue is full;
         the position is already past them all): beyond `taken`'s next offset ({(topic, partition):
         offset}, the learner's batcher's) or, for a partition none of whose records is taken yet,
-        beyond its position before that fetch. A held partition (hold()) is not fetched, so its end is
-        asked of the broker in the background (_ask_held_ends): the records written while it is held
-        count from the next read on, and after the hold until a fetch of it has seen as far. Never
-        waits on the network."""
+        beyond its position before that fetch. Never before `read`'s offset (as `taken`): the records
+        before it were read, and a partition read again from an earlier offset does not count them. A
+        held partition (hold()) is not fetched, so its end is asked of the broker in the background
+        (_ask_held_ends): the records written while it is held count from the next read on, and after
+        the hold until a fetch of it has seen as far. Never waits on the network."""
         lags = {}
         if self._consumer is None:
             return lags
@@ -485,6 +486,7 @@ class KafkaSource:
                     following = await self._consumer.position(tp)
                 except IllegalStateError:  # revoked meanwhile
                     continue
+            following = max(following, (read or {}).get((tp.topic, tp.partition), following))
             lags[tp.partition] = max(0, highwater - following)
         return lags
 

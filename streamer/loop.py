@@ -94,7 +94,7 @@ class PrequentialLoop:
         self.records = 0  # records read: learned, carried over or dead-lettered
         self.dead_letters: Counter = Counter()  # reason -> records
         self._failed_before = 0  # dead-letter sends that failed before the resume (the source counts its own)
-        self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher
+        self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher (_read_lag)
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
         # a partition far ahead (its streams hold ahead_windows windows, a batch waits for another's) is not
         # read meanwhile, unless no batch was cut for hold_quiet_s (the short stream's records are behind
@@ -688,14 +688,20 @@ class PrequentialLoop:
             await self._read_lag()
 
     async def _read_lag(self, *, now: bool = False) -> None:
-        """`lag` anew (`now`, else at most every `lag_every_s`): per partition, the records beyond the
-        last one the batcher has taken (read, decoded, dead-lettered or batched). A read that takes
-        longer than `lag_every_s` (a lost broker) leaves the last one."""
+        """`lag` anew (`now`, else at most every `lag_every_s`): per partition, the records not yet taken
+        into the batcher (read, decoded, dead-lettered or batched): those beyond the furthest one read,
+        and those read past (Batcher.admit) and not yet read again. A read that takes longer than
+        `lag_every_s` (a lost broker) leaves the last one."""
         if now or time.monotonic() - self._lag_read_at >= self.lag_every_s:
             self._lag_read_at = time.monotonic()
+            offsets = self.batcher.offsets
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.lag_every_s):
-                    self.lag = await self.source.lag(self.batcher.offsets.next_positions())
+                    lag = await self.source.lag(offsets.next_positions(), offsets.read_positions())
+                for (_, partition), unread in offsets.unread_in().items():
+                    if partition in lag:  # (an assigned partition)
+                        lag[partition] += unread
+                self.lag = lag
 
     async def _watch(self) -> None:
         """Lost, back, or away too long: see the module's docstring."""

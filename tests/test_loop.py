@@ -58,8 +58,8 @@ class MemorySource:
     async def commit(self, offsets):
         self.committed = dict(offsets)
 
-    async def lag(self, taken=None):
-        return {0: len(self.records) - (taken or {}).get(("t", 0), self.position)}
+    async def lag(self, taken=None, read=None):
+        return {0: len(self.records) - max((taken or {}).get(("t", 0), self.position), (read or {}).get(("t", 0), 0))}
 
 
 @pytest.fixture(scope="module")
@@ -810,6 +810,25 @@ def test_a_stream_far_ahead_is_left_in_kafka_and_read_again_in_order_with_the_sa
     assert [r.loss for r in results] == expected and loop.stop_reason == "end_of_stream"
     said = [line for line in lines if "stay in Kafka" in line]
     assert len(said) == 1 and said[0].startswith("partition 0: stream 0 holds more than 3 windows"), said
+
+
+def test_the_lag_counts_the_records_read_past_and_not_those_read_again(stream):
+    """Stopped while stream 0's records are skipped, and again while they are read again: the lag is the
+    records not yet taken (never read, or read past and not read again), not the records beyond the
+    reader's position (which left out those read past, and counted the ones taken again when reading again)."""
+    records, _ = stream
+    ordered = orders(records)["late"]
+    states = set()
+    for stop in (3, 8, 14, 20, 30):
+        loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(ordered, chunk=5), max_batches=stop,
+                               keep_windows=3, queue_size=2)
+        learn(loop)
+        asyncio.run(loop._read_lag(now=True))
+        offsets = loop.batcher.offsets
+        states.add((bool(offsets.skipping(("t", 0))), offsets.reading_again()))
+        assert loop.lag == {0: len(ordered) - loop.records}, stop
+        assert offsets.unread > 0 or offsets.reading_again(), stop
+    assert {(True, False), (False, True)} <= states
 
 
 def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, tmp_path):
