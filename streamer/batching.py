@@ -87,7 +87,7 @@ class OffsetTracker:
         self._furthest: dict = {}  # tp -> the furthest offset read + 1
         self._untaken: dict = {}  # tp -> {row: its first untaken offset} for the rows with records skipped
         self._skipping: dict = {}  # tp -> the rows skipped since the last rewind (so are all their further records)
-        self._unread: dict = {}  # tp -> records skipped and not taken since (read again, or not yet)
+        self._unread: dict = {}  # tp -> {row: its records skipped and not taken since} (-1: an earlier checkpoint's)
         self._passed: dict = {}  # tp -> offsets taken that an earlier checkpoint says to pass over (_from_list)
 
     def _read(self, tp, offset: int) -> None:
@@ -98,6 +98,11 @@ class OffsetTracker:
         untaken, skipping = self._untaken.get(tp), self._skipping.get(tp, ())
         if untaken and len(untaken) > len(skipping):  # a rereading's end: the rows not skipped again are taken
             self._untaken[tp] = {row: untaken[row] for row in skipping}
+            unread = self._unread[tp]
+            for row in set(untaken) - set(skipping):  # none is unread: more were counted if the topic deleted some
+                unread[-1] = unread.get(-1, 0) + min(unread.pop(row, 0), 0)  # (fewer: counted in an earlier -1)
+            if not skipping:
+                unread.clear()
             if tp in self._passed:
                 self._passed[tp] = {offset for offset in self._passed[tp] if offset >= self._kept(tp)}
 
@@ -133,11 +138,13 @@ class OffsetTracker:
             return "pass"
         if row is None or not (over or row in self._skipping.get(tp, ())):
             if again:
-                self._unread[tp] -= 1
+                unread = self._unread[tp]
+                unread[row] = unread.get(row, 0) - 1  # (below 0 for records an earlier checkpoint counted)
                 untaken[row] = offset + 1  # (no record of the row lies between: they were read in order)
             return "take"
         if not again:
-            self._unread[tp] = self._unread.get(tp, 0) + 1
+            unread = self._unread.setdefault(tp, {})
+            unread[row] = unread.get(row, 0) + 1
         skipping = self._skipping.setdefault(tp, set())
         if row not in skipping:
             self._untaken.setdefault(tp, {})[row] = offset
@@ -155,11 +162,11 @@ class OffsetTracker:
     @property
     def unread(self) -> int:
         """Records skipped and not yet taken: with those taken, every record read."""
-        return sum(self._unread.values())
+        return sum(sum(unread.values()) for unread in self._unread.values())
 
     def unread_in(self) -> dict:
         """Per partition with any, the records skipped and not yet taken (they wait in Kafka)."""
-        return {tp: unread for tp, unread in self._unread.items() if unread}
+        return {tp: sum(unread.values()) for tp, unread in self._unread.items() if sum(unread.values())}
 
     def read_positions(self) -> dict:
         """Per partition, the offset after the furthest record read: each before it is taken or skipped."""
@@ -213,7 +220,8 @@ class OffsetTracker:
                  "pending": sorted(self._pending.get(tp, ())), "done": sorted(self._done.get(tp, ())),
                  "next": self._next[tp], "furthest": self._furthest.get(tp, self._next[tp]),
                  "untaken": sorted([row, offset] for row, offset in self._untaken.get(tp, {}).items()),
-                 "skipping": sorted(self._skipping.get(tp, ())), "unread": self._unread.get(tp, 0),
+                 "skipping": sorted(self._skipping.get(tp, ())),
+                 "unread": sorted([row, count] for row, count in self._unread.get(tp, {}).items() if count),
                  "passed": sorted(self._passed.get(tp, ()))}
                 for tp in self._next]
 
@@ -225,7 +233,8 @@ class OffsetTracker:
             tp = tuple(part["partition"])
             self._pending[tp], self._done[tp] = sorted(part["pending"]), set(part["done"])
             self._lanes[tp] = {row: deque(lane) for row, lane in part["lanes"]}
-            self._next[tp], self._furthest[tp], self._unread[tp] = part["next"], part["furthest"], part["unread"]
+            self._next[tp], self._furthest[tp] = part["next"], part["furthest"]
+            self._unread[tp] = {row: count for row, count in part["unread"]}
             if part["untaken"]:
                 self._untaken[tp] = {row: offset for row, offset in part["untaken"]}
             if part["skipping"]:
@@ -241,11 +250,11 @@ def _from_list(part: list) -> dict:
     the two are taken or were passed over)."""
     tp, pending, done, following, *skips = part
     state = {"partition": tp, "lanes": [], "pending": pending, "done": done, "next": following,
-             "furthest": following, "untaken": [], "skipping": [], "unread": 0, "passed": []}
+             "furthest": following, "untaken": [], "skipping": [], "unread": [], "passed": []}
     if skips:
         furthest, skip_from, skipping, taken_after, rereading, unread = skips
         untaken = dict.fromkeys(rereading, following) | dict.fromkeys(skipping, skip_from)
-        state.update(furthest=furthest, untaken=list(untaken.items()), skipping=skipping, unread=unread,
+        state.update(furthest=furthest, untaken=list(untaken.items()), skipping=skipping, unread=[[-1, unread]],
                      passed=taken_after)
     return state
 

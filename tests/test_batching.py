@@ -324,3 +324,25 @@ def test_a_partition_whose_only_records_read_were_skipped_round_trips_through_th
             each.add(Record("1", "abcdef"), ("t", 0), offset)
             each.pop()
     assert loaded.rewinds(2) == batcher.rewinds(2) == {("t", 1): 0}
+
+
+def test_records_the_topic_deleted_before_they_were_read_again_stop_counting_once_their_stream_catches_up():
+    """Stream 0's records 4-9 are skipped; when it has room the partition is read again, but the topic's
+    retention has deleted 4-6 meanwhile (Kafka resets the consumer to the log's start, 7). Once the
+    rereading reaches the furthest offset read with stream 0 taken all the way, none of its records is
+    unread: they stayed counted (in the lag, and in the records a finite run waits for) for good."""
+    batcher, tp = Batcher(2, 5), ("t", 0)
+    records = [Record("0", "abc") for _ in range(10)] + [Record("1", "abcdef") for _ in range(2)]
+
+    def read(offset):
+        admitted = batcher.admit(tp, offset, records[offset].stream, 2)
+        if admitted == "take":
+            batcher.add(records[offset], tp, offset)
+            while batcher.ready():
+                batcher.pop()
+        return admitted
+
+    assert [read(offset) for offset in range(12)] == ["take"] * 4 + ["skip"] * 6 + ["take"] * 2
+    assert batcher.offsets.unread_in() == {tp: 6} and batcher.rewinds(2) == {tp: 4}
+    assert [read(offset) for offset in range(7, 12)] == ["take"] * 3 + ["pass"] * 2  # (4-6 deleted)
+    assert batcher.offsets.unread == 0 and batcher.offsets.unread_in() == {} and not batcher.offsets.reading_again()
