@@ -1,8 +1,9 @@
 """The Kafka side of the learner: the only module of streamer/ that imports aiokafka.
 
-Fetches in batches, decodes wire records, dead-letters bad ones (counted by
-reason and sent to `<topic>.dlq` as producers.wire.dead_letter_copy makes them;
-a failed send is counted in `dead_letter_failures`, logged, and never raised),
+Fetches in batches, decodes wire records, dead-letters bad ones (sent to
+`<topic>.dlq` as producers.wire.dead_letter_copy makes them, once the learner takes
+them: send_dead_letter, never for a record read again; a failed send is counted in
+`dead_letter_failures`, logged, and never raised),
 commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -54,10 +55,11 @@ def _stderr(line: str) -> None:
 
 @dataclass(frozen=True)
 class Fetched:
-    record: Record | None  # None when dead-lettered
+    record: Record | None  # None when it cannot be decoded
     tp: tuple[str, int]
     offset: int
     dead_reason: str | None = None
+    copy: tuple | None = field(default=None, repr=False)  # then its dead-letter copy (send_dead_letter sends it)
 
 
 class KafkaSource:
@@ -93,6 +95,7 @@ class KafkaSource:
         self._log = log or _stderr
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
+        self._sought: set = set()  # the partitions `seek` moved during the fetch in progress
         self._asked_ends: dict = {}  # {TopicPartition: its end as the broker said} while held, until fetched as far
         self._asking: asyncio.Task | None = None  # the request for them in flight (_ask_held_ends)
         self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
@@ -334,10 +337,12 @@ class KafkaSource:
         partition = TopicPartition(*tp)
         if self._consumer is not None and partition in self._consumer.assignment():
             self._consumer.seek(partition, offset)
+            self._sought.add(partition)
 
     async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
         before = await self._positions()
         self._taking_from = before  # until every record this fetch returns has been taken (lag())
+        self._sought = set()
         try:
             batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=self.max_records)
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
@@ -366,9 +371,9 @@ class KafkaSource:
         try:
             record = decode(message.key, message.value, message.headers, max_record_bytes=self.max_record_bytes)
         except WireError as exc:
-            await self._send(dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
-                                              detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"))
-            return Fetched(None, tp, message.offset, exc.reason)
+            return Fetched(None, tp, message.offset, exc.reason,
+                           dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
+                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"))
         return Fetched(record, tp, message.offset)
 
     async def _step_past_unreadable(self, before: dict, error: Exception,
@@ -377,13 +382,17 @@ class KafkaSource:
         call started (aiokafka may have moved others past records it never returned), then partitions
         with records to read are read one record at a time until the one that raises, which is
         dead-lettered as `unreadable` (no bytes of it can be read) and skipped. Records after it in
-        the same producer batch raise too, so each is dead-lettered the same way on later fetches."""
+        the same producer batch raise too, so each is dead-lettered the same way on later fetches. A
+        partition the caller seeks meanwhile is left for the next fetch to read from there (the caller
+        passes over this fetch's further records of it)."""
         for tp, position in before.items():
             if tp in self._consumer.assignment():
                 self._consumer.seek(tp, position)
         for tp in sorted(set(before) & self._consumer.assignment()):
             deadline = time.monotonic() + patience_s
             for _ in range(self.max_records):
+                if tp in self._sought:
+                    break
                 highwater = self._consumer.highwater(tp)
                 position = await self._consumer.position(tp)
                 if (highwater is not None and position >= highwater) or time.monotonic() > deadline:
@@ -394,16 +403,20 @@ class KafkaSource:
                     self._consumer.seek(tp, position + 1)
                     detail = f"the Kafka client cannot parse it ({type(error).__name__}: {str(error)[:200]})"
                     source = f"{tp.topic}:{tp.partition}:{position}"
-                    await self._send(dead_letter_copy(None, b"", [], reason="unreadable", detail=detail, source=source))
-                    yield Fetched(None, (tp.topic, tp.partition), position, "unreadable")
+                    yield Fetched(None, (tp.topic, tp.partition), position, "unreadable",
+                                  dead_letter_copy(None, b"", [], reason="unreadable", detail=detail, source=source))
                     return
                 for message in got.get(tp, ()):
                     deadline = time.monotonic() + patience_s
                     yield await self._decoded(message)
 
     async def send_dead_letter(self, fetched: Fetched, reason: str, detail: str) -> None:
-        """Dead-letter a record the learner rejected after decoding."""
+        """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
+        that could not be decoded (its copy, made then). Not at the read: a record read again after a
+        rewind (streamer.batching.OffsetTracker.admit) is passed over, and its copy is not sent again."""
         if fetched.record is None:
+            if fetched.copy is not None:
+                await self._send(fetched.copy)
             return
         source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
         await self._send(dead_letter_copy(*encode(fetched.record), reason=reason, detail=detail, source=source))

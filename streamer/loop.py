@@ -593,9 +593,9 @@ class PrequentialLoop:
                 if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
                     batcher.offsets.seen(fetched.tp, fetched.offset)
                     batcher.offsets.finish(fetched.tp, fetched.offset)
-                    if rejected:
-                        await self.source.send_dead_letter(fetched, *rejected)
-                    self.dead_letters[fetched.dead_reason or rejected[0]] += 1
+                    reason, detail = rejected or (fetched.dead_reason, "")
+                    await self.source.send_dead_letter(fetched, reason, detail)  # (once: not for one passed over)
+                    self.dead_letters[reason] += 1
                     continue
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 while batcher.ready():

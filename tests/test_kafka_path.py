@@ -386,3 +386,65 @@ def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a
     log = read_loss_log(config.run_dir / "losses.jsonl")
     expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
     assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)
+
+
+def test_poison_among_records_read_again_is_dead_lettered_once_and_no_record_is_lost(broker, tmp_path):
+    """Streams 0 and 2's records, with a record whose key is no stream id and one the Kafka client cannot
+    parse among them, lie before all of stream 1's; each stream keeps 4 windows, so the partition is read
+    again many times over the poison. Each poison record is dead-lettered once (the consumer sent a copy
+    at every read), and the run gives the memory path's losses: a rereading stepping past the unparsable
+    record one record at a time went on fetching after a jump sought the partition on, and the records it
+    fetched were passed over as lying before the jump's end, though after it."""
+    from collections import Counter
+
+    from tests.test_poison import RawName, read_dead_letters, send_raw
+
+    records, manifest = small_stream(CORPUS, fragments=4, mean_tokens=900, streams=3, window=10, seed=4)
+    ahead = [r for r in records if r.stream != "1"]
+    bootstrap, topic, cut = broker.bootstrap_servers, "far-ahead-poison", len(ahead) * 3 // 4
+    asyncio.run(produce(ahead[:cut], bootstrap, topic))
+    asyncio.run(send_raw(bootstrap, topic, [(b"abc", b"a named stream", []), (b"0", b"x", [(RawName("x"), b"v")])]))
+    asyncio.run(produce(ahead[cut:] + [r for r in records if r.stream == "1"], bootstrap, topic))
+    config = _config(broker, topic, tmp_path, manifest, keep_windows=4, total_records=len(records) + 2)
+    summary, _ = _learn(config)
+
+    assert summary.stop_reason == "end_of_stream"
+    log = read_loss_log(config.run_dir / "losses.jsonl")
+    expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
+    assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)
+    letters = asyncio.run(read_dead_letters(bootstrap, f"{topic}.dlq"))
+    assert Counter(headers["streamer.reason"].decode() for headers, _ in letters) == {"bad_key": 1, "unreadable": 1}
+
+
+def test_a_partition_sought_while_a_fetch_steps_past_an_unparsable_record_is_read_on_from_there(broker):
+    """A record the Kafka client cannot parse in partition 1 makes the fetch read every partition one record
+    at a time. The learner seeks partition 0 on (a jump, when it reads records again) while that goes on,
+    and passes over the fetch's further records of it: the stepping went on fetching partition 0 from the
+    new offset, so the records it yielded there were passed over and never read again."""
+    from tests.test_poison import RawName, send_raw
+
+    bootstrap, topic = broker.bootstrap_servers, "step-seek"
+    asyncio.run(produce([Record("0", f"record {i}") for i in range(10)], bootstrap, topic, partitions=2))
+    asyncio.run(send_raw(bootstrap, topic, [(b"1", b"x", [(RawName("x"), b"v")])], partition=1))
+
+    async def read():
+        source = KafkaSource(bootstrap, topic, f"{topic}-g", partitions=[0, 1], dead_letter=False,
+                             log=lambda line: None)
+        source.seek_on_assign(dict)
+        await source.start()
+        taken, deadline = [], time.monotonic() + 20
+        try:
+            while len(taken) < 6 and time.monotonic() < deadline:
+                sought = set()
+                async for fetched in source.fetch():
+                    if fetched.tp in sought:
+                        continue
+                    taken.append((fetched.tp[1], fetched.offset, fetched.dead_reason))
+                    if fetched.tp == (topic, 0) and fetched.offset == 2 and (0, 8, None) not in taken:
+                        source.seek(fetched.tp, 8)
+                        sought.add(fetched.tp)
+            return taken
+        finally:
+            await source.stop()
+    taken = asyncio.run(read())
+    assert (1, 0, "unreadable") in taken and sorted(offset for p, offset, _ in taken if p == 0) == [0, 1, 2, 8, 9]

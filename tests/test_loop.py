@@ -97,7 +97,7 @@ def test_stop_conditions_and_dead_letters_are_plain_state(stream):
     loop = PrequentialLoop(naive(), Batcher(2, 10), source, max_batches=5)
     results, _ = learn(loop)
     assert len(results) == 5 and loop.stop_reason == "max_batches"
-    assert dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1} and source.dead == ["extra_stream"]
+    assert dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1} and source.dead == ["extra_stream", "bad_utf8"]
 
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records[:10]), idle_timeout_s=0.3)
     results, _ = learn(loop)
