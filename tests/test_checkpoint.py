@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamer import checkpoint
-from streamer.batching import Batcher
+from streamer.batching import Batcher, OffsetTracker
 from streamer.models import LSTMLanguageModel
 from streamer.step import prequential_step
 from streamer.strategies import STRATEGIES
@@ -296,3 +296,18 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
         asyncio.run(go())
     gc.collect()  # an unretrieved task's exception is logged when the task is collected
     assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
+
+
+def test_a_checkpoint_of_a_later_format_is_refused_and_one_of_format_1_loads(tmp_path):
+    """A streamer refuses a checkpoint written in a format it does not know (it read format 2's offsets,
+    dicts, as format 1's lists, with no error, and read on from nonsense), and still reads format 1's."""
+    path = tmp_path / "c.pt"
+    torch.save({"format_version": checkpoint.FORMAT_VERSION + 1, "step": 3}, path)
+    with pytest.raises(checkpoint.CheckpointError, match=f"format version {checkpoint.FORMAT_VERSION + 1}; "
+                                                         f"this streamer reads up to {checkpoint.FORMAT_VERSION}"):
+        checkpoint.load(path)
+    offsets = [[["t", 0], [5], [], 6]]  # format 1: a list a partition (streamer.batching._from_list)
+    torch.save({"format_version": 1, "step": 3, "loop": {"batcher": {"offsets": offsets}}}, path)
+    tracker = OffsetTracker()
+    tracker.load_state_dict(checkpoint.load(path)["loop"]["batcher"]["offsets"])
+    assert checkpoint.FORMAT_VERSION == 2 and tracker.commit_positions() == {("t", 0): 5}
