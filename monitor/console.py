@@ -38,7 +38,7 @@ class LoopReading:
 
     step: int = 0
     records: int = 0
-    lag: dict = field(default_factory=dict)  # partition -> records beyond our position
+    lag: dict = field(default_factory=dict)  # partition -> records not yet taken (the consumer lag)
     queue_depth: int = 0
     waiting_since: float | None = None
     waiting_reported: bool = False

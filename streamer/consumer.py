@@ -1,9 +1,10 @@
 """The Kafka side of the learner: the only module of streamer/ that imports aiokafka.
 
 Fetches in batches, decodes wire records, dead-letters bad ones (sent to
-`<topic>.dlq` as producers.wire.dead_letter_copy makes them, once the learner takes
-them: send_dead_letter, never for a record read again; a failed send is counted in
-`dead_letter_failures`, logged, and never raised),
+`<topic>.dlq` as producers.wire.dead_letter_copy makes them, when the learner takes
+them: send_dead_letter, not for one passed over when a partition is read again; a
+restart reads on from the checkpoint's offsets and sends again those after them: at
+least once; a failed send is counted in `dead_letter_failures`, logged, and never raised),
 commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
@@ -366,7 +367,7 @@ class KafkaSource:
         return positions
 
     async def _decoded(self, message) -> Fetched:
-        """The record, or None with its reason after its copy was sent to the dead-letter topic."""
+        """The record, or None with its reason and its dead-letter copy (sent if the learner takes it)."""
         tp = (message.topic, message.partition)
         try:
             record = decode(message.key, message.value, message.headers, max_record_bytes=self.max_record_bytes)

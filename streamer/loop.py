@@ -588,15 +588,17 @@ class PrequentialLoop:
                 self._last_record = time.monotonic()
                 if fetched.tp in sought or (self._skips and not self._admitted(fetched, sought)):
                     continue
-                self.records += 1
                 rejected = None if fetched.record is None else _rejected(batcher, fetched.record)
                 if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
+                    reason, detail = rejected or (fetched.dead_reason, "")
+                    # sent before it counts as taken: a stop that cancels the send reads it again (at least once)
+                    await self.source.send_dead_letter(fetched, reason, detail)
+                    self.records += 1
                     batcher.offsets.seen(fetched.tp, fetched.offset)
                     batcher.offsets.finish(fetched.tp, fetched.offset)
-                    reason, detail = rejected or (fetched.dead_reason, "")
-                    await self.source.send_dead_letter(fetched, reason, detail)  # (once: not for one passed over)
                     self.dead_letters[reason] += 1
                     continue
+                self.records += 1
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 while batcher.ready():
                     if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
@@ -650,12 +652,15 @@ class PrequentialLoop:
 
     def _streams_waited_for(self) -> tuple[int, ...]:
         """The streams the learning waits for now: no batch has been cut for `hold_quiet_s`, records were
-        read after that (the others go on sending: not a pause of every stream), and the next batch needs
-        a window of these (Batcher.short_streams) while another stream holds more than `ahead_windows`
-        windows (Batcher.far_ahead): a stream that stopped sending, one far slower than the others, or
-        one whose records lie further on in the topic. () again from the next cut."""
-        if (not self._quiet() or self._last_record < self._cut_at + self.hold_quiet_s
-                or not self.batcher.far_ahead(self._ahead_at)):
+        read after that or the others' are left in Kafka (Batcher.admit) (the others go on sending: not a
+        pause of every stream), and the next batch needs a window of these (Batcher.short_streams) while
+        another stream holds more than `ahead_windows` windows (Batcher.far_ahead): a stream that stopped
+        sending, one far slower than the others, or one whose records lie further on in the topic. ()
+        again from the next cut. (A backlog read past within `hold_quiet_s` of the last cut, after which
+        nothing arrives, left the lag above 0 with no stream named: StreamerLearnerStalled said stuck.)"""
+        if (not self._quiet() or not self.batcher.far_ahead(self._ahead_at)
+                or (self._last_record < self._cut_at + self.hold_quiet_s
+                    and not (self._skips and self.batcher.offsets.unread))):
             return ()
         return self.batcher.short_streams()
 

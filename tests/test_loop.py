@@ -104,6 +104,44 @@ def test_stop_conditions_and_dead_letters_are_plain_state(stream):
     assert loop.stop_reason == "idle" and loop.step == len(results)
 
 
+def test_a_backlog_read_past_before_the_quiet_names_the_stream_it_waits_for():
+    """A restart over a backlog: stream 0's records end early, stream 1's go on, and nothing arrives after
+    they are read. Stream 1's surplus is read past (left in Kafka) within hold_quiet_s of the last cut, so
+    no record came after the quiet began: no stream was named, while the lag counted the surplus, and
+    StreamerLearnerStalled said the consumer was stuck. The records left in Kafka show the others go on."""
+    records = [Record("0", "abcdefghijk"), Record("1", "abcdefghijk")] * 5 + [Record("1", "abcdefghijk")] * 400
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=50), keep_windows=4, ahead_windows=2,
+                           hold_quiet_s=1.0, max_seconds=3)
+    learn(loop)
+    assert loop.batcher.offsets.unread > 300 and loop.lag == {0: len(records) - loop.records}
+    assert loop.waiting_for == (0,) and loop.waiting_since is not None
+
+
+def test_a_stop_while_a_dead_letter_is_being_sent_leaves_the_record_to_read_again():
+    """A stop cancels the fetch side while a dead-letter copy is being sent (the producer waits for the
+    .dlq topic's metadata, or for room while the broker is away): the record counted as taken and the
+    checkpoint's offsets passed it, so its copy was never sent nor counted and it was never read again.
+    It counts as taken only once sent: the checkpoint reads it again."""
+
+    class SlowDeadLetters(MemorySource):
+        async def send_dead_letter(self, fetched, reason, detail):
+            await asyncio.sleep(5)
+            await super().send_dead_letter(fetched, reason, detail)
+
+    records = [Record("0", "abcdefghijklmnop"), Record("1", "abcdefghijklmnop")] * 3
+    source = SlowDeadLetters(records, bad={2})
+    loop = PrequentialLoop(naive(), Batcher(2, 10), source)
+
+    async def go():
+        async with loop:
+            await asyncio.sleep(0.5)
+            loop.stop("signal")
+        return loop.state_dict()
+    state = asyncio.run(go())
+    assert source.dead == [] and dict(loop.dead_letters) == {} and loop.records == 2
+    assert state["offsets"] == {("t", 0): 2}  # (it said 3: past the bad record)
+
+
 def test_a_snapshot_between_two_results_continues_exactly(stream, tmp_path):
     """State, carry-over (partial windows and batches cut but not learned) and offsets after batch t."""
     records, _ = stream
