@@ -234,6 +234,7 @@ class PrequentialLoop:
         self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
         try:  # (an interrupt, or asyncio.run's cancel, landing while they end still stops the worker)
             await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
+            self._count_failed_sends()  # (a stop may end the fetch side before its first fetch ends)
         finally:
             self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
             # the step in flight ends first, on a wait that an interrupt cannot cut short (Thread.join, in
@@ -525,10 +526,18 @@ class PrequentialLoop:
             return False
         return await self.source.commit(offsets)
 
+    def _count_failed_sends(self) -> None:
+        """Dead-letter sends that failed (the source counts them since it started): counted, never raised,
+        with those before a resume."""
+        failed = getattr(self.source, "dead_letter_failures", 0)
+        if failed:
+            self.dead_letters["dead_letter_failed"] = self._failed_before + failed
+
     def state_dict(self) -> dict:
         """The loop's side of a snapshot, read at a snapshot point on the event loop: the batcher's
         carry-over, the batches cut but not yet learned, and per partition the offset before which every
         record is learned or carried over (OffsetTracker.kept_positions: Kafka may have them committed)."""
+        self._count_failed_sends()
         return {
             "step": self.step, "tokens": self.tokens, "records": self.records, "skipped": self.skipped,
             "last_loss": self.last_loss,
@@ -607,9 +616,7 @@ class PrequentialLoop:
                     self._cut()
                     self.waiting_since = None
                     self._changed.set()
-            failed = getattr(self.source, "dead_letter_failures", 0)
-            if failed:  # dead-letter sends that failed: counted, never raised (with those before a resume)
-                self.dead_letters["dead_letter_failed"] = self._failed_before + failed
+            self._count_failed_sends()
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
             if self.waiting_for:  # waiting for records, of these streams, since the last batch
