@@ -162,11 +162,11 @@ class OffsetTracker:
     @property
     def unread(self) -> int:
         """Records skipped and not yet taken: with those taken, every record read."""
-        return sum(sum(unread.values()) for unread in self._unread.values())
+        return sum(self.unread_in().values())
 
     def unread_in(self) -> dict:
         """Per partition with any, the records skipped and not yet taken (they wait in Kafka)."""
-        return {tp: sum(unread.values()) for tp, unread in self._unread.items() if sum(unread.values())}
+        return {tp: count for tp, unread in self._unread.items() if (count := sum(unread.values()))}
 
     def read_positions(self) -> dict:
         """Per partition, the offset after the furthest record read: each before it is taken or skipped."""

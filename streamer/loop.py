@@ -166,7 +166,11 @@ class PrequentialLoop:
 
     def _records_read(self) -> int:
         """Records read: those that reached the batcher and those it left in Kafka (Batcher.admit) meanwhile."""
-        return self.records_batched + (self.batcher.offsets.unread if self._skips else 0)
+        return self.records_batched + self._left_in_kafka()
+
+    def _left_in_kafka(self) -> int:
+        """Records read past and not yet read again (Batcher.admit; 0 for a batcher or source without it)."""
+        return self.batcher.offsets.unread if self._skips else 0
 
     def _more(self) -> bool:
         """Whether the batcher has a batch to cut, or records to read again that may make one: a partition
@@ -667,7 +671,7 @@ class PrequentialLoop:
         nothing arrives, left the lag above 0 with no stream named: StreamerLearnerStalled said stuck.)"""
         if (not self._quiet() or not self.batcher.far_ahead(self._ahead_at)
                 or (self._last_record < self._cut_at + self.hold_quiet_s
-                    and not (self._skips and self.batcher.offsets.unread))):
+                    and not self._left_in_kafka())):
             return ()
         return self.batcher.short_streams()
 
