@@ -39,6 +39,7 @@ class LoopReading:
     step: int = 0
     records: int = 0
     lag: dict = field(default_factory=dict)  # partition -> records not yet taken (the consumer lag)
+    read_again: int = 0  # records read again after a rewind (--keep-windows), the run's total
     queue_depth: int = 0
     waiting_since: float | None = None
     waiting_reported: bool = False
@@ -76,6 +77,7 @@ class ConsoleSnapshot(ViewSnapshot):
     stop_reason: str | None = None
     records: int | None = None
     lag_by_partition: dict = field(default_factory=dict)
+    read_again: int = 0  # records read again after a rewind (LoopReading)
     recent_window_s: float = 5.0
     tokens_per_s_compute: float | None = None  # over the last minute of compute
     compute_s: float | None = None
@@ -222,6 +224,7 @@ class ActivityClock:
         return ConsoleSnapshot(
             **values, activity=self.activity, activity_since=self.activity_since, stop_reason=r.stop_reason,
             records=r.records, lag_by_partition={str(p): lag for p, lag in sorted(r.lag.items())},
+            read_again=r.read_again,
             recent_window_s=self.recent_window_s, tokens_per_s_compute=self.compute_rate(now),
             compute_s=split.compute_s, waiting_s=split.waiting_s,
             checkpoint_age_s=None if r.checkpoint_at is None else max(0.0, wall - r.checkpoint_at),

@@ -194,6 +194,12 @@ def _panels() -> list[dict]:
                  "{{reason}} " + per_run)],
                unit=RECORDS, description="Records sent to the dead-letter topic, by reason; a run without "
                "dead letters (the counter has no series until the first) draws one line at 0, reason 'none'."),
+        _panel("timeseries", "Records read again", [(_m("records_read_again_total"), per_run)],
+               unit=RECORDS, width=24, height=6,
+               description="Records the consumer read more than once (each read after the first), the run's "
+               "total. It grows only while the learning waits for a stream and another holds --keep-windows "
+               "windows: the others' further records stay in Kafka (memory stays bounded) and are read again "
+               "once there is room. A flat line at 0: no stream waited for that long."),
         _row("Drift detector"),
         _panel("timeseries", "Switches: true vs detected",
                [(_m("switches_total"), "true " + per_run), (_m("switches_detected_total"), "detected " + per_run)],

@@ -113,6 +113,7 @@ class LiveMonitor:
         self.set_queue_depth(reading.queue_depth)
         if self.sink is not None:
             self.sink.streams_waited_for(len(reading.waiting_for))
+            self.sink.read_again(reading.read_again)
             self._publish_rate(now)
 
     def _publish_rate(self, now: float) -> None:

@@ -36,6 +36,8 @@ class PrometheusSink:
         self._switches: dict[str, int] = {}  # kind -> switches so far: the next one's slot is this modulo SWITCH_SLOTS
         self._children: dict = {}  # (metric, extra label values) -> its series: each batch writes ~20
         metrics.skipped_updates_total.labels(run, strategy)  # exported at 0 from the start: increase() sees the first
+        metrics.records_read_again_total.labels(run, strategy)
+        self._read_again = 0  # the loop's total of records read again, as published
 
     def _child(self, metric, *extra):
         """This run's series of `metric` with the `extra` label values (prometheus_client's labels()
@@ -149,6 +151,12 @@ class PrometheusSink:
     def streams_waited_for(self, count: int) -> None:
         self.metrics.streams_waited_for.labels(*self.labels).set(count)
 
+    def read_again(self, total: int) -> None:
+        """The loop's total of records read again (a reading, raised to it: a counter never goes down)."""
+        if total > self._read_again:
+            self._child(self.metrics.records_read_again_total).inc(total - self._read_again)
+            self._read_again = total
+
     def dead_letter(self, reason: str) -> None:
         self.metrics.dead_letter_total.labels(*self.labels, reason).inc()
 
@@ -195,4 +203,6 @@ class PrometheusSink:
                     latest[extra[0]] = max(latest.get(extra[0], (-math.inf, 0)), (value, int(extra[1])))
             elif value > current.get((name, tuple(extra)), 0.0):
                 child.inc(value - current.get((name, tuple(extra)), 0.0))
+            if name == "records_read_again_total":
+                self._read_again = max(self._read_again, int(value))
         self._switches.update({kind: slot + 1 for kind, (_, slot) in latest.items()})

@@ -179,8 +179,9 @@ def io_line(snapshot: ConsoleSnapshot) -> Text:
     share = ("none yet" if snapshot.probe_share is None or not snapshot.probe_s
              else f"{snapshot.probe_share:.0%} of wall ({duration(snapshot.probe_s)})")
     age = "none yet" if snapshot.checkpoint_age_s is None else f"{duration(snapshot.checkpoint_age_s)} ago"
+    again = (("  read again ", "dim"), f"{snapshot.read_again:,}") if snapshot.read_again else ()
     return Text.assemble(
-        ("lag ", "dim"), _lag_text(snapshot), ("  queue ", "dim"), str(snapshot.queue_depth),
+        ("lag ", "dim"), _lag_text(snapshot), *again, ("  queue ", "dim"), str(snapshot.queue_depth),
         ("  dead letters ", "dim"), _dead_text(snapshot),
         ("  checkpoint ", "dim"), age, ("  probes ", "dim"), share,
     )
@@ -216,7 +217,8 @@ def plain_line(snapshot: ViewSnapshot) -> str:
             f"ppl {_fmt(o['ppl'])} ppl@sw {_fmt(o['ppl@sw'])} rec {_fmt(o['rec'])} "
             f"| tok/s {s.tokens_per_s:.0f} (last {s.recent_window_s:.0f}s) {_rate(s.tokens_per_s_compute).replace(',', '')} "
             f"(last min of compute) compute {duration(s.compute_s)} waiting {duration(s.waiting_s)} "
-            f"| lag {'n/a' if _lag_unknown(s) else s.lag}" + (f" ({lags})" if lags else "") + f" queue {s.queue_depth} "
+            f"| lag {'n/a' if _lag_unknown(s) else s.lag}" + (f" ({lags})" if lags else "")
+            + (f" read_again {s.read_again}" if s.read_again else "") + f" queue {s.queue_depth} "
             f"| checkpoint_age {age} dead_letters {sum(s.dead_letters.values())} probes {share}")
 
 

@@ -172,6 +172,10 @@ class OffsetTracker:
         """Per partition, the offset after the furthest record read: each before it is taken or skipped."""
         return dict(self._furthest)
 
+    def read_before(self, tp, offset: int) -> bool:
+        """Whether the record at `offset` of `tp` was read before (it lies before the furthest offset read)."""
+        return offset < self._furthest.get(tp, 0)
+
     def reading_again(self) -> bool:
         """Whether a partition is being read again (from a rewind up to the furthest offset read): records
         counted as unread come yet."""

@@ -204,9 +204,10 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:
     """status.json says the run has stopped and why, when an error ends it: `streamer status` shows the
     error rather than the last activity (a learner that never reached its broker said "joining")."""
-    records, lag, _ = loop.across_ranks()
-    monitor.read(LoopReading(step=loop.step, records=records, lag=lag, finished=True,
-                             probe_seconds=probes.seconds if probes else 0.0, stop_reason=f"failed: {_said(error)}"))
+    counts = loop.across_ranks()
+    monitor.read(LoopReading(step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
+                             finished=True, probe_seconds=probes.seconds if probes else 0.0,
+                             stop_reason=f"failed: {_said(error)}"))
     write_status(run_dir / STATUS_FILE, monitor.console_snapshot())
 
 
@@ -414,13 +415,14 @@ class _WaitsSaid:
 def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:
     """The loop's, the checkpointer's and the probes' plain state into the monitor (the source's
     topic-missing time where it has one: an in-memory source has none)."""
-    records, lag, dead_letters = loop.across_ranks()  # (ranks, on rank 0: every rank's)
+    counts = loop.across_ranks()  # (ranks, on rank 0: every rank's)
     counted = monitor.dead_letters
-    for reason, count in dead_letters.items():
+    for reason, count in counts.dead_letters.items():
         for _ in range(count - counted.get(reason, 0)):
             monitor.dead_letter(reason)
     monitor.read(LoopReading(
-        step=loop.step, records=records, lag=lag, queue_depth=loop.queue_depth,
+        step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
+        queue_depth=loop.queue_depth,
         waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,

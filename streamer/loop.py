@@ -6,8 +6,8 @@
 The fetch side is a task on the event loop (the consumer's heartbeat runs there too); the step runs in
 one worker thread, so a slow step never starves the heartbeat, and a full queue pauses fetching
 (backpressure). The loop owns no monitor, exporter, view or file: whoever iterates it reads the
-results and, between two results, the plain state below (records, dead_letters, lag, queue_depth,
-waiting_since, broker_lost_since).
+results and, between two results, the plain state below (records, dead_letters, read_again, lag,
+queue_depth, waiting_since, broker_lost_since).
 
 A watch task asks the source whether its broker answers (`source.reachable()`, when it has one) every
 `probe_every_s`: a broker that has not answered for `lost_after_s` is lost (one line; the model is
@@ -20,7 +20,8 @@ rank says, in one collective in the worker thread, whether it has its next batch
 (and why) and (rank 0) whether a checkpoint is due; all step when all have a batch, all stop when one
 stops, and all checkpoint after the step when rank 0 asks. A rank waiting for records says so every
 `agree_every_s`, so a stop reaches every rank within that time. Every `lag_every_s`, and at the stop,
-rank 0 also asks each rank for its records, lag and dead letters (a gather after the agreement), so
+rank 0 also asks each rank for its records, lag, dead letters and records read again (a gather after
+the agreement), so
 that `across_ranks()` and `waiting_for_records_since` describe the whole learner there.
 
 A consumer that sets `snapshot_wanted` lets the next steps run ahead of it: while step k runs, batch
@@ -54,7 +55,7 @@ import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator
+from typing import AsyncIterator, NamedTuple
 
 from monitor.results import BatchTruth, StepResult
 from streamer.batching import ReadyBatch
@@ -93,6 +94,7 @@ class PrequentialLoop:
         self.last_loss = float("nan")  # the last recorded loss; stands in for a non-finite one
         self.records = 0  # records read: learned, carried over or dead-lettered
         self.dead_letters: Counter = Counter()  # reason -> records
+        self.read_again = 0  # records read more than once (each read after the first): rewinds and jumps (_admitted)
         self._failed_before = 0  # dead-letter sends that failed before the resume (the source counts its own)
         self.lag: dict[int, int] = {}  # partition -> records in the log not yet taken into the batcher (_read_lag)
         self.lag_every_s, self._lag_read_at = lag_every_s, float("-inf")  # lag is read anew at most this often
@@ -214,15 +216,17 @@ class PrequentialLoop:
             return self.waiting_since
         return self._others_waiting_since if self._others_waiting else None
 
-    def across_ranks(self) -> tuple[int, dict[int, int], Counter]:
-        """(records, lag, dead_letters) of the whole learner: this process's own and, on rank 0 of
-        ranks, the other ranks' as of their last report (every `lag_every_s`, and at the stop)."""
+    def across_ranks(self) -> Counts:
+        """Counts of the whole learner: this process's own and, on rank 0 of ranks, the other ranks' as of
+        their last report (every `lag_every_s`, and at the stop)."""
         records, lag, dead_letters = self.records, dict(self.lag), Counter(self.dead_letters)
+        read_again = self.read_again
         for report in self._reports.values():
             records += report["records"]
             lag.update(report["lag"])
             dead_letters.update(report["dead_letters"])
-        return records, lag, dead_letters
+            read_again += report.get("read_again", 0)
+        return Counts(records, lag, dead_letters, read_again)
 
     async def __aenter__(self) -> PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
@@ -460,10 +464,10 @@ class PrequentialLoop:
                 return self._queue[0]
 
     async def _report(self) -> None:
-        """This rank's records, lag and dead letters to rank 0 (a gather in the worker thread, where every
-        rank runs its collectives in the same order), kept there as the other ranks' reports."""
+        """This rank's records, lag, dead letters and records read again to rank 0 (a gather in the worker
+        thread, where every rank runs its collectives in the same order), kept there as the other ranks' reports."""
         own = {"records": self.records, "lag": self.lag, "dead_letters": self.dead_letters,  # (JSON: keys as text)
-               "waiting_for": self.waiting_for}
+               "read_again": self.read_again, "waiting_for": self.waiting_for}
         parts = await self.in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
         self._reported_at = time.monotonic()
         if parts is not None:
@@ -471,17 +475,18 @@ class PrequentialLoop:
 
     def checkpointed_parts(self, parts: list[dict]) -> None:
         """Rank 0, from the worker thread that gathered a checkpoint's `parts` (every rank's, in rank order):
-        the other ranks' records and dead letters as that checkpoint holds them, their lag as last reported.
+        the other ranks' records, dead letters and records read again as that checkpoint holds them, their
+        lag as last reported.
         The checkpoint after the stop holds what the ranks read after the stop's report: the run's last
         figures count it. Never raises (a checkpoint is not failed for a figure shown)."""
-        counts = {rank: (part["loop"]["records"], dict(part["loop"]["dead_letters"]))
+        counts = {rank: (part["loop"]["records"], dict(part["loop"]["dead_letters"]), part["loop"].get("read_again", 0))
                   for rank, part in enumerate(parts) if rank != self.ranks.rank}  # not the parts' tensors
 
         def take() -> None:
-            for rank, (records, dead_letters) in counts.items():
+            for rank, (records, dead_letters, read_again) in counts.items():
                 reported = self._reports.get(rank, {})
                 self._reports[rank] = {"records": records, "lag": reported.get("lag", {}), "dead_letters": dead_letters,
-                                       "waiting_for": reported.get("waiting_for", ())}
+                                       "read_again": read_again, "waiting_for": reported.get("waiting_for", ())}
         with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile: nobody left to show them
             self._event_loop.call_soon_threadsafe(take)
 
@@ -545,7 +550,7 @@ class PrequentialLoop:
         return {
             "step": self.step, "tokens": self.tokens, "records": self.records, "skipped": self.skipped,
             "last_loss": self.last_loss,
-            "dead_letters": dict(self.dead_letters),
+            "dead_letters": dict(self.dead_letters), "read_again": self.read_again,
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
             "waiting": [_ready_to_plain(ready) for ready in self._queue],
@@ -559,6 +564,7 @@ class PrequentialLoop:
         self._stepped_loss = self.last_loss
         self.dead_letters = Counter(state.get("dead_letters", {}))
         self._failed_before = self.dead_letters["dead_letter_failed"]
+        self.read_again = state.get("read_again", 0)  # (none in a checkpoint of an earlier build)
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
         self._queue = deque(_ready_from_plain(saved, self.batcher) for saved in state["waiting"])
@@ -599,7 +605,10 @@ class PrequentialLoop:
                 held = hold(self._partitions_ahead())
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
-                if fetched.tp in sought or (self._skips and not self._admitted(fetched, sought)):
+                if fetched.tp in sought:  # a jump's seek (_admitted) passes it over: read before, or read again later
+                    self.read_again += 1
+                    continue
+                if self._skips and not self._admitted(fetched, sought):
                     continue
                 rejected = None if fetched.record is None else _rejected(batcher, fetched.record)
                 if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
@@ -636,6 +645,7 @@ class PrequentialLoop:
         one taken already. A jump seeks its partition on, and the fetch's further records of it, which
         lie before the jump's end, are passed over (`sought`)."""
         stream = None if fetched.record is None else fetched.record.stream
+        self.read_again += self.batcher.offsets.read_before(fetched.tp, fetched.offset)
         admitted = self.batcher.admit(fetched.tp, fetched.offset, stream, self.keep_windows)
         if admitted == "take":
             return True
@@ -795,6 +805,15 @@ def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
     batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
     truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
     return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]})
+
+
+class Counts(NamedTuple):
+    """What the learner has read (PrequentialLoop.across_ranks)."""
+
+    records: int  # read: learned, carried over or dead-lettered
+    lag: dict  # partition -> records not yet taken
+    dead_letters: Counter  # reason -> records
+    read_again: int  # records read again after a rewind (--keep-windows)
 
 
 def _report_from(part: bytes) -> dict:

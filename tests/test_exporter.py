@@ -109,6 +109,32 @@ def test_detected_switches_lag_dead_letters_class_means_and_checkpoint_age_are_e
     assert monitor.snapshot().lag == 12
 
 
+def test_records_read_again_follow_the_loops_total_and_continue_after_a_resume():
+    """The loop's total of records read again (a reading, a few times a second) is the counter's value:
+    at 0 before any, never lowered, and a resumed monitor (its state and the loop's from one checkpoint,
+    the loop's total being ahead of what was published) goes on from it."""
+    from monitor.console import LoopReading
+
+    def read_again(metrics):
+        return _values(metrics)[("streamer_records_read_again_total", frozenset())]
+
+    metrics = create_metrics()
+    monitor = LiveMonitor(run="r", strategy="naive", metrics=metrics)
+    assert read_again(metrics) == 0.0  # exported from the start: increase() sees the first rereading
+    for total in (0, 40, 40, 95):
+        monitor.read(LoopReading(records=100, lag={0: 3}, read_again=total))
+    assert read_again(metrics) == 95.0 and monitor.console_snapshot().read_again == 95
+    monitor.read(LoopReading(records=100, lag={0: 3}, read_again=50))  # (lower, as no loop says: it keeps 95)
+    assert read_again(metrics) == 95.0
+    state = monitor.state_dict()
+    resumed_metrics = create_metrics()
+    resumed = LiveMonitor(run="r", strategy="naive", metrics=resumed_metrics)
+    resumed.load_state_dict(state)
+    assert read_again(resumed_metrics) == 95.0
+    resumed.read(LoopReading(records=100, lag={0: 3}, read_again=120))  # the checkpoint's loop total: read since
+    assert read_again(resumed_metrics) == 120.0
+
+
 def test_loss_counters_histogram_and_last_switch_gauges_count_every_batch():
     metrics = create_metrics()
     monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), k=2, metrics=metrics)

@@ -363,7 +363,9 @@ def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a
     A batch needs a window of each, so the learner read the others whole into memory and its checkpoint;
     now each keeps at most --keep-windows windows (4 here) and their further records stay in Kafka,
     read again (aiokafka's seek) once they hold half as many. Stopped after 10 batches, mid-way, the
-    checkpoint holds that little; the same run continued to the end gives the memory path's losses."""
+    checkpoint holds that little; the same run continued to the end gives the memory path's losses. The
+    records read again are counted, in the checkpoint and, continued from it, in the exported counter."""
+    from monitor.console import STATUS_FILE, read_status
     from streamer.resume import resume_state
 
     records, manifest = small_stream(CORPUS, fragments=4, mean_tokens=900, streams=3, window=10, seed=4)
@@ -379,10 +381,17 @@ def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a
     assert saved["step"] == 10 and max(held) <= 4 * 10 + 10, held  # (records of up to 10 bytes here)
     assert sum(len(r.text.encode()) for r in late if r.stream == "0") > 1000  # (all of it, before)
     assert any(line.startswith("partition 0: stream 0 holds more than 4 windows") for line in lines), lines
+    assert saved["loop"]["read_again"] > 0
 
-    summary = asyncio.run(run_learner(config, monitor=LiveMonitor(run="far-ahead", strategy="naive"),
+    metrics = create_metrics()
+    summary = asyncio.run(run_learner(config, monitor=LiveMonitor(run="far-ahead", strategy="naive", metrics=metrics),
                                       resume=resume_state(config.run_dir, config), log=lines.append))
     assert summary.stop_reason == "end_of_stream"
+    exported = next(float(line.split()[-1]) for line in generate_latest(metrics.registry).decode().splitlines()
+                    if line.startswith("streamer_records_read_again_total{"))
+    again = load(config.run_dir / "checkpoint.pt")["loop"]["read_again"]
+    status = read_status(config.run_dir / STATUS_FILE)
+    assert again > saved["loop"]["read_again"] and exported == again == status.read_again
     log = read_loss_log(config.run_dir / "losses.jsonl")
     expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
     assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)

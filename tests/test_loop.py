@@ -6,6 +6,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from unittest import mock
 
 import pytest
@@ -27,11 +28,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class MemorySource:
-    """KafkaSource's interface over a list: one partition, `chunk` records per fetch, from offset `start`."""
+    """KafkaSource's interface over a list: one partition, `chunk` records per fetch, from offset `start`;
+    `reads` counts the times each offset was fetched."""
 
     def __init__(self, records, *, start=0, chunk=7, bad=()):
         self.records, self.position, self.chunk, self.bad = records, start, chunk, set(bad)
-        self.committed, self.dead = None, []
+        self.committed, self.dead, self.reads = None, [], Counter()
 
     async def start(self):
         pass
@@ -44,6 +46,7 @@ class MemorySource:
         start = self.position
         end = self.position = min(len(self.records), start + self.chunk)  # as Kafka's: past the whole fetch
         for offset in range(start, end):
+            self.reads[offset] += 1
             if offset in self.bad:
                 yield Fetched(None, ("t", 0), offset, "bad_utf8")
             else:
@@ -601,7 +604,8 @@ class PeerWithout:
     is set, the next agreement does not come back until `freed` is (the other rank stuck in a step).
     Its reports (gather_bytes) say REPORT: its own records, partition and dead letters."""
 
-    REPORT = {"records": 7, "lag": {"3": 5}, "dead_letters": {"bad_key": 2, "unreadable": 1}, "waiting_for": [3]}
+    REPORT = {"records": 7, "lag": {"3": 5}, "dead_letters": {"bad_key": 2, "unreadable": 1}, "read_again": 6,
+              "waiting_for": [3]}
     rank = 0
 
     def __init__(self):
@@ -626,8 +630,8 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
     waits for records (waiting_for_records_since: rank 0's console says "waiting", not "consuming").
     Once the agreements stop coming (the other rank stuck), the queued batches count again (the alert
     fires) and the learner no longer waits for records; a stop ends it. Meanwhile rank 0 holds the other
-    rank's records, lag and dead letters from its reports (across_ranks), asked for every lag_every_s
-    and at the stop, whose report carries this rank's last records."""
+    rank's records, lag, dead letters and records read again from its reports (across_ranks), asked for every
+    lag_every_s and at the stop, whose report carries this rank's last records."""
     records, _ = stream
     peer = PeerWithout()
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, bad=(2,)), ranks=peer, queue_size=4,
@@ -654,17 +658,17 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
             return results, await stopping
     started = time.time()
     results, (waiting, stuck) = asyncio.run(go())
-    (queued, depth, waiting_since, (all_records, lag, dead_letters), reports, streams), (queued_stuck, depth_stuck,
-                                                                              waiting_stuck, anew) = waiting, stuck
+    (queued, depth, waiting_since, (all_records, lag, dead_letters, read_again), reports, streams), \
+        (queued_stuck, depth_stuck, waiting_stuck, anew) = waiting, stuck
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
     assert started < waiting_since < time.time()
     assert all_records == loop.records + 7 and lag == {0: len(records) - loop.records_batched - 1, 3: 5}
-    assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1}
+    assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1} and read_again == 6
     assert reports >= 3  # the first agreement's, then every 0.3 s
     assert streams == (3,)  # the stream the other rank's next batch waits for, as it reported
     assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None and 0 <= anew < 0.5
     assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
-                                "dead_letters": {"bad_utf8": 1}, "waiting_for": []}  # the stop's
+                                "dead_letters": {"bad_utf8": 1}, "read_again": 0, "waiting_for": []}  # the stop's
 
 
 class LeaderOfTwo:
@@ -677,7 +681,8 @@ class LeaderOfTwo:
         self.said = []  # what all_true was told
 
     def gather_bytes(self, data):
-        part = {"loop": {"records": 99, "dead_letters": {"bad_key": 1}, "offsets": {}}, "strategy": {}, "rng": {}}
+        part = {"loop": {"records": 99, "dead_letters": {"bad_key": 1}, "read_again": 11, "offsets": {}},
+                "strategy": {}, "rng": {}}
         return [data, checkpoint.to_bytes(part)]
 
     def all_true(self, value):
@@ -687,8 +692,8 @@ class LeaderOfTwo:
 
 def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letters(tmp_path):
     """The checkpoint after a stop holds what the other ranks read after the stop's report: rank 0 takes
-    their records and dead letters from its parts (their lag stays that of the last report), before the
-    write is awaited. After the loop has closed, the gather still ends with every rank told it is written."""
+    their records, dead letters and records read again from its parts (their lag stays that of the last
+    report), before the write is awaited. After the loop has closed, the gather still ends with every rank told it is written."""
     ranks = LeaderOfTwo()
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource([]), ranks=ranks)
     loop._reports = {1: {"records": 5, "lag": {3: 7}, "dead_letters": {}}}  # the stop's report
@@ -699,9 +704,9 @@ def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letter
             written = await loop.submit(checkpoint.save_gathered, tmp_path / "a.pt", state, ranks,
                                         loop.checkpointed_parts)
             return written, loop.across_ranks()
-    written, (records, lag, dead_letters) = asyncio.run(go())
+    written, (records, lag, dead_letters, read_again) = asyncio.run(go())
     # (its own: no records; its partition 0's lag, read or not yet read by now, is not rank 1's)
-    assert written and (records, lag.get(3), dead_letters) == (99, 7, {"bad_key": 1})
+    assert written and (records, lag.get(3), dead_letters, read_again) == (99, 7, {"bad_key": 1}, 11)
     assert checkpoint.save_gathered(tmp_path / "b.pt", state, ranks, loop.checkpointed_parts)  # no event loop left
     assert ranks.said == [True, True] and (tmp_path / "b.pt").exists()
 
@@ -831,16 +836,18 @@ def test_a_stream_far_ahead_is_left_in_kafka_and_read_again_in_order_with_the_sa
     expected = [r.loss for r in run(naive(), batches_from_records(records, 2, 10))]
     ordered = orders(records)[order]
     assert len(ordered) == len(records)
-    batcher, lines = PeakBatcher(2, 10), []
-    loop = PrequentialLoop(naive(), batcher, MemorySource(ordered, chunk=5), total_records=len(records),
-                           keep_windows=3, log=lines.append)
+    batcher, lines, source = PeakBatcher(2, 10), [], MemorySource(ordered, chunk=5)
+    loop = PrequentialLoop(naive(), batcher, source, total_records=len(records), keep_windows=3, log=lines.append)
     results, _ = learn(loop)
     assert [r.loss for r in results] == expected
     assert loop.stop_reason == "end_of_stream" and loop.records == len(records)
     assert batcher.peak <= 3 * 10 + 10  # keep_windows windows, and the record that went over
-    unbounded = PeakBatcher(2, 10)
-    learn(PrequentialLoop(naive(), unbounded, MemorySource(ordered, chunk=5), total_records=len(records)))
+    assert loop.read_again == sum(source.reads.values()) - len(source.reads) > 0  # each fetch after an offset's first
+    unbounded, source = PeakBatcher(2, 10), MemorySource(ordered, chunk=5)
+    loop = PrequentialLoop(naive(), unbounded, source, total_records=len(records))
+    learn(loop)
     assert unbounded.peak > 3 * 10 + 10  # (without the bound: most of stream 0 at once, or two runs of it)
+    assert loop.read_again == 0 and max(source.reads.values()) == 1
     longer = ordered + [Record("0", "more of stream 0 ") for _ in range(30)]  # no batch can use them
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(longer, chunk=5), total_records=len(longer),
                            keep_windows=3, idle_timeout_s=30)
@@ -897,6 +904,8 @@ def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, 
         rest, _ = learn(again)
         assert [r.loss for r in results + rest] == expected, stop
         assert again.records == len(records) and again.stop_reason == "end_of_stream"
+        reads = first.source.reads + again.source.reads  # (the first reads none past what its state says it read)
+        assert again.read_again == sum(reads.values()) - len(reads), stop
     assert {(True, False), (False, True)} <= states  # stopped while skipping, and while reading again
 
 

@@ -213,6 +213,13 @@ def test_a_lag_not_measured_yet_is_not_shown_as_zero():
     assert "lag 7 (p0 3 · p1 4)" in _text(render(SNAPSHOT))
 
 
+def test_records_read_again_are_shown_beside_the_lag_once_there_are_any():
+    again = replace(SNAPSHOT, read_again=12345)
+    assert "lag 7 (0:3,1:4) read_again 12345 queue 2" in plain_line(again)
+    assert "lag 7 (p0 3 · p1 4)  read again 12,345  queue 2" in _text(render(again))
+    assert "read" not in plain_line(SNAPSHOT).split("| lag")[1] and "read again" not in _text(render(SNAPSHOT))
+
+
 def test_the_log_says_when_the_learning_waits_for_streams_and_when_it_learns_on():
     assert waiting_for_line((3,), 256, 60.2) == (
         "the next batch waits for stream 3: no batch for 1m00s while another stream holds more than 256 windows "
