@@ -75,9 +75,12 @@ class OffsetTracker:
     stream, until the partition is read again from the first one skipped once the stream has room
     (`rewinds`). What is taken is known per stream, by its first untaken offset: its records before it
     are taken, those from it to the furthest offset read are not. A record read again that is taken is
-    passed over, and a rereading that meets only streams with no room jumps back to the furthest offset
-    read. A stream's records are thus taken in their order in the partition, however often it is
-    skipped, and what the tracker keeps grows with the streams, not with the records left in Kafka."""
+    passed over. A stream read again is caught up at its furthest record read, and a rereading with
+    nothing to take before a later offset jumps on to it: the first untaken record of a stream read
+    again and not skipped again, else the furthest offset read (a stream waited for long leaves others
+    with backlogs far apart in the partition; reading through from one to the next read each again
+    at every rewind). A stream's records are thus taken in their order in the partition, however often
+    it is skipped, and what the tracker keeps grows with the streams, not with the records left in Kafka."""
 
     def __init__(self):
         self._lanes: dict = {}  # tp -> {row: its offsets taken and not yet learned, in order (learned so)}
@@ -89,6 +92,7 @@ class OffsetTracker:
         self._skipping: dict = {}  # tp -> the rows skipped since the last rewind (so are all their further records)
         self._unread: dict = {}  # tp -> {row: its records skipped and not taken since} (-1: an earlier checkpoint's)
         self._passed: dict = {}  # tp -> offsets taken that an earlier checkpoint says to pass over (_from_list)
+        self._last: dict = {}  # tp -> {row: the offset of its furthest record read}
 
     def _read(self, tp, offset: int) -> None:
         self._next[tp] = offset + 1
@@ -97,14 +101,18 @@ class OffsetTracker:
         self._furthest[tp] = offset + 1
         untaken, skipping = self._untaken.get(tp), self._skipping.get(tp, ())
         if untaken and len(untaken) > len(skipping):  # a rereading's end: the rows not skipped again are taken
-            self._untaken[tp] = {row: untaken[row] for row in skipping}
-            unread = self._unread[tp]
-            for row in set(untaken) - set(skipping):  # none is unread: more were counted if the topic deleted some
-                unread[-1] = unread.get(-1, 0) + min(unread.pop(row, 0), 0)  # (fewer: counted in an earlier -1)
-            if not skipping:
-                unread.clear()
-            if tp in self._passed:
-                self._passed[tp] = {offset for offset in self._passed[tp] if offset >= self._kept(tp)}
+            self._caught_up(tp, set(untaken) - set(skipping))
+
+    def _caught_up(self, tp, rows) -> None:
+        """`rows`, read again up to their furthest record read, have none untaken now."""
+        untaken, unread = self._untaken[tp], self._unread[tp]
+        for row in rows:  # none is unread: more were counted if the topic deleted some
+            del untaken[row]
+            unread[-1] = unread.get(-1, 0) + min(unread.pop(row, 0), 0)  # (fewer: counted in an earlier -1)
+        if not untaken:
+            unread.clear()
+        if tp in self._passed:
+            self._passed[tp] = {offset for offset in self._passed[tp] if offset >= self._kept(tp)}
 
     def seen(self, tp, offset: int, row: int | None = None) -> None:
         """The record at `offset` is taken: batched in `row` (its records are learned in the order taken), or
@@ -129,18 +137,22 @@ class OffsetTracker:
     def admit(self, tp, offset: int, row: int | None, over: bool) -> str:
         """What to do with the record read at `offset` of `tp`, of batcher row `row` (None: no row), whose
         stream holds more than it may keep when `over`: "take" it; "skip" it (it is read again later);
-        "pass" it (taken before a rewind); "jump": skip it and read on from the furthest offset read
-        (next_positions), since every record up to it is taken or of a stream skipped now."""
+        "pass" it (taken before a rewind); "jump": skip or pass it and read on from next_positions (_onward),
+        since every record up to it is taken or of a stream skipped now."""
         untaken = self._untaken.get(tp, {})
         again = offset < self._furthest.get(tp, 0)  # read again: taken, unless of a row from its first untaken on
+        if not again and row is not None:
+            self._last.setdefault(tp, {})[row] = offset
         if again and (row not in untaken or offset < untaken[row] or offset in self._passed.get(tp, ())):
             self._read(tp, offset)
-            return "pass"
+            return self._onward(tp, offset, "pass")
         if row is None or not (over or row in self._skipping.get(tp, ())):
             if again:
                 unread = self._unread[tp]
                 unread[row] = unread.get(row, 0) - 1  # (below 0 for records an earlier checkpoint counted)
                 untaken[row] = offset + 1  # (no record of the row lies between: they were read in order)
+                if offset >= self._last.get(tp, {}).get(row, self._furthest[tp]):  # its last record read: caught up
+                    self._caught_up(tp, (row,))
             return "take"
         if not again:
             unread = self._unread.setdefault(tp, {})
@@ -150,10 +162,22 @@ class OffsetTracker:
             self._untaken.setdefault(tp, {})[row] = offset
             skipping.add(row)
         self._read(tp, offset)
-        if self._next[tp] < self._furthest[tp] and len(skipping) == len(self._untaken[tp]):
-            self._next[tp] = self._furthest[tp]  # every row still to read again is skipped again
-            return "jump"
-        return "skip"
+        return self._onward(tp, offset, "skip")
+
+    def _onward(self, tp, offset: int, admitted: str) -> str:
+        """`admitted`, or "jump" when a rereading at `offset` has no record to take before a later offset:
+        the first untaken offset of the rows read again and not skipped again (each lies at or after it;
+        the others' records before it are passed over or skipped again), else the furthest offset read."""
+        following = self._next[tp]
+        if following >= self._furthest[tp]:
+            return admitted
+        skipping = self._skipping.get(tp, ())
+        onward = min((first for row, first in self._untaken.get(tp, {}).items() if row not in skipping),
+                     default=self._furthest[tp])
+        if onward <= following:
+            return admitted
+        self._next[tp] = onward
+        return "jump"
 
     def skipping(self, tp) -> frozenset:
         """The rows whose records in `tp` are skipped now."""
@@ -226,7 +250,8 @@ class OffsetTracker:
                  "untaken": sorted([row, offset] for row, offset in self._untaken.get(tp, {}).items()),
                  "skipping": sorted(self._skipping.get(tp, ())),
                  "unread": sorted([row, count] for row, count in self._unread.get(tp, {}).items() if count),
-                 "passed": sorted(self._passed.get(tp, ()))}
+                 "passed": sorted(self._passed.get(tp, ())),
+                 "last": sorted([row, offset] for row, offset in self._last.get(tp, {}).items())}
                 for tp in self._next]
 
     def load_state_dict(self, state: list) -> None:
@@ -245,6 +270,7 @@ class OffsetTracker:
                 self._skipping[tp] = set(part["skipping"])
             if part["passed"]:
                 self._passed[tp] = set(part["passed"])
+            self._last[tp] = {row: offset for row, offset in part.get("last", ())}  # (none: caught up at the furthest)
 
 
 def _from_list(part: list) -> dict:

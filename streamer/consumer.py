@@ -61,6 +61,7 @@ class Fetched:
     offset: int
     dead_reason: str | None = None
     copy: tuple | None = field(default=None, repr=False)  # then its dead-letter copy (send_dead_letter sends it)
+    last: int | None = None  # the last offset of its partition this fetch returns (None: not known)
 
 
 class KafkaSource:
@@ -354,7 +355,7 @@ class KafkaSource:
             return
         for messages in batches.values():
             for message in messages:
-                yield await self._decoded(message)
+                yield await self._decoded(message, messages[-1].offset)
         self._taking_from = None
 
     async def _positions(self) -> dict:
@@ -366,16 +367,17 @@ class KafkaSource:
                 pass
         return positions
 
-    async def _decoded(self, message) -> Fetched:
-        """The record, or None with its reason and its dead-letter copy (sent if the learner takes it)."""
+    async def _decoded(self, message, last: int | None = None) -> Fetched:
+        """The record, or None with its reason and its dead-letter copy (sent if the learner takes it); `last`:
+        the last offset of its partition in this fetch."""
         tp = (message.topic, message.partition)
         try:
             record = decode(message.key, message.value, message.headers, max_record_bytes=self.max_record_bytes)
         except WireError as exc:
             return Fetched(None, tp, message.offset, exc.reason,
                            dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
-                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"))
-        return Fetched(record, tp, message.offset)
+                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last)
+        return Fetched(record, tp, message.offset, last=last)
 
     async def _step_past_unreadable(self, before: dict, error: Exception,
                                     patience_s: float = 30.0) -> AsyncIterator[Fetched]:
@@ -409,7 +411,7 @@ class KafkaSource:
                     return
                 for message in got.get(tp, ()):
                     deadline = time.monotonic() + patience_s
-                    yield await self._decoded(message)
+                    yield await self._decoded(message, message.offset)
 
     async def send_dead_letter(self, fetched: Fetched, reason: str, detail: str) -> None:
         """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one

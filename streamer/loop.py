@@ -642,19 +642,21 @@ class PrequentialLoop:
 
     def _admitted(self, fetched, sought: set) -> bool:
         """Whether to take a record read (Batcher.admit): not one skipped (its stream holds too much) nor
-        one taken already. A jump seeks its partition on, and the fetch's further records of it, which
-        lie before the jump's end, are passed over (`sought`)."""
+        one taken already. A jump past the fetch's last record of its partition seeks it on, and the fetch's
+        further records of it, which lie before the jump's end, are passed over (`sought`); one to an offset
+        the fetch holds reads on to it (Batcher.admit passes over or skips what lies between)."""
         stream = None if fetched.record is None else fetched.record.stream
         self.read_again += self.batcher.offsets.read_before(fetched.tp, fetched.offset)
         admitted = self.batcher.admit(fetched.tp, fetched.offset, stream, self.keep_windows)
         if admitted == "take":
             return True
-        if admitted == "jump":
-            self.source.seek(fetched.tp, self.batcher.offsets.next_positions()[fetched.tp])
+        onward = self.batcher.offsets.next_positions()[fetched.tp] if admitted == "jump" else None
+        if onward is not None and (fetched.last is None or onward > fetched.last + 1):  # else read on to it
+            self.source.seek(fetched.tp, onward)  # (a seek drops the fetch's further records: fetched again)
             sought.add(fetched.tp)
-        if admitted != "pass" and fetched.tp not in self._skips_said:
+        if (admitted != "pass" and fetched.tp not in self._skips_said  # (a jump passes a record over, or skips it)
+                and (skipped := self.batcher.skipped_streams(fetched.tp))):
             self._skips_said.add(fetched.tp)
-            skipped = self.batcher.skipped_streams(fetched.tp)
             streams = (f"stream {skipped[0]} holds" if len(skipped) == 1
                        else f"streams {', '.join(map(str, skipped))} hold")
             self._log(f"partition {fetched.tp[1]}: {streams} more than {self.keep_windows} windows while the learning "

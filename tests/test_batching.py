@@ -326,6 +326,36 @@ def test_a_partition_whose_only_records_read_were_skipped_round_trips_through_th
     assert loaded.rewinds(2) == batcher.rewinds(2) == {("t", 1): 0}
 
 
+def test_a_rereading_jumps_from_a_stream_skipped_again_to_the_next_untaken_record():
+    """Streams 1 and 2 (three times as dense) are skipped while the next batch waits for stream 0. When its
+    records come and both have room, the partition is read again from stream 2's first untaken record; once
+    stream 2 is skipped again, nothing is to be taken before stream 1's first untaken record (15), so the
+    rereading jumps there rather than read through what lies between, and on to the furthest offset read
+    once stream 1 is skipped again."""
+    batcher, tp = Batcher(3, 5), ("t", 0)
+    records = [Record(str(s), "abcde") for _ in range(8) for s in (2, 2, 2, 1)] + [Record("0", "abcde")] * 4
+
+    def read(offset):
+        admitted = batcher.admit(tp, offset, records[offset].stream, 2)
+        if admitted == "take":
+            batcher.add(records[offset], tp, offset)
+            while batcher.ready():
+                batcher.pop()
+        return admitted
+
+    first = [read(offset) for offset in range(36)]
+    assert first[:4] == ["take"] * 4 and first[-4:] == ["take"] * 4 and first.index("skip") == 4
+    assert first[15] == "skip" and batcher.rewinds(2) == {tp: 4}
+    offset, again = 4, []
+    while offset < 36:
+        again.append((offset, read(offset)))
+        offset = batcher.offsets.next_positions()[tp] if again[-1][1] == "jump" else offset + 1
+    assert again[:4] == [(4, "take"), (5, "take"), (6, "jump"), (15, "take")]
+    assert again[-1] == (27, "jump") and batcher.offsets.next_positions() == {tp: 36}
+    # (unread: stream 2 skipped 21 and took 2 of them again, stream 1 skipped 5 and took 3)
+    assert not batcher.offsets.reading_again() and batcher.offsets.unread_in() == {tp: 21 - 2 + 5 - 3}
+
+
 def test_records_the_topic_deleted_before_they_were_read_again_stop_counting_once_their_stream_catches_up():
     """Stream 0's records 4-9 are skipped; when it has room the partition is read again, but the topic's
     retention has deleted 4-6 meanwhile (Kafka resets the consumer to the log's start, 7). Once the
@@ -344,5 +374,7 @@ def test_records_the_topic_deleted_before_they_were_read_again_stop_counting_onc
 
     assert [read(offset) for offset in range(12)] == ["take"] * 4 + ["skip"] * 6 + ["take"] * 2
     assert batcher.offsets.unread_in() == {tp: 6} and batcher.rewinds(2) == {tp: 4}
-    assert [read(offset) for offset in range(7, 12)] == ["take"] * 3 + ["pass"] * 2  # (4-6 deleted)
+    # (4-6 deleted; at 9, its furthest record read, stream 0 has caught up: 10 and 11 are passed over by a jump)
+    assert [read(offset) for offset in range(7, 11)] == ["take"] * 3 + ["jump"]
+    assert batcher.offsets.next_positions() == {tp: 12}
     assert batcher.offsets.unread == 0 and batcher.offsets.unread_in() == {} and not batcher.offsets.reading_again()
