@@ -598,6 +598,7 @@ class PrequentialLoop:
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
         while not self._closing:
             read, held, sought = self.records, set(), set()
+            await self._cut_ready()  # (a checkpoint taken while the queue was full holds a batch ready to cut)
             if self._skips:
                 for tp, offset in batcher.rewinds(self.keep_windows).items():
                     self.source.seek(tp, offset)
@@ -622,13 +623,7 @@ class PrequentialLoop:
                     continue
                 self.records += 1
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
-                while batcher.ready():
-                    if len(self._queue) >= self._queue_size:  # backpressure: the worker is behind
-                        await self._room()
-                    self._queue.append(batcher.pop())
-                    self._cut()
-                    self.waiting_since = None
-                    self._changed.set()
+                await self._cut_ready()
             self._count_failed_sends()
             await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
@@ -639,6 +634,17 @@ class PrequentialLoop:
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    async def _cut_ready(self) -> None:
+        """Cut every batch the batcher has ready into the queue, waiting for room (backpressure: the worker is
+        behind)."""
+        while self.batcher.ready():
+            if len(self._queue) >= self._queue_size:
+                await self._room()
+            self._queue.append(self.batcher.pop())
+            self._cut()
+            self.waiting_since = None
+            self._changed.set()
 
     def _admitted(self, fetched, sought: set) -> bool:
         """Whether to take a record read (Batcher.admit): not one skipped (its stream holds too much) nor

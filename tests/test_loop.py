@@ -938,6 +938,31 @@ def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, 
     assert {(True, False), (False, True)} <= states  # stopped while skipping, and while reading again
 
 
+def test_a_checkpoint_holding_a_batch_ready_to_cut_cuts_it_when_every_record_read_on_is_skipped():
+    """A checkpoint taken while the fetch side waited for room in the queue holds a batcher with a batch
+    ready and not cut. Loaded, it was cut only after the next record added; when every record read on is
+    skipped (stream 0 holds more than keep_windows), none is added, no batch is cut, no stream drains and
+    no rewind comes: the run waited for ever (here: stopped idle, no batch learned). Each fetch first cuts
+    what is ready (found by the review of the rereading's jumps)."""
+    order = [Record("0", "abcdefghij")] * 8 + [Record("1", "abcdefghij")] * 2 + [Record("0", "abcdefghij")] * 6
+    expected = [r.loss for r in run(naive(), batches_from_records(order, 2, 10))]
+    batcher, tp, taken = Batcher(2, 10), ("t", 0), 0
+    for offset, record in enumerate(order):
+        if batcher.admit(tp, offset, record.stream, 3) == "take":
+            batcher.add(record, tp, offset)
+            taken += 1
+        if batcher.ready():
+            break  # the fetch side waits for room here, and a checkpoint is taken
+    assert batcher.skipped_streams(tp) == (0,) and len(expected) == 1
+    state = PrequentialLoop(naive(), batcher, MemorySource(order), keep_windows=3).state_dict() | {"records": taken}
+    again = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(order), total_records=len(order), keep_windows=3,
+                            idle_timeout_s=5)
+    again.load_state_dict(state)
+    again.source.position = again.batcher.offsets.next_positions()[tp]
+    results, _ = learn(again)
+    assert [r.loss for r in results] == expected and again.stop_reason == "end_of_stream"
+
+
 def test_records_still_to_read_again_keep_a_finite_run_from_ending():
     """Every record counted as read (taken, or skipped and not read again yet) and no batch to cut is the end
     of a finite stream, unless a partition is being read again: its skipped records come yet. Streams 0 and
