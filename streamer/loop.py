@@ -606,7 +606,8 @@ class PrequentialLoop:
                 held = hold(self._partitions_ahead())
             async for fetched in self.source.fetch():
                 self._last_record = time.monotonic()
-                if fetched.tp in sought:  # a jump's seek (_admitted) passes it over: read before, or read again later
+                if fetched.tp in sought:  # a jump's seek (_admitted) passes it over: read before (a source that
+                    # says its fetch's last offset seeks only past it), or, from one that does not, read again later
                     self.read_again += 1
                     continue
                 if self._skips and not self._admitted(fetched, sought):

@@ -920,6 +920,7 @@ def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, 
         offsets = first.batcher.offsets
         states.add((bool(offsets.skipping(("t", 0))), offsets.reading_again()))
         kept = first.state_dict()["offsets"][("t", 0)]
+        assert first.read_again == sum(first.source.reads.values()) - len(first.source.reads), stop  # (at the stop)
         assert set(range(kept)) <= first.batcher.taken, stop  # (the batcher holds those not learned yet)
         checkpoint.save(tmp_path / "c.pt", {"strategy": first.strategy.state_dict(), "loop": first.state_dict()})
         saved = checkpoint.load(tmp_path / "c.pt")
