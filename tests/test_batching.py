@@ -326,6 +326,19 @@ def test_a_partition_whose_only_records_read_were_skipped_round_trips_through_th
     assert loaded.rewinds(2) == batcher.rewinds(2) == {("t", 1): 0}
 
 
+def reader(batcher, tp, records, keep_windows):
+    """read(offset): the record at `offset` of `records` read as the loop reads it (Batcher.admit), taken and
+    its batches cut when admitted; returns what admit said."""
+    def read(offset):
+        admitted = batcher.admit(tp, offset, records[offset].stream, keep_windows)
+        if admitted == "take":
+            batcher.add(records[offset], tp, offset)
+            while batcher.ready():
+                batcher.pop()
+        return admitted
+    return read
+
+
 def test_a_rereading_jumps_from_a_stream_skipped_again_to_the_next_untaken_record():
     """Streams 1 and 2 (three times as dense) are skipped while the next batch waits for stream 0. When its
     records come and both have room, the partition is read again from stream 2's first untaken record; once
@@ -334,14 +347,7 @@ def test_a_rereading_jumps_from_a_stream_skipped_again_to_the_next_untaken_recor
     once stream 1 is skipped again."""
     batcher, tp = Batcher(3, 5), ("t", 0)
     records = [Record(str(s), "abcde") for _ in range(8) for s in (2, 2, 2, 1)] + [Record("0", "abcde")] * 4
-
-    def read(offset):
-        admitted = batcher.admit(tp, offset, records[offset].stream, 2)
-        if admitted == "take":
-            batcher.add(records[offset], tp, offset)
-            while batcher.ready():
-                batcher.pop()
-        return admitted
+    read = reader(batcher, tp, records, keep_windows=2)
 
     first = [read(offset) for offset in range(36)]
     assert first[:4] == ["take"] * 4 and first[-4:] == ["take"] * 4 and first.index("skip") == 4
@@ -363,14 +369,7 @@ def test_records_the_topic_deleted_before_they_were_read_again_stop_counting_onc
     unread: they stayed counted (in the lag, and in the records a finite run waits for) for good."""
     batcher, tp = Batcher(2, 5), ("t", 0)
     records = [Record("0", "abc") for _ in range(10)] + [Record("1", "abcdef") for _ in range(2)]
-
-    def read(offset):
-        admitted = batcher.admit(tp, offset, records[offset].stream, 2)
-        if admitted == "take":
-            batcher.add(records[offset], tp, offset)
-            while batcher.ready():
-                batcher.pop()
-        return admitted
+    read = reader(batcher, tp, records, keep_windows=2)
 
     assert [read(offset) for offset in range(12)] == ["take"] * 4 + ["skip"] * 6 + ["take"] * 2
     assert batcher.offsets.unread_in() == {tp: 6} and batcher.rewinds(2) == {tp: 4}
