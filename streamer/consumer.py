@@ -376,7 +376,7 @@ class KafkaSource:
         except WireError as exc:
             return Fetched(None, tp, message.offset, exc.reason,
                            dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
-                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last)
+                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last=last)
         return Fetched(record, tp, message.offset, last=last)
 
     async def _step_past_unreadable(self, before: dict, error: Exception,
