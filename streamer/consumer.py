@@ -341,12 +341,14 @@ class KafkaSource:
             self._consumer.seek(partition, offset)
             self._sought.add(partition)
 
-    async def fetch(self, timeout_s: float = 0.5) -> AsyncIterator[Fetched]:
+    async def fetch(self, timeout_s: float = 0.5, max_records: int | None = None) -> AsyncIterator[Fetched]:
+        """The records of one getmany: at most `max_records` (None: the source's `max_records`)."""
         before = await self._positions()
         self._taking_from = before  # until every record this fetch returns has been taken (lag())
         self._sought = set()
         try:
-            batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=self.max_records)
+            batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000),
+                                                   max_records=max_records or self.max_records)
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             self.hold(set())  # it reads each partition on its own, held ones too
             async for fetched in self._step_past_unreadable(before, exc):

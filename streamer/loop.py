@@ -78,7 +78,7 @@ class PrequentialLoop:
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
                  lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
-                 keep_windows: int = 1024):
+                 keep_windows: int = 1024, reread_records: int = 16):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
@@ -106,6 +106,9 @@ class PrequentialLoop:
         # memory: its records stay in Kafka and are read again once it holds half as many (Batcher.admit);
         # only with a source that can seek and a batcher of windows (an utterance batcher keeps all)
         self.keep_windows = keep_windows
+        # while a partition is read again, a fetch returns at most reread_records records: a rewind's streams
+        # fill up again within a few records, and the jump on (a seek) drops the rest of the fetch
+        self.reread_records = reread_records
         self._ahead_at = min(ahead_windows, keep_windows // 2)  # far ahead: never beyond what a stream may keep
         self._skips = hasattr(batcher, "admit") and hasattr(source, "seek")
         self._skips_said: set = set()  # the partitions whose skipping the log has said
@@ -604,7 +607,8 @@ class PrequentialLoop:
                     self.source.seek(tp, offset)
             if hold is not None:  # a held partition may have records: not caught up while one is held
                 held = hold(self._partitions_ahead())
-            async for fetched in self.source.fetch():
+            again = self._skips and batcher.offsets.reading_again()
+            async for fetched in self.source.fetch(max_records=self.reread_records if again else None):
                 self._last_record = time.monotonic()
                 if fetched.tp in sought:  # a jump's seek (_admitted) passes it over: read before (a source that
                     # says its fetch's last offset seeks only past it), or, from one that does not, read again later

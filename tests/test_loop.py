@@ -28,8 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class MemorySource:
-    """KafkaSource's interface over a list: one partition, `chunk` records per fetch, from offset `start`
-    (each saying the fetch's last offset, as KafkaSource's do, unless not `says_last`); `reads` counts the times
+    """KafkaSource's interface over a list: one partition, `chunk` records per fetch (at most the fetch's
+    `max_records`), from offset `start` (each saying the fetch's last offset, as KafkaSource's do, unless not `says_last`); `reads` counts the times
     each offset was fetched."""
 
     def __init__(self, records, *, start=0, chunk=7, bad=(), says_last=True):
@@ -43,10 +43,10 @@ class MemorySource:
     async def stop(self):
         pass
 
-    async def fetch(self):
+    async def fetch(self, max_records=None):
         await asyncio.sleep(0.001)
         start = self.position
-        end = self.position = min(len(self.records), start + self.chunk)  # as Kafka's: past the whole fetch
+        end = self.position = min(len(self.records), start + min(self.chunk, max_records or self.chunk))  # as Kafka's: past the whole fetch
         last = end - 1 if self.says_last else None
         for offset in range(start, end):
             self.reads[offset] += 1
@@ -724,13 +724,13 @@ class PacedSource(MemorySource):
         self.pace_s, self.pause_at, self.pause_s = pace_s, pause_at, pause_s
         self.paused_until = None
 
-    async def fetch(self):
+    async def fetch(self, max_records=None):
         await asyncio.sleep(self.pace_s)
         if self.position == self.pause_at and self.paused_until is None:
             self.paused_until = time.monotonic() + self.pause_s
         if self.paused_until is not None and time.monotonic() < self.paused_until:
             return
-        async for fetched in super().fetch():
+        async for fetched in super().fetch(max_records):
             yield fetched
 
 
@@ -867,9 +867,11 @@ def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_
     sparse) lie far apart when stream 0 sends again. At each rewind the rereading takes from stream 2's
     backlog, soon too full again, then jumps on to stream 1's first untaken record rather than reading
     through (skipping again) all that lies between. Fetches of 7 records read each record about 12 times on
-    average, fetches of 50 about 14 times; now fewer than 3 and 5 times (a rewind's fetch reads what it holds),
-    whether the rest of a fetch is read through to the jump's end or dropped by a seek (a source that does
-    not say its fetch's last offset). The losses are the in-memory run's."""
+    average, fetches of 50 about 14 times; now fewer than 3 times, whether the rest of a fetch is read through
+    to the jump's end or dropped by a seek (a source that does not say its fetch's last offset). While reading
+    again a fetch returns at most the loop's `reread_records` (16): with fetches of 500 (Kafka's are up to
+    2,000) and none, each record was read 16 times (27 with the seeks), since a rewind's fetch held far more
+    than its streams could take before they were skipped again. The losses are the in-memory run's."""
     def record(stream, k):
         return Record(str(stream), "0123456789"[k % 10:] + "0123456789"[:k % 10])
     order = [record(s, i) for i in range(30) for s in (0, 2, 1)]
@@ -877,13 +879,15 @@ def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_
     order += [record(s, 200 + i) for i in range(100) for s in (2, 2, 2, 2, 2, 1)]
     order += [record(s, 400 + i) for i in range(100) for s in (0, 1, 2)]
     expected = [r.loss for r in run(naive(), batches_from_records(order, 3, 10))]
-    for chunk, most in ((7, 3), (50, 5)):
+    for chunk, capped, reads in ((7, True, (1, 3)), (50, True, (1, 3)), (500, True, (1, 3)), (500, False, (10, 40))):
         source = MemorySource(order, chunk=chunk, says_last=says_last)
-        loop = PrequentialLoop(naive(), Batcher(3, 10), source, total_records=len(order), keep_windows=4)
+        loop = PrequentialLoop(naive(), Batcher(3, 10), source, total_records=len(order), keep_windows=4,
+                               **({} if capped else {"reread_records": chunk}))
         results, _ = learn(loop)
         assert [r.loss for r in results] == expected and loop.stop_reason == "end_of_stream", chunk
         fetched = sum(source.reads.values())
-        assert fetched < most * len(order) and loop.read_again == fetched - len(order), (chunk, fetched)
+        assert reads[0] * len(order) < fetched < reads[1] * len(order), (chunk, capped, fetched)
+        assert loop.read_again == fetched - len(order), (chunk, fetched)
 
 
 def test_the_lag_counts_the_records_read_past_and_not_those_read_again(stream):
