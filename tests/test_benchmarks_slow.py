@@ -1,5 +1,5 @@
-"""The throughput benchmark stays runnable: a short run of every path through the real broker prints
-its figures and headline lines. Speed is the benchmark's to judge, never a test's. Run with -m slow."""
+"""The throughput and rereading benchmarks stay runnable: a short run of each through the real broker
+prints its figures and headline lines. Speed is the benchmarks' to judge, never a test's. Run with -m slow."""
 
 import os
 import re
@@ -49,3 +49,19 @@ def test_more_cpus_than_the_benchmark_may_use_is_one_line(script):
         assert (result.returncode, result.stderr.splitlines()[-1]) == (
             2, f"{script}: error: --cpus {cpus}, but this process may use 1 to {allowed} CPUs"), result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rereading_runs_each_bound_beside_an_unbounded_run_and_prints_its_headlines():
+    """benchmarks/rereading.py through the real broker: each --keep-windows run learns the unbounded run's
+    batches with its losses, and the headlines are printed."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "rereading.py"), "--keep", "4,16", "--pause", "300"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    lines = re.findall(r"^  --keep-windows (\d+): ([\d,]+) batches, read again ([\d,]+) .* losses equal ", out, re.M)
+    assert [keep for keep, _, _ in lines] == ["4", "16"] and all(int(again.replace(",", "")) > 0
+                                                                  for _, _, again in lines), out
+    assert re.search(r"^records read again per record: \d+\.\d\d$", out, re.M), out
+    assert re.search(r"^cpu keep/unbounded: \d+\.\d{3}$", out, re.M), out
