@@ -72,8 +72,8 @@ def whole_batches(records: list[Record]) -> int:
     return batches
 
 
-def learn(bootstrap: str, run_dir: Path, keep: int, hidden: int, batches: int) -> dict:
-    """One learner process: its wall and CPU seconds, checkpoint figures and losses."""
+def learn(bootstrap: str, run_dir: Path, keep: int, hidden: int, batches: int, timeout_s: float = 600) -> dict:
+    """One learner process: its wall and CPU seconds from its first batch, checkpoint figures and losses."""
     command = [sys.executable, "-m", "streamer", "learn", "--bootstrap-servers", bootstrap, "--topic", TOPIC,
                "--group", run_dir.name, "--run-dir", str(run_dir), "--streams", "3", "--window", "10",
                "--hidden", str(hidden), "--keep-windows", str(keep), "--threads", "1", "--no-view", "--no-probe",
@@ -81,14 +81,26 @@ def learn(bootstrap: str, run_dir: Path, keep: int, hidden: int, batches: int) -
     log = run_dir / "losses.jsonl"
     with tempfile.TemporaryFile("w+") as output:
         process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True)
-        while process.poll() is None and not (log.exists() and log.stat().st_size):
-            time.sleep(0.005)
-        at_first, started = cpu_seconds(process.pid), time.perf_counter()  # (None: it ended meanwhile)
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status) != 0 or at_first is None:
+        at_first, started, deadline, late = None, None, time.monotonic() + timeout_s, False
+        while True:  # (reaped here, not by Popen: wait4 gives this child's own CPU time)
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if at_first is None and log.exists() and log.stat().st_size:
+                at_first, started = cpu_seconds(process.pid), time.perf_counter()
+            if time.monotonic() > deadline:
+                late = True
+                process.kill()
+                _, status, usage = os.wait4(process.pid, 0)
+                break
+            time.sleep(0.005 if at_first is None else 0.01)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - (started or 0.0)
+        if process.returncode != 0 or at_first is None:
             output.seek(0)
-            raise SystemExit(f"streamer learn --keep-windows {keep} failed:\n{output.read()[-2000:]}")
+            why = f"ran past {timeout_s:g} s" if late else f"exited {process.returncode}"
+            raise SystemExit(f"streamer learn --keep-windows {keep} {why} (before its first batch: "
+                             f"{at_first is None}):\n{output.read()[-2000:]}")
     state = load(run_dir / "checkpoint.pt")
     losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime - at_first,

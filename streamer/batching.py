@@ -208,10 +208,11 @@ class OffsetTracker:
         """Whether the record at `offset` of `tp` was read before (it lies before the furthest offset read)."""
         return offset < self._furthest.get(tp, 0)
 
-    def reading_again(self) -> bool:
-        """Whether a partition is being read again (from a rewind up to the furthest offset read): records
-        counted as unread come yet."""
-        return any(following < self._furthest.get(tp, following) for tp, following in self._next.items())
+    def reading_again(self, besides=frozenset()) -> bool:
+        """Whether a partition (other than those in `besides`) is being read again (from a rewind up to the
+        furthest offset read): records counted as unread come yet."""
+        return any(following < self._furthest.get(tp, following) for tp, following in self._next.items()
+                   if tp not in besides)
 
     def rewinds(self, has_room, apply: bool = True) -> dict:
         """{tp: offset to read from again} for the partitions that skipped a row `has_room(row)` says has

@@ -348,7 +348,7 @@ class KafkaSource:
         self._sought = set()
         try:
             batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000),
-                                                   max_records=max_records or self.max_records)
+                                                   max_records=self.max_records if max_records is None else max_records)
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             self.hold(set())  # it reads each partition on its own, held ones too
             async for fetched in self._step_past_unreadable(before, exc):

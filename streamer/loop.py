@@ -109,6 +109,8 @@ class PrequentialLoop:
         # while a partition is read again, a fetch returns at most reread_records records: a rewind's streams
         # fill up again within a few records, and the jump on (a seek) drops the rest of the fetch
         self.reread_records = reread_records
+        if reread_records < 1:
+            raise ValueError(f"reread_records must be at least 1, not {reread_records}")
         self._ahead_at = min(ahead_windows, keep_windows // 2)  # far ahead: never beyond what a stream may keep
         self._skips = hasattr(batcher, "admit") and hasattr(source, "seek")
         self._skips_said: set = set()  # the partitions whose skipping the log has said
@@ -600,16 +602,17 @@ class PrequentialLoop:
         hold = getattr(self.source, "hold", None)  # a Kafka source; an in-memory one has all it will have
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
         while not self._closing:
-            read, held, sought = self.records, set(), set()
+            held, sought = set(), set()
             await self._cut_ready()  # (a checkpoint taken while the queue was full holds a batch ready to cut)
             if self._skips:
                 for tp, offset in batcher.rewinds(self.keep_windows).items():
                     self.source.seek(tp, offset)
             if hold is not None:  # a held partition may have records: not caught up while one is held
                 held = hold(self._partitions_ahead())
-            again = self._skips and batcher.offsets.reading_again()
+            again = self._skips and batcher.offsets.reading_again(besides=held)  # (a held one is not fetched)
+            got = False  # records this fetch returned: taken, or passed over, skipped or dropped by a seek
             async for fetched in self.source.fetch(max_records=self.reread_records if again else None):
-                self._last_record = time.monotonic()
+                self._last_record, got = time.monotonic(), True
                 if fetched.tp in sought:  # a jump's seek (_admitted) passes it over: read before (a source that
                     # says its fetch's last offset seeks only past it), or, from one that does not, read again later
                     self.read_again += 1
@@ -630,11 +633,11 @@ class PrequentialLoop:
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 await self._cut_ready()
             self._count_failed_sends()
-            await self._read_lag(now=self.records == read)  # a fetch with nothing new: caught up, say so at once
+            await self._read_lag(now=not got)  # a fetch with nothing: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
             if self.waiting_for:  # waiting for records, of these streams, since the last batch
                 self.waiting_since = self._cut_wall
-            elif self._queue or self.records > read:
+            elif self._queue or got:  # (a rereading's fetch may take none of its records, and it is not caught up)
                 self.waiting_since = None
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()

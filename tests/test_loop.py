@@ -36,6 +36,7 @@ class MemorySource:
         self.records, self.position, self.chunk, self.bad = records, start, chunk, set(bad)
         self.committed, self.dead, self.reads = None, [], Counter()
         self.says_last = says_last
+        self.caps = []  # each fetch's max_records
 
     async def start(self):
         pass
@@ -44,6 +45,7 @@ class MemorySource:
         pass
 
     async def fetch(self, max_records=None):
+        self.caps.append(max_records)
         await asyncio.sleep(0.001)
         start = self.position
         end = self.position = min(len(self.records), start + min(self.chunk, max_records or self.chunk))  # as Kafka's: past the whole fetch
@@ -888,6 +890,36 @@ def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_
         fetched = sum(source.reads.values())
         assert reads[0] * len(order) < fetched < reads[1] * len(order), (chunk, capped, fetched)
         assert loop.read_again == fetched - len(order), (chunk, fetched)
+
+
+def test_fetches_are_small_only_while_reading_again_and_one_that_takes_nothing_is_not_caught_up():
+    """The far-apart backlogs above, fetches of 500 and a queue of one batch: the loop asks for at most
+    `reread_records` only while a partition is read again, and a fetch that takes none of its records (each
+    passed over, skipped again or dropped by a jump's seek) is not "caught up": records remain. With the cap,
+    such fetches came often, and each one with the queue empty said caught up and counted as waiting."""
+    def record(stream, k):
+        return Record(str(stream), "0123456789"[k % 10:] + "0123456789"[:k % 10])
+    order = [record(s, i) for i in range(30) for s in (0, 2, 1)]
+    order += [record(s, 100 + i) for i in range(20) for s in (0, 2)]
+    order += [record(s, 200 + i) for i in range(100) for s in (2, 2, 2, 2, 2, 1)]
+    order += [record(s, 400 + i) for i in range(100) for s in (0, 1, 2)]
+
+    class Watched(MemorySource):
+        caught_up = []  # at each fetch: the loop said caught up while records remained
+
+        async def fetch(self, max_records=None):
+            self.caught_up.append(loop.waiting_since is not None and self.position < len(self.records))
+            async for fetched in super().fetch(max_records):
+                yield fetched
+
+    source = Watched(order, chunk=500)
+    loop = PrequentialLoop(naive(), Batcher(3, 10), source, total_records=len(order), keep_windows=4, queue_size=1)
+    learn(loop)
+    assert loop.stop_reason == "end_of_stream" and loop.read_again > 0
+    assert source.caps[0] is None and 16 in source.caps and set(source.caps) == {None, 16}, source.caps
+    again = [index for index, cap in enumerate(source.caps) if cap == 16]
+    assert source.caps[again[-1] + 1:] and set(source.caps[again[-1] + 1:]) == {None}  # (caught up: as Kafka's)
+    assert not any(source.caught_up), source.caught_up.count(True)
 
 
 def test_the_lag_counts_the_records_read_past_and_not_those_read_again(stream):
