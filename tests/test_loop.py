@@ -862,6 +862,17 @@ def test_a_stream_far_ahead_is_left_in_kafka_and_read_again_in_order_with_the_sa
     assert len(said) == 1 and said[0].startswith("partition 0: stream 0 holds more than 3 windows"), said
 
 
+def far_apart_backlogs() -> list[Record]:
+    """Records of 10 bytes (a window each): the three streams in turn; streams 0 and 2; stream 0 stops while 2
+    sends five for each of stream 1's; the three in turn again."""
+    def record(stream, k):
+        return Record(str(stream), "0123456789"[k % 10:] + "0123456789"[:k % 10])
+    order = [record(s, i) for i in range(30) for s in (0, 2, 1)]
+    order += [record(s, 100 + i) for i in range(20) for s in (0, 2)]
+    order += [record(s, 200 + i) for i in range(100) for s in (2, 2, 2, 2, 2, 1)]
+    return order + [record(s, 400 + i) for i in range(100) for s in (0, 1, 2)]
+
+
 @pytest.mark.parametrize("says_last", [True, False])
 def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_last):
     """Stream 0 went ahead and was skipped, then stopped while stream 2 sent five times as fast as stream 1:
@@ -874,12 +885,7 @@ def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_
     again a fetch returns at most the loop's `reread_records` (16): with fetches of 500 (Kafka's are up to
     2,000) and none, each record was read 16 times (27 with the seeks), since a rewind's fetch held far more
     than its streams could take before they were skipped again. The losses are the in-memory run's."""
-    def record(stream, k):
-        return Record(str(stream), "0123456789"[k % 10:] + "0123456789"[:k % 10])
-    order = [record(s, i) for i in range(30) for s in (0, 2, 1)]
-    order += [record(s, 100 + i) for i in range(20) for s in (0, 2)]
-    order += [record(s, 200 + i) for i in range(100) for s in (2, 2, 2, 2, 2, 1)]
-    order += [record(s, 400 + i) for i in range(100) for s in (0, 1, 2)]
+    order = far_apart_backlogs()
     expected = [r.loss for r in run(naive(), batches_from_records(order, 3, 10))]
     for chunk, capped, reads in ((7, True, (1, 3)), (50, True, (1, 3)), (500, True, (1, 3)), (500, False, (10, 40))):
         source = MemorySource(order, chunk=chunk, says_last=says_last)
@@ -897,12 +903,7 @@ def test_fetches_are_small_only_while_reading_again_and_one_that_takes_nothing_i
     `reread_records` only while a partition is read again, and a fetch that takes none of its records (each
     passed over, skipped again or dropped by a jump's seek) is not "caught up": records remain. With the cap,
     such fetches came often, and each one with the queue empty said caught up and counted as waiting."""
-    def record(stream, k):
-        return Record(str(stream), "0123456789"[k % 10:] + "0123456789"[:k % 10])
-    order = [record(s, i) for i in range(30) for s in (0, 2, 1)]
-    order += [record(s, 100 + i) for i in range(20) for s in (0, 2)]
-    order += [record(s, 200 + i) for i in range(100) for s in (2, 2, 2, 2, 2, 1)]
-    order += [record(s, 400 + i) for i in range(100) for s in (0, 1, 2)]
+    order = far_apart_backlogs()
 
     class Watched(MemorySource):
         caught_up = []  # at each fetch: the loop said caught up while records remained
