@@ -130,7 +130,8 @@ def main() -> None:
     if not keeps or min(keeps) < 1 or args.pause < 3 or args.hidden < 1:
         parser.error(f"--keep {args.keep} --pause {args.pause} --hidden {args.hidden}: --keep takes whole numbers "
                      "of windows of at least 1, comma-separated; --pause at least 3 rounds, --hidden at least 1")
-    records, batches = order(args.pause), whole_batches(order(args.pause))
+    records = order(args.pause)
+    batches = whole_batches(records)
     with tempfile.TemporaryDirectory() as scratch, EmbeddedBroker() as broker:
         asyncio.run(produce(records, broker.bootstrap_servers, TOPIC))
         print(f"topic {TOPIC}: {len(records):,} records ({batches:,} batches), stream 0 paused for "

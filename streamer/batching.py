@@ -93,7 +93,7 @@ class OffsetTracker:
         self._unread: dict = {}  # tp -> {row: its records skipped and not taken since} (-1: an earlier checkpoint's)
         self._passed: dict = {}  # tp -> offsets taken that an earlier checkpoint says to pass over (_from_list)
         self._last: dict = {}  # tp -> {row: the offset of its furthest record read}
-        self._onwards: dict = {}  # tp -> heap of (first untaken offset, row) of the rows read again (_onward)
+        self._onwards: dict = {}  # tp -> heap of (first untaken offset or less, row), rows read again (_onward)
 
     def _read(self, tp, offset: int) -> None:
         self._next[tp] = offset + 1
@@ -152,8 +152,6 @@ class OffsetTracker:
                 unread = self._unread[tp]
                 unread[row] = unread.get(row, 0) - 1  # (below 0 for records an earlier checkpoint counted)
                 untaken[row] = offset + 1  # (no record of the row lies between: they were read in order)
-                if tp in self._onwards:
-                    heapq.heappush(self._onwards[tp], (offset + 1, row))
                 if offset >= self._last.get(tp, {}).get(row, self._furthest[tp]):  # its last record read: caught up
                     self._caught_up(tp, (row,))
             return "take"
@@ -179,8 +177,13 @@ class OffsetTracker:
         if heap is None:  # (since the last rewind: every row with an untaken offset is read again)
             heap = self._onwards[tp] = [(first, row) for row, first in untaken.items() if row not in skipping]
             heapq.heapify(heap)
+        # (a row's first untaken offset only grows until the next rewind: an entry is a bound, refreshed here)
         while heap and (heap[0][1] in skipping or untaken.get(heap[0][1]) != heap[0][0]):
-            heapq.heappop(heap)  # (a row skipped again, caught up, or taken on since)
+            row = heap[0][1]
+            if row in skipping or row not in untaken:
+                heapq.heappop(heap)  # (skipped again, or caught up)
+            else:
+                heapq.heapreplace(heap, (untaken[row], row))  # (taken on since)
         onward = heap[0][0] if heap else self._furthest[tp]
         if onward <= following:
             return admitted

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 class MemorySource:
     """KafkaSource's interface over a list: one partition, `chunk` records per fetch (at most the fetch's
-    `max_records`), from offset `start` (each saying the fetch's last offset, as KafkaSource's do, unless not `says_last`); `reads` counts the times
-    each offset was fetched."""
+    `max_records`), from offset `start` (each saying the fetch's last offset, as KafkaSource's do, unless not
+    `says_last`); `reads` counts the times each offset was fetched."""
 
     def __init__(self, records, *, start=0, chunk=7, bad=(), says_last=True):
         self.records, self.position, self.chunk, self.bad = records, start, chunk, set(bad)
@@ -48,7 +48,8 @@ class MemorySource:
         self.caps.append(max_records)
         await asyncio.sleep(0.001)
         start = self.position
-        end = self.position = min(len(self.records), start + min(self.chunk, max_records or self.chunk))  # as Kafka's: past the whole fetch
+        size = self.chunk if max_records is None else min(self.chunk, max_records)
+        end = self.position = min(len(self.records), start + size)  # as Kafka's: past the whole fetch
         last = end - 1 if self.says_last else None
         for offset in range(start, end):
             self.reads[offset] += 1
