@@ -314,6 +314,19 @@ class KafkaSource:
             self._answering = True
         return self._answering
 
+    async def log_ends(self) -> dict:
+        """{(topic, partition): the offset after its last record} for the assigned partitions, asked of
+        the broker within `probe_timeout_s`; {} when it does not answer (or nothing is assigned)."""
+        assigned = [] if self._consumer is None else list(self._consumer.assignment())
+        if not assigned:
+            return {}
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):  # (not wait_for: loop._ended)
+                ends = await self._consumer.end_offsets(assigned)
+        except (KafkaError, asyncio.TimeoutError, OSError):
+            return {}
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+
     def hold(self, partitions: set) -> set:
         """Fetch nothing from `partitions` ((topic, partition) pairs) until the next call, and from every
         other assigned partition again (aiokafka's pause and resume: the positions stay where they are).

@@ -449,7 +449,8 @@ class PrequentialLoop:
             agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
                                           self.checkpoint_wanted(), self._records_read(),
                                           has_batch or self._more(), self.total_records,
-                                          time.monotonic() - self._reported_at >= self.lag_every_s)
+                                          time.monotonic() - self._reported_at >= self.lag_every_s,
+                                          self._idle())
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
@@ -582,12 +583,17 @@ class PrequentialLoop:
             self.stop_reason = self.stop_reason or "end_of_stream"
         if self.max_seconds and now - self._started >= self.max_seconds:
             self.stop_reason = self.stop_reason or "time_limit"
-        if self.idle_timeout_s and not self._queue and now - self._last_record >= self.idle_timeout_s:
+        if self.ranks is None and not self._queue and self._idle(now):  # ranks: agreed (every rank idle)
             self.stop_reason = self.stop_reason or "idle"
         if (self.ranks is None  # ranks: agreed (their records add up to it)
                 and self.total_records and self._records_read() >= self.total_records and not self._queue
                 and not self._more()):  # every record read and batched: what remains is less than a batch
             self.stop_reason = self.stop_reason or "end_of_stream"
+
+    def _idle(self, now: float | None = None) -> bool:
+        """No record read for `idle_timeout_s` (this process's own partitions)."""
+        now = time.monotonic() if now is None else now
+        return bool(self.idle_timeout_s) and now - self._last_record >= self.idle_timeout_s
 
     async def _changed_within(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the fetch side to say something changed (asyncio.timeout, not
@@ -724,10 +730,25 @@ class PrequentialLoop:
         the fetch side then cuts in one burst (`_stepping` wakes it only then). The lag is read on
         meanwhile: a fetch's records can hold the fetch side here for as long as the model takes to
         learn them (a backlog after a restart), and a lag read only between fetches stood still."""
+        ends = await self._arrived(None)
         while len(self._queue) > self._refill_at:
             self._changed.clear()
             await self._changed_within(self.lag_every_s)
             await self._read_lag()
+            ends = await self._arrived(ends)
+
+    async def _arrived(self, before: dict | None) -> dict | None:
+        """Ranks with an idle timeout, while this rank's fetch side waits for room (its batches wait for
+        another rank's): records written to its partitions since `before` (their log ends as last asked)
+        count as read (_idle), as one process, which has no batch to learn while a stream is waited for
+        and reads on, would have read them. Returns the log ends now (None: not asked)."""
+        log_ends = getattr(self.source, "log_ends", None)
+        if self.ranks is None or not self.idle_timeout_s or log_ends is None:
+            return None
+        ends = await log_ends()
+        if before is not None and any(end > before.get(tp, end) for tp, end in ends.items()):
+            self._last_record = time.monotonic()
+        return ends or before
 
     async def _read_lag(self, *, now: bool = False) -> None:
         """`lag` anew (`now`, else at most every `lag_every_s`): per partition, the records not yet taken

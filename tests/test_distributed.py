@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -24,14 +25,15 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from producers.kafka import ensure_topic
+from producers.kafka import ensure_topic, produce as kafka_produce
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.broker import free_port, wait_for_port
 from streamer.distributed import Ranks
 from streamer.threads import available_cpus, rank_threads
 from producers.wire import Record
-from tests.conftest import write_corpus
+from tests.conftest import WORDS, write_corpus
+from tests.helpers import small_stream
 
 STREAMER = [sys.executable, "-m", "streamer"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -383,6 +385,51 @@ def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream,
     assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step]  # stopped at the same step
     assert len(losses(run_dir)) == step  # the final checkpoint covers every logged batch
     continued(command, root, run_dir, step, one_process_naive)
+
+
+def test_idle_timeout_is_the_learners_not_one_ranks_while_another_ranks_records_arrive(broker, stream):
+    """`--idle-timeout` stops the ranks as it stops one process: once the learner as a whole has read no
+    record for that long, not once one rank's partitions are quiet. Rank 1's streams 5-9 are written at
+    once (stream 9 only its first records: the global batch soon waits for it), rank 0's streams 0-4 go
+    on arriving for longer than the timeout, and rank 0's batches fill its queue meanwhile (it then reads
+    none of them: the growing ends of its partitions count as records arriving). Before, rank 1 stopped
+    every rank as idle a timeout after its last record, while rank 0's were still being written."""
+    root, _ = stream
+    topic, run_dir, idle_s = "distributed-idle", root / "two-idle", 4
+    rng = random.Random(1)
+    corpus = {name: "\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(400))
+              for name, words in WORDS.items()}
+    records, _ = small_stream(corpus, fragments=6, mean_tokens=5000, streams=10, window=10, seed=3)
+    count: dict[str, int] = {}
+    at_once, later = [], []  # (stream 9's further records are never written)
+    for record in records:
+        count[record.stream] = count.get(record.stream, 0) + 1
+        if count[record.stream] <= 20 or record.stream in "5678":
+            at_once.append(record)
+        elif record.stream != "9":
+            later.append(record)
+    asyncio.run(kafka_produce(at_once, broker.bootstrap_servers, topic, partitions=10))
+    written = []
+
+    def write_later() -> None:  # once the learner is up
+        deadline = time.monotonic() + 180
+        while not (run_dir / "status.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        asyncio.run(kafka_produce(later, broker.bootstrap_servers, topic, partitions=10, rate=80))
+        written.append(time.monotonic())
+
+    writer = threading.Thread(target=write_later, daemon=True)
+    writer.start()
+    flags = ["learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--streams", "10",
+             "--window", "10", "--hidden", "24", "--embedding", "8", "--no-view", "--no-probe", "--group", run_dir.name,
+             "--run-dir", str(run_dir), "--idle-timeout", str(idle_s), "--nproc", "2"]
+    result = run([*STREAMER, *flags], root)
+    ended = time.monotonic()
+    writer.join(timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[stopped: idle]" in result.stdout, result.stdout[-3000:]
+    assert written and ended > written[0] + idle_s / 2, (len(later), result.stdout[-3000:])  # not before the writing ended
+    assert len(losses(run_dir)) >= 10
 
 
 def rank_process(launcher: int, rank: int) -> int | None:
