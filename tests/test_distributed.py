@@ -428,7 +428,7 @@ def test_idle_timeout_is_the_learners_not_one_ranks_while_another_ranks_records_
     writer.join(timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[stopped: idle]" in result.stdout, result.stdout[-3000:]
-    assert written and ended > written[0] + idle_s / 2, (len(later), result.stdout[-3000:])  # not before the writing ended
+    assert written and ended > written[0] + idle_s / 2, result.stdout[-3000:]  # not before the writing ended
     assert len(losses(run_dir)) >= 10
 
 

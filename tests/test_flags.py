@@ -64,6 +64,15 @@ CASES = {
     "compare-set": (["compare", "--strategies", "naive,replay", "--set", "p_write=7"], ["p_write"]),
     "compare-unknown": (["compare", "--strategies", "naive,replay", "--set", "nothing=1"], ["nothing", "p_write"]),
     "unknown-strategy-listed": (["strategies", "nosuch"], ["nosuch", "naive"]),
+    # a topic Kafka would refuse (the embedded broker takes any), or whose files cannot be named
+    "topic-space": (["learn", "--topic", "my topic"], ["--topic 'my topic'", "not a Kafka topic name"]),
+    "topic-path": (["produce", "--topic", "../evil"], ["--topic '../evil'", "not a Kafka topic name"]),
+    "topic-dot": (["learn", "--topic", ".."], ["not a Kafka topic name"]),
+    "topic-long": (["learn", "--topic", "t" * 250, "--run-dir", "run"], ["250 characters", "Kafka's 249"]),
+    "topic-sidecar": (["produce", "--topic", "t" * 245], ["245 characters", "Kafka's 243", "--no-truth-topic"]),
+    "topic-manifest": (["produce", "--topic", "t" * 245, "--no-truth-topic"], ["default manifest", "--manifest"]),
+    "topic-run-dir": (["learn", "--topic", "t" * 130], ["runs/<topic>-<group>", "--run-dir"]),
+    "group-run-dir": (["learn", "--group", "team/a"], ["'team/a'", "--run-dir"]),
 }
 
 

@@ -9,13 +9,14 @@ against the strategy's signature, ports in range and free, --run-dir not a file,
 from __future__ import annotations
 
 import errno
+import re
 import socket
 from pathlib import Path
 
 from streamer.cli.errors import UserError
 from streamer.settings import torchrun_environment
 
-__all__ = ["check_args", "check_hyperparameters", "check_port", "check_bootstrap", "check_run_dir",
+__all__ = ["check_args", "check_hyperparameters", "check_port", "check_bootstrap", "check_run_dir", "check_topic",
            "check_model_name", "hyperparameter_defaults", "strategy_signature", "route_trainer_keys"]
 
 
@@ -125,6 +126,39 @@ def check_run_dir(run_dir: Path | None, flag: str = "--run-dir") -> None:
             return
 
 
+_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+_TOPIC_LIMIT = 249  # Kafka's
+_NAME_LIMIT = 255  # bytes of a file name (ext4, xfs, tmpfs)
+
+
+def check_topic(args) -> None:
+    """--topic a name Kafka takes (letters, digits, '.', '_', '-'; at most 249 characters, with the
+    `.truth` sidecar topic `produce` writes; not '.' or '..'): the embedded broker takes any, and the
+    name also names files. Without --manifest, `<topic>.manifest.json` a file name the file system
+    takes; without --run-dir, `learn`'s `runs/<topic>-<group>` one directory."""
+    topic = getattr(args, "topic", None)
+    if topic is None or args.command not in ("learn", "produce"):
+        return
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise UserError(f"--topic {topic!r}: not a Kafka topic name (ASCII letters, digits, '.', '_' and '-')")
+    sidecar = ".truth" if args.command == "produce" and not args.no_truth_topic else ""
+    if len(topic + sidecar) > _TOPIC_LIMIT:
+        raise UserError(f"--topic: {len(topic)} characters, over Kafka's {_TOPIC_LIMIT - len(sidecar)}"
+                        + (f" (its {sidecar} sidecar topic included; or --no-truth-topic)" if sidecar else ""))
+    if args.manifest is None and len(f"{topic}.manifest.json") > _NAME_LIMIT:
+        raise UserError(f"--topic: {len(topic)} characters, too long for its default manifest's file name "
+                        f"({topic[:12]}....manifest.json); give --manifest PATH")
+    if args.command == "learn" and args.run_dir is None:
+        from streamer.config import default_group
+
+        group = args.group or default_group(topic, args.strategy)
+        name = f"{topic}-{group}"
+        if "/" in name or len(name.encode()) > _NAME_LIMIT:
+            raise UserError(f"the default run directory runs/<topic>-<group> cannot be named after --topic and "
+                            f"--group {group[:40]!r}{'...' if len(group) > 40 else ''} (one directory: no '/', "
+                            f"at most {_NAME_LIMIT} bytes); give --run-dir DIR")
+
+
 def check_model_name(options) -> None:
     """--model-opt name=X: a local directory, or a model in the local Hugging Face cache; never the hub."""
     for key, value in options:
@@ -193,6 +227,7 @@ def check_args(args) -> None:
     """Every check that applies to the parsed flags of `args.command`; UserError on the first problem."""
     check_bootstrap(getattr(args, "bootstrap_servers", None))
     check_run_dir(getattr(args, "run_dir", None))
+    check_topic(args)
     out = getattr(args, "out", None)
     if args.command == "compare":
         check_run_dir(out, "--out")
