@@ -351,3 +351,23 @@ def test_hf_without_datasets_or_pyarrow_says_what_to_install(tmp_path, monkeypat
 def test_split_on_a_single_dataset(tmp_path):
     directory = write_arrow_dataset(tmp_path / "ds", hf_columns())
     assert "not a DatasetDict; leave out split='test'" in error_for(directory, split="test")
+
+
+def test_a_nul_in_the_text_is_refused_naming_where(tmp_path):
+    """A learner dead-letters a record holding a NUL (producers.wire, nul_byte): produce refuses it first,
+    naming the file and line, whatever the format (before, produce sent it and the stream lost it)."""
+    jsonl = write_jsonl(tmp_path / "data.jsonl", [ROWS[0], {"text": "play\u0000jazz", "class": "music"}])
+    assert error_for(jsonl).startswith(f"{jsonl}:2: a NUL character (U+0000) in field 'text' at 4")
+    calm = tmp_path / "calm"
+    calm.mkdir()
+    (calm / "en.txt").write_text("the dog\nsleeps", encoding="utf-8")
+    (calm / "fr.txt").write_bytes(b"le chien\ndo\x00rt\n")
+    assert error_for(calm).startswith(f"{calm / 'fr.txt'}:2: a NUL byte at byte offset 11")
+    dirs = tmp_path / "dirs"
+    for name, data in {"en": b"hello\n", "fr": b"\xef\xbb\xbfbon\x00jour"}.items():
+        (dirs / name).mkdir(parents=True)
+        (dirs / name / "a.txt").write_bytes(data)
+    assert error_for(dirs).startswith(f"{dirs / 'fr' / 'a.txt'}:1: a NUL byte at byte offset 6")
+    csv_file = tmp_path / "data.csv"
+    csv_file.write_text('text,class\nhi,a\n"x\u0000y",b\n', encoding="utf-8")
+    assert "a NUL" in error_for(csv_file)

@@ -43,12 +43,23 @@ def class_files(path: Path, suffix: str, kind: str) -> list[Path]:
 def decode_class_file(file: Path, data: bytes) -> str:
     """The UTF-8 text of a class file, or a CorpusError naming the bad byte and its offset."""
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise CorpusError(
             f"class file {file} is not valid UTF-8: byte 0x{data[error.start]:02x} "
             f"at byte offset {error.start} ({error.reason})"
         ) from None
+    refuse_nul(file, data)
+    return text
+
+
+def refuse_nul(file: Path, data: bytes) -> None:
+    """A CorpusError naming the line and offset of a NUL byte in `data`, the bytes of `file`: binary or
+    corrupt data, never text (a learner dead-letters such a record: producers.wire, nul_byte)."""
+    offset = data.find(b"\0")
+    if offset >= 0:
+        line = data.count(b"\n", 0, offset) + 1
+        raise CorpusError(f"{file}:{line}: a NUL byte at byte offset {offset}: binary or corrupt data, not text")
 
 
 def _read_class_file(file: Path) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir
+from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
 
@@ -166,13 +166,15 @@ def _read_utf8(file: Path) -> str:
     data = file.read_bytes()
     start = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
     try:
-        return data[start:].decode("utf-8")
+        text = data[start:].decode("utf-8")
     except UnicodeDecodeError as error:
         offset = start + error.start
         line = data.count(b"\n", 0, offset) + 1
         raise CorpusError(
             f"{file}:{line}: not valid UTF-8: byte 0x{data[offset]:02x} at byte offset {offset} ({error.reason})"
         ) from None
+    refuse_nul(file, data)
+    return text
 
 
 def _check_classes(path: Path, by_class: Mapping[str, object], where: str) -> None:
@@ -201,6 +203,9 @@ def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple
         raise CorpusError(f"{where}: field {fields.text!r} is a {type(text).__name__}, expected a string")
     if text is None or not text.strip():
         raise CorpusError(f"{where}: empty text in field {fields.text!r}")
+    if "\0" in text:  # (a JSON \\u0000; a learner dead-letters such a record: producers.wire, nul_byte)
+        raise CorpusError(f"{where}: a NUL character (U+0000) in field {fields.text!r} at {text.index(chr(0))}: "
+                          "binary or corrupt data, not text")
     class_name = _as_name(record[fields.class_], where, fields.class_)
     if class_name is None:
         raise CorpusError(f"{where}: empty class in field {fields.class_!r}")
