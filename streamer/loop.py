@@ -237,8 +237,8 @@ class PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
         self._event_loop = asyncio.get_running_loop()
         if not await self._start_source():
-            return self  # stopped while starting (a signal while it waited for the broker or the topic)
-        self._started = self._last_record = time.monotonic()
+            return self  # stopped while starting (a signal, --minutes or --idle-timeout while it waited)
+        self._last_record = time.monotonic()  # (--minutes counts from the loop's start: _started)
         self._fetcher = asyncio.create_task(self._fetch())
         self._watcher = asyncio.create_task(self._watch())
         return self
@@ -260,10 +260,18 @@ class PrequentialLoop:
                 await self.source.stop()
 
     async def _start_source(self) -> bool:
-        """source.start(), given up when the loop is stopped meanwhile; False then."""
+        """source.start(), given up when the loop is stopped meanwhile; False then. `max_seconds` counts
+        meanwhile, and `idle_timeout_s` from when the source found its topic missing (no record can
+        come before it exists; a group's join is not counted): a mistyped topic does not keep a bounded
+        run waiting for ever."""
         starting = asyncio.ensure_future(self.source.start())
         while not starting.done():
             await asyncio.wait({starting}, timeout=0.2)
+            missing = getattr(self.source, "topic_missing_since", None)
+            if self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
+                self.stop_reason = self.stop_reason or "time_limit"
+            if self.idle_timeout_s and missing is not None and time.time() - missing >= self.idle_timeout_s:
+                self.stop_reason = self.stop_reason or "idle"
             if self.stop_reason is not None and not starting.done():
                 await _ended([starting], self._log)
                 return False

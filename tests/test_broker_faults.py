@@ -127,3 +127,19 @@ def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(corpus, tmp_path)
         errors = error_lines(stderr)
         assert process.returncode == 2 and len(errors) == 1, stderr
         assert f"cannot reach Kafka at {nowhere}" in errors[0] and "--broker-timeout" in errors[0]
+
+
+def test_a_missing_topic_ends_a_bounded_run_at_its_idle_timeout_or_its_minutes(broker, tmp_path):
+    """A mistyped topic: the learner says it waits for it, and --idle-timeout (counted from then: no record
+    can come before the topic exists; a group's join is not idle time) and --minutes still end the run,
+    exit 0 with the stop's reason and a checkpoint at step 0, as they end a run whose records stop coming.
+    Before, both waited for the topic (a bounded run hung for ever)."""
+    for flags, reason in ((["--idle-timeout", "2"], "idle"), (["--minutes", "0.05"], "time_limit")):
+        run_dir = tmp_path / reason
+        learner = start(learn_command(broker.bootstrap_servers, f"no-such-topic-{reason}", "--run-dir", str(run_dir),
+                                      *flags), tmp_path)
+        output = finish(learner, timeout_s=120)
+        assert learner.returncode == 0, output[-3000:]
+        assert "does not exist" in output and f"[stopped: {reason}]" in output, output[-3000:]
+        assert "Traceback" not in output
+        assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == 0
