@@ -169,6 +169,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             in_passing(restore, resume, loop, monitor, ranks)
             if leader and checkpointer.path.exists():  # the console shows its age until the next one
                 monitor.checkpointed(checkpointer.path.stat().st_mtime)
+        before = (loop.step, loop.tokens)  # the checkpoint's: the summary's rate counts this start's own
         with view, _StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
             tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view, log=log,
@@ -194,11 +195,12 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         if server is not None:
             server.shutdown(final_scrape=loop.stop_reason != "signal")  # a signal asks for a prompt exit
     split = monitor.time_split()
-    return RunSummary(loop.step, loop.tokens, time.monotonic() - started, loop.stop_reason or "stopped",
+    return RunSummary(loop.step - before[0], loop.tokens - before[1], time.monotonic() - started,
+                      loop.stop_reason or "stopped",
                       monitor.dead_letters, config.run_dir, probes.evaluations if probes else 0,
                       probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
-                      broker_lost_seconds=split.broker_lost_s)
+                      broker_lost_seconds=split.broker_lost_s, batches_before=before[0])
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:

@@ -319,6 +319,8 @@ def continued(command: list[str], root: Path, run_dir: Path, step: int, one_proc
     again = run(command, root, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from the checkpoint at batch {step}" in again.stdout
+    # the summary's batches, tokens and rate are this start's (before, the checkpoint's counted in a shorter time)
+    assert f"\n{BATCHES - step} batches ({BATCHES} in all, resumed at {step}), " in again.stdout, again.stdout[-3000:]
     worst = worst_difference(losses(run_dir), one_process)  # each batch once, as in one process
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 

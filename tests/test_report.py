@@ -201,3 +201,17 @@ def test_the_report_of_a_long_rotated_log_stays_in_memory_independent_of_its_len
     report = json.loads((long / "results.json").read_text())
     assert report["whole_stream"]["n_batches"] == 20_000 and report["span"]["n_fragments_seen"] == 400
     assert report["detection"]["evaluation"]["n_true"] == 399
+
+
+def test_the_summary_line_of_a_resumed_run_counts_its_own_batches_and_tokens():
+    """A resumed run's rate is its own tokens over its own compute time; its total stands beside."""
+    from pathlib import Path
+
+    from streamer.cli.report import summary_line
+    from streamer.config import RunSummary
+
+    fresh = RunSummary(100, 2000, 12.0, "end_of_stream", {}, Path("r"), compute_seconds=10.0)
+    assert summary_line(fresh).startswith("100 batches, 2000 tokens in 12.0s: 10.0s computing (200 tokens/s)")
+    resumed = RunSummary(40, 800, 6.0, "end_of_stream", {}, Path("r"), compute_seconds=4.0, batches_before=60)
+    assert summary_line(resumed).startswith("40 batches (100 in all, resumed at 60), 800 tokens in 6.0s: "
+                                            "4.0s computing (200 tokens/s)")

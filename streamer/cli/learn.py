@@ -207,8 +207,9 @@ def run(args) -> int:
         return status
     print_run_report(summary, config.from_fragment)
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
+        learned = summary.batches_before + summary.batches
         raise UserError(f"Kafka at {config.bootstrap_servers} was lost for {config.broker_timeout_s:g} s "
-                        f"(--broker-timeout); the checkpoint at batch {summary.batches} is in {run_dir}: "
+                        f"(--broker-timeout); the checkpoint at batch {learned} is in {run_dir}: "
                         "the same command continues the run")
     gc.freeze()  # the interpreter's exit then skips its last collection, about a second of torch's objects
     return status

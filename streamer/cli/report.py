@@ -26,8 +26,9 @@ def add_parser(sub) -> None:
 
 
 def summary_line(summary: RunSummary) -> str:
-    """One line: batches and tokens, compute time (and its tokens/s) apart from waiting (joining the
-    group, idle, broker lost), the stop reason, dead letters and the probes' share of wall time."""
+    """One line: batches and tokens (this start's; a resumed run's total beside them), compute time (and
+    its tokens/s) apart from waiting (joining the group, idle, broker lost), the stop reason, dead letters
+    and the probes' share of wall time."""
     wall = max(summary.seconds, 1e-9)
     if summary.compute_seconds is None:  # not measured: the wall-clock rate
         timing = f"in {summary.seconds:.1f}s ({summary.tokens / wall:,.0f} tokens/s)"
@@ -41,7 +42,9 @@ def summary_line(summary: RunSummary) -> str:
                   f"({summary.tokens / max(compute, 1e-9):,.0f} tokens/s), {waiting:.1f}s waiting"
                   + (f" ({', '.join(f'{name} {seconds:.1f}s' for name, seconds in causes)})" if causes else "")
                   + f", {other:.1f}s starting and stopping")
-    return (f"{summary.batches} batches, {summary.tokens} tokens {timing}; stopped: {summary.stop_reason}"
+    resumed = (f" ({summary.batches_before + summary.batches} in all, resumed at {summary.batches_before})"
+               if summary.batches_before else "")
+    return (f"{summary.batches} batches{resumed}, {summary.tokens} tokens {timing}; stopped: {summary.stop_reason}"
             + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else "")
             + (f"; {summary.probes} probe evaluations took {summary.probe_seconds:.1f}s "
                f"({summary.probe_seconds / wall:.0%} of wall)" if summary.probes else ""))
