@@ -43,6 +43,24 @@ def tansu_pids() -> set[int]:
     return pids
 
 
+def test_a_ctrl_c_while_the_commands_modules_load_is_one_line_not_a_traceback():
+    """`python -m streamer` (as the `streamer` script: streamer.__main__.run) interrupted while the CLI's
+    modules load (its first half second: `-X importtime` says when the first of them is in) ends with
+    `streamer: interrupted` and status 130, as later; it printed a KeyboardInterrupt traceback."""
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "streamer", "strategies"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, MARK: "1"})
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.rstrip().endswith(("streamer.cli.errors", "streamer.cli")):
+            process.send_signal(signal.SIGINT)
+            break
+    stderr = "".join(lines) + process.stderr.read()
+    process.stdout.read()
+    assert process.wait(timeout=60) == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and stderr.rstrip().endswith("streamer: interrupted"), stderr[-3000:]
+
+
 @pytest.mark.parametrize("command", ["broker", "data", "produce", "learn", "demo", "report", "compare", "strategies",
                                      "models"])
 def test_every_subcommand_has_help(command, capsys):

@@ -2,6 +2,6 @@
 
 import sys
 
-from streamer.cli.main import main
+from streamer.__main__ import run
 
-sys.exit(main())
+sys.exit(run())
