@@ -182,7 +182,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             view.update(final, force=True)
             if leader:
                 write_status(config.run_dir / STATUS_FILE, final)
-    except Exception as error:
+    except BaseException as error:  # an interrupt too: a Ctrl-C or SIGTERM before the learner's own handlers
         failure = error
         raise
     finally:
@@ -204,12 +204,14 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:
-    """status.json says the run has stopped and why, when an error ends it: `streamer status` shows the
-    error rather than the last activity (a learner that never reached its broker said "joining")."""
+    """status.json says the run has stopped and why, when an error or an interrupt (before the learner's
+    own signal handlers) ends it: `streamer status` shows the error, or "interrupted", rather than the
+    last activity (a learner that never reached its broker said "joining")."""
     counts = loop.across_ranks()
+    interrupted = isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError))
     monitor.read(LoopReading(step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
                              finished=True, probe_seconds=probes.seconds if probes else 0.0,
-                             stop_reason=f"failed: {_said(error)}"))
+                             stop_reason="interrupted" if interrupted else f"failed: {_said(error)}"))
     write_status(run_dir / STATUS_FILE, monitor.console_snapshot())
 
 
