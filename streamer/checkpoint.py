@@ -38,6 +38,7 @@ import io
 import os
 import random
 import time
+import zipfile
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,14 +102,21 @@ def copied(state, _memo: dict | None = None):
 
 def load(path: str | os.PathLike, map_location=None) -> dict:
     """The checkpoint's dict; tensors and plain values only (torch.load(weights_only=True))."""
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch.save's archive, as every checkpoint is
+        raise CheckpointError(f"{path} is not a streamer checkpoint ({os.path.getsize(path):,} bytes, not a "
+                              "torch.save archive: cut short, or another file)")
     try:  # pickle writes b"" (an empty carry-over buffer) as a call of `bytes`: harmless, so allowed
         with torch.serialization.safe_globals([bytes]):
             state = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:  # not there, a directory, unreadable: the caller's to say
+        raise
     except Exception as exc:  # noqa: BLE001 - torch raises pickle's UnpicklingError for a Python object
-        if type(exc).__name__ == "UnpicklingError":
+        if type(exc).__name__ == "UnpicklingError":  # (in an archive: a pickled object weights_only refuses)
             raise CheckpointError(f"{path} holds Python objects, not only tensors and plain values; "
                                   "refusing to load it") from None
-        raise
+        said = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        raise CheckpointError(f"{path} is a damaged checkpoint ({type(exc).__name__}"
+                              + (f": {said})" if said else ")")) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a streamer checkpoint (no format_version)")
     if state["format_version"] > FORMAT_VERSION:

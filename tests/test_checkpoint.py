@@ -89,6 +89,28 @@ def test_load_refuses_a_file_holding_a_python_object(tmp_path):
         checkpoint.load(path)
 
 
+def test_a_checkpoint_cut_short_or_another_file_is_one_line_naming_it(tmp_path):
+    """A checkpoint cut short (a copy interrupted, a full disk outside save's atomic rename), empty, or
+    another file: a CheckpointError saying so, which `learn` shows in one line with --fresh (before: an
+    EOFError's traceback for an empty file, "[Errno 22] Invalid argument" or a miniz error otherwise,
+    and a text file "holds Python objects")."""
+    whole = tmp_path / "whole.pt"
+    checkpoint.save(whole, {"step": 3, "weights": torch.arange(1000.0)})
+    data = whole.read_bytes()
+    for name, content in {"cut": data[: len(data) // 2], "head": data[:300], "empty": b"", "text": b"garbage\n"}.items():
+        path = tmp_path / f"{name}.pt"
+        path.write_bytes(content)
+        with pytest.raises(checkpoint.CheckpointError, match=f"{path} is not a streamer checkpoint "
+                                                             f"\\({len(content):,} bytes, not a torch.save archive"):
+            checkpoint.load(path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt").write_bytes(b"")
+    from streamer.resume import resume_state
+    with pytest.raises(ValueError, match="cannot resume from .* not a streamer checkpoint .* use --fresh"):
+        resume_state(run_dir, {})
+
+
 def test_save_is_atomic_and_leaves_no_partial_file(tmp_path):
     path = tmp_path / "run" / "checkpoint.pt"
     checkpoint.save(path, {"step": 1})
