@@ -43,11 +43,12 @@ def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | N
     manifest["corpus"] = str(corpus_dir)
     manifest["corpus_level"] = level
     if manifest_path is not None:
-        _write_manifest(manifest, manifest_path)
+        write_manifest(manifest, manifest_path)
     return records, manifest
 
 
-def _write_manifest(manifest: dict, manifest_path: Path) -> None:
+def write_manifest(manifest: dict, manifest_path: Path) -> None:
+    """The manifest at `manifest_path` (atomically), its probe split's texts beside it."""
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     probes = manifest["probe"]["classes"]
     probe_dir = manifest_path.with_name(manifest_path.name.removesuffix(".json") + ".probe")

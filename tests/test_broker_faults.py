@@ -127,6 +127,7 @@ def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(corpus, tmp_path)
         errors = error_lines(stderr)
         assert process.returncode == 2 and len(errors) == 1, stderr
         assert f"cannot reach Kafka at {nowhere}" in errors[0] and "--broker-timeout" in errors[0]
+    assert not (tmp_path / "m.json").exists()  # no manifest of a topic never written (`learn` would find it)
 
 
 def test_a_missing_topic_ends_a_bounded_run_at_its_idle_timeout_or_its_minutes(broker, tmp_path):

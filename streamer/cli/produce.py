@@ -48,14 +48,19 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from producers.kafka import produce
-    from producers.stream import looped
+    from producers.kafka import ensure_topic, produce
+    from producers.stream import looped, write_manifest
 
     kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
     corpus = corpus_dir(args.corpus, args.cache)
     manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
-    records, manifest = prepare_and_say(corpus, schedule(args), manifest_path,
+    records, manifest = prepare_and_say(corpus, schedule(args), None,  # (the data's errors create nothing)
                                         log=lambda note: print(note, flush=True), **stream_options(args))
+    # the broker reached and the topic there before the manifest is written: an unreachable broker left a
+    # manifest of a topic never written, which `learn --topic` then found
+    asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,
+                             broker_timeout_s=args.broker_timeout, log=lambda line: print(line, flush=True)))
+    write_manifest(manifest, manifest_path)
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
     console = Console()

@@ -64,7 +64,7 @@ def ensure_corpus(name_or_dir: str, cache: Path | None) -> Path:
     return corpus_dir(name_or_dir, cache)
 
 
-def prepare_and_say(corpus: Path, schedule, manifest_path: Path, log=print, **options):
+def prepare_and_say(corpus: Path, schedule, manifest_path: Path | None, log=print, **options):
     """producers.stream.prepare_stream, with what it decided said in one line each (stream_notes), and a
     probe split too large for the data named with the flag that changes it."""
     from producers.schedule import ScheduleError
