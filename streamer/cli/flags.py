@@ -250,13 +250,14 @@ def add_model_flags(p, strategy: bool = True) -> None:
                         "[model] options; the command line wins (default: none)")
 
 
-def add_broker_timeout_flag(g) -> None:
-    """--broker-timeout: learn, demo (through add_run_flags) and produce."""
+def add_broker_timeout_flag(g, producing: bool = False) -> None:
+    """--broker-timeout: learn, demo (through add_run_flags) and produce (`producing`)."""
+    what = "mid-run (a send waits for it)" if producing else "mid-run (the learner keeps its model and waits)"
     g.add_argument("--broker-timeout", type=positive_float, default=default_of(LearnConfig, "broker_timeout_s"),
                    metavar="SECONDS",
                    help="seconds the Kafka broker may be unreachable, at start (retried with backoff) or lost "
-                        "mid-run (the learner keeps its model and waits), before giving up with exit status 2; "
-                        "a learner writes its checkpoint first (default %(default)s)")
+                        f"{what}, before giving up with exit status 2"
+                        + ("" if producing else "; the learner writes its checkpoint first") + " (default %(default)s)")
 
 
 def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = None,

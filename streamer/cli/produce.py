@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
                    help=f"where to write the ground-truth manifest and its .probe/ split (default "
                         f"{default_manifest_path('<topic>')}, where `streamer learn --topic <topic>` finds it; "
                         f"under --cache when given)")
-    add_broker_timeout_flag(p)
+    add_broker_timeout_flag(p, producing=True)
     add_stream_flags(p)
     add_security_flags(p)
 
