@@ -254,6 +254,42 @@ def test_the_exporter_serves_https_with_basic_auth_and_stays_on_loopback(server_
         serve(create_metrics(), 0, security=MetricsSecurity(auth_file=str(tmp_path / "bad")))
 
 
+def test_status_reads_an_endpoint_served_over_https_with_basic_auth(server_cert, tmp_path):
+    """`streamer status` of a learner whose metrics need its certificate and credentials: it uses the
+    files config.json names (before: 'unreachable (Unauthorized)', and plain HTTP to an HTTPS endpoint)."""
+    import json
+    from dataclasses import asdict
+
+    from monitor.exporter import create_metrics, serve
+    from monitor.web_security import MetricsSecurity
+    from streamer.cli.status import run_status
+
+    (tmp_path / "auth").write_text("prometheus:" + SECRET + "\n")
+    security = MetricsSecurity(cert_file=str(server_cert / "cert.pem"), key_file=str(server_cert / "key.pem"),
+                               auth_file=str(tmp_path / "auth"))
+    metrics = create_metrics()
+    metrics.batches_learned_total.labels("run", "naive").inc(7)
+    server, _ = serve(metrics, 0, security=security)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = {"topic": "t", "metrics_address": f"127.0.0.1:{server.server_address[1]}",
+              "metrics_security": asdict(security)}
+    try:
+        (run_dir / "config.json").write_text(json.dumps(config))
+        shown = run_status(run_dir)["metrics"]
+        assert shown["url"].startswith("https://") and shown["values"]["batches"] == 7, shown
+        (tmp_path / "auth").chmod(0)  # a credentials file this user cannot read: said, not a traceback
+        if os.geteuid() != 0:
+            assert run_status(run_dir)["metrics"]["error"].startswith("not read: cannot read the metrics auth file")
+        (tmp_path / "auth").chmod(0o600)
+        (run_dir / "config.json").write_text(json.dumps({**config, "metrics_security": {**asdict(security),
+                                                                                        "auth_file": None}}))
+        assert "Unauthorized" in run_status(run_dir)["metrics"]["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_security_settings_come_from_the_toml_config_and_reach_learn_config(tmp_path, server_cert, monkeypatch):
     from streamer.cli.configs import model_config
     from streamer.cli.main import parse

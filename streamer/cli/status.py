@@ -2,13 +2,17 @@
 
 Read from its run directory (config.json, the .lock's pid alive or not, checkpoint.pt's age, the
 last line of losses.jsonl, status.json: the console's latest snapshot, written every few seconds)
-and from its metrics endpoint when it serves one (the address in config.json). Torch-free.
+and from its metrics endpoint when it serves one (the address in config.json; over HTTPS, trusting the
+learner's own certificate, and with its basic-auth credentials when its --metrics-tls-cert and
+--metrics-auth-file, recorded there as paths, are readable here). Torch-free.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -68,7 +72,7 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
         "last_batch": _last_line(run_dir / "losses.jsonl"),
         "status_age_s": _age(run_dir / STATUS_FILE, now),
         "status": None if snapshot is None else snapshot_to_json(snapshot),
-        "metrics": _scrape(_metrics_url(config), timeout_s),
+        "metrics": _scrape(_metrics_url(config), timeout_s, config.get("metrics_security") or {}),
     }
 
 
@@ -125,17 +129,30 @@ def _metrics_url(config: dict) -> str | None:
         return None
     host, _, port = address.rpartition(":")
     host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    return f"http://{host}:{port}/metrics"
+    scheme = "https" if (config.get("metrics_security") or {}).get("cert_file") else "http"
+    return f"{scheme}://{host}:{port}/metrics"
 
 
-def _scrape(url: str | None, timeout_s: float) -> dict:
-    """The shown metrics summed over their series (lag and dead letters per label), or why not."""
+def _scrape(url: str | None, timeout_s: float, security: dict) -> dict:
+    """The shown metrics summed over their series (lag and dead letters per label), or why not. `security`:
+    the learner's MetricsSecurity as config.json holds it (its certificate is trusted as its own CA; its
+    credentials file is read for basic auth)."""
     if url is None:
         return {"url": None, "error": "not served (the learner ran without --metrics-port)"}
     from prometheus_client.parser import text_string_to_metric_families
 
+    from monitor.web_security import read_credentials
+
+    request = urllib.request.Request(url)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        context = ssl.create_default_context(cafile=security["cert_file"]) if security.get("cert_file") else None
+        if security.get("auth_file"):
+            credentials = ":".join(read_credentials(security["auth_file"])).encode()
+            request.add_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
+    except (OSError, ValueError) as exc:  # (a file of the learner's this user cannot read)
+        return {"url": url, "error": f"not read: {exc}"}
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             text = response.read().decode()
     except (OSError, urllib.error.URLError) as exc:
         reason = getattr(exc, "reason", exc)
