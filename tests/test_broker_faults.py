@@ -135,11 +135,11 @@ def test_a_missing_topic_ends_a_bounded_run_at_its_idle_timeout_or_its_minutes(b
     can come before the topic exists; a group's join is not idle time) and --minutes still end the run,
     exit 0 with the stop's reason and a checkpoint at step 0, as they end a run whose records stop coming.
     Before, both waited for the topic (a bounded run hung for ever)."""
-    for flags, reason in ((["--idle-timeout", "2"], "idle"), (["--minutes", "0.05"], "time_limit")):
-        run_dir = tmp_path / reason
-        learner = start(learn_command(broker.bootstrap_servers, f"no-such-topic-{reason}", "--run-dir", str(run_dir),
-                                      *flags), tmp_path)
-        output = finish(learner, timeout_s=120)
+    cases = {reason: start(learn_command(broker.bootstrap_servers, f"no-such-topic-{reason}", "--run-dir",
+                                        str(tmp_path / reason), *flags), tmp_path)  # both at once
+             for flags, reason in ((["--idle-timeout", "2"], "idle"), (["--minutes", "0.05"], "time_limit"))}
+    for reason, learner in cases.items():
+        output, run_dir = finish(learner, timeout_s=120), tmp_path / reason
         assert learner.returncode == 0, output[-3000:]
         assert "does not exist" in output and f"[stopped: {reason}]" in output, output[-3000:]
         assert "Traceback" not in output
