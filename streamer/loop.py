@@ -260,17 +260,18 @@ class PrequentialLoop:
                 await self.source.stop()
 
     async def _start_source(self) -> bool:
-        """source.start(), given up when the loop is stopped meanwhile; False then. `max_seconds` counts
-        meanwhile, and `idle_timeout_s` from when the source found its topic missing (no record can
-        come before it exists; a group's join is not counted): a mistyped topic does not keep a bounded
-        run waiting for ever."""
+        """source.start(), given up when the loop is stopped meanwhile; False then. While the broker has
+        answered and the topic does not exist, `max_seconds` (from the loop's start) and `idle_timeout_s`
+        (from when the topic was found missing: no record can come before it exists) stop it: a mistyped
+        topic does not keep a bounded run waiting for ever. (A broker that does not answer is
+        --broker-timeout's: an error, exit 2, however short the run.)"""
         starting = asyncio.ensure_future(self.source.start())
         while not starting.done():
             await asyncio.wait({starting}, timeout=0.2)
             missing = getattr(self.source, "topic_missing_since", None)
-            if self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
+            if missing is not None and self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
                 self.stop_reason = self.stop_reason or "time_limit"
-            if self.idle_timeout_s and missing is not None and time.time() - missing >= self.idle_timeout_s:
+            if missing is not None and self.idle_timeout_s and time.time() - missing >= self.idle_timeout_s:
                 self.stop_reason = self.stop_reason or "idle"
             if self.stop_reason is not None and not starting.done():
                 await _ended([starting], self._log)

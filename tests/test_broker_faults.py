@@ -118,8 +118,9 @@ def test_a_broker_killed_for_good_ends_learner_and_producer_with_one_line(own_br
 
 def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(corpus, tmp_path):
     nowhere = f"127.0.0.1:{free_port()}"
-    learner = start(learn_command(nowhere, "t", "--run-dir", str(tmp_path / "run"), "--broker-timeout", "2"), tmp_path,
-                    stderr_apart=True)
+    learner = start(learn_command(nowhere, "t", "--run-dir", str(tmp_path / "run"), "--broker-timeout", "2",
+                                  "--minutes", "0.01"),  # (a run shorter than the broker's timeout: still an error)
+                    tmp_path, stderr_apart=True)
     producer = subprocess.run(produce_command(nowhere, corpus, "t", tmp_path / "m.json", 2, 300, "--broker-timeout", "2"),
                               cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     out, err = learner.communicate(timeout=120)

@@ -97,7 +97,8 @@ def test_a_checkpoint_cut_short_or_another_file_is_one_line_naming_it(tmp_path):
     whole = tmp_path / "whole.pt"
     checkpoint.save(whole, {"step": 3, "weights": torch.arange(1000.0)})
     data = whole.read_bytes()
-    for name, content in {"cut": data[: len(data) // 2], "head": data[:300], "empty": b"", "text": b"garbage\n"}.items():
+    files = {"cut": data[: len(data) // 2], "head": data[:300], "empty": b"", "text": b"garbage\n"}
+    for name, content in files.items():
         path = tmp_path / f"{name}.pt"
         path.write_bytes(content)
         with pytest.raises(checkpoint.CheckpointError, match=f"{path} is not a streamer checkpoint "

@@ -133,18 +133,19 @@ _NAME_LIMIT = 255  # bytes of a file name (ext4, xfs, tmpfs)
 
 def check_topic(args) -> None:
     """--topic a name Kafka takes (letters, digits, '.', '_', '-'; at most 249 characters, with the
-    `.truth` sidecar topic `produce` writes; not '.' or '..'): the embedded broker takes any, and the
-    name also names files. Without --manifest, `<topic>.manifest.json` a file name the file system
+    `.truth` topic `produce` writes or the learner's `.dlq`; not '.' or '..'): the embedded broker takes
+    any, and the name also names files. Without --manifest, `<topic>.manifest.json` a file name the file system
     takes; without --run-dir, `learn`'s `runs/<topic>-<group>` one directory."""
     topic = getattr(args, "topic", None)
     if topic is None or args.command not in ("learn", "produce"):
         return
     if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
         raise UserError(f"--topic {topic!r}: not a Kafka topic name (ASCII letters, digits, '.', '_' and '-')")
-    sidecar = ".truth" if args.command == "produce" and not args.no_truth_topic else ""
+    # the learner's dead letters go to <topic>.dlq, produce's fragment starts to <topic>.truth
+    sidecar = ".truth" if args.command == "produce" and not args.no_truth_topic else ".dlq"
     if len(topic + sidecar) > _TOPIC_LIMIT:
-        raise UserError(f"--topic: {len(topic)} characters, over Kafka's {_TOPIC_LIMIT - len(sidecar)}"
-                        + (f" (its {sidecar} sidecar topic included; or --no-truth-topic)" if sidecar else ""))
+        raise UserError(f"--topic: {len(topic)} characters, over Kafka's {_TOPIC_LIMIT - len(sidecar)} (with its "
+                        f"{sidecar} topic" + ("; or --no-truth-topic)" if sidecar == ".truth" else ")"))
     if args.manifest is None and len(f"{topic}.manifest.json") > _NAME_LIMIT:
         raise UserError(f"--topic: {len(topic)} characters, too long for its default manifest's file name "
                         f"({topic[:12]}....manifest.json); give --manifest PATH")
