@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Record", "Truth", "WireError", "encode", "decode", "stream_id", "record_bytes", "dead_letter_copy",
-           "REASONS", "MAX_STREAM_ID", "MAX_RECORD_BYTES"]
+           "REASONS", "MAX_STREAM_ID", "MAX_RECORD_BYTES", "MAX_NAME_BYTES"]
 
 REASONS = ("too_large", "missing_key", "bad_key", "missing_value", "empty_value", "bad_utf8", "nul_byte",
            "bad_headers", "unreadable", "extra_stream", "missing_label", "label_overflow", "dead_letter_failed")
@@ -60,7 +60,7 @@ _HEADER_LABEL = "streamer.label"  # optional: the label of an utterance record
 _REQUIRED = (_HEADER_CLASS, _HEADER_FRAGMENT, _HEADER_POSITION, _HEADER_PRODUCED)
 _STREAM_ID = re.compile(r"0|[1-9][0-9]{0,9}")  # ASCII only: str patterns match Unicode digits with \d, not [0-9]
 _COUNT = re.compile(rb"0|[1-9][0-9]{0,17}")  # fragment, position: 0 <= n < 10**18
-_MAX_NAME_BYTES = 256  # class and label names
+MAX_NAME_BYTES = 256  # class and label names
 
 # The dead-letter copy: small enough that its send cannot fail (Kafka's default limit is ~1 MB)
 DLQ_KEY_BYTES, DLQ_VALUE_BYTES, DLQ_HEADERS, DLQ_HEADER_BYTES, DLQ_NAME_CHARS = 1024, 64 * 1024, 16, 1024, 256
@@ -123,7 +123,7 @@ def record_bytes(key: bytes | None, value: bytes | None, headers) -> int:
         named = _NAME_SIZES.get(name) if isinstance(name, str) else None
         if named is None:
             named = len(name.encode("utf-8", "surrogatepass") if isinstance(name, str) else name or b"")
-            if named <= _MAX_NAME_BYTES:
+            if named <= MAX_NAME_BYTES:
                 _remember(_NAME_SIZES, name, named)
         size += named + len(raw or b"")
     return size
@@ -208,8 +208,8 @@ def _name(raw: bytes | None, header: str) -> str:
     name = _NAMES.get(raw) if type(raw) is bytes else None
     if name is not None:
         return name
-    if not raw or len(raw) > _MAX_NAME_BYTES:
-        raise ValueError(f"{header} must hold 1 to {_MAX_NAME_BYTES} bytes")
+    if not raw or len(raw) > MAX_NAME_BYTES:
+        raise ValueError(f"{header} must hold 1 to {MAX_NAME_BYTES} bytes")
     name = raw.decode("utf-8")
     if "\x00" in name:
         raise ValueError(f"{header} holds a NUL byte")

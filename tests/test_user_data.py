@@ -368,6 +368,11 @@ def test_a_nul_in_the_text_is_refused_naming_where(tmp_path):
         (dirs / name).mkdir(parents=True)
         (dirs / name / "a.txt").write_bytes(data)
     assert error_for(dirs).startswith(f"{dirs / 'fr' / 'a.txt'}:1: a NUL byte at byte offset 6")
+    for field, value in (("class", "al\u0000arm"), ("label", "set\u0000alarm")):  # headers, dead-lettered too
+        named = write_jsonl(tmp_path / f"{field}.jsonl", [ROWS[1], {**ROWS[0], field: value}])
+        assert error_for(named).startswith(f"{named}:2: a NUL character (U+0000) in field '{field}'")
+    long_name = write_jsonl(tmp_path / "long.jsonl", [ROWS[1], {**ROWS[0], "class": "é" * 129}])
+    assert error_for(long_name).startswith(f"{long_name}:2: field 'class' holds 258 bytes; a class or label name")
     csv_file = tmp_path / "data.csv"
     csv_file.write_text('text,class\nhi,a\n"x\u0000y",b\n', encoding="utf-8")
     assert "a NUL" in error_for(csv_file)

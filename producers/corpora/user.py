@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from producers.wire import MAX_NAME_BYTES
+
 from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
@@ -222,7 +224,13 @@ def _as_name(value: object, where: str, field: str) -> str | None:
         raise CorpusError(
             f"{where}: field {field!r} is a {type(value).__name__}, expected a string or an integer"
         )
-    return str(value)
+    name = str(value)  # a record's header: what a learner dead-letters (producers.wire, bad_headers) is refused here
+    if "\0" in name:
+        raise CorpusError(f"{where}: a NUL character (U+0000) in field {field!r}: binary or corrupt data, not a name")
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise CorpusError(f"{where}: field {field!r} holds {len(name.encode('utf-8'))} bytes; a class or label "
+                          f"name holds at most {MAX_NAME_BYTES}")
+    return name
 
 
 def _add(examples: dict[str, list[UserExample]], item: tuple[str, UserExample]) -> None:
