@@ -102,7 +102,8 @@ def copied(state, _memo: dict | None = None):
 
 def load(path: str | os.PathLike, map_location=None) -> dict:
     """The checkpoint's dict; tensors and plain values only (torch.load(weights_only=True))."""
-    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch.save's archive, as every checkpoint is
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        # (torch.save's archive, as every checkpoint is)
         raise CheckpointError(f"{path} is not a streamer checkpoint ({os.path.getsize(path):,} bytes, not a "
                               "torch.save archive: cut short, or another file)")
     try:  # pickle writes b"" (an empty carry-over buffer) as a call of `bytes`: harmless, so allowed
@@ -115,7 +116,7 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
             raise CheckpointError(f"{path} holds Python objects, not only tensors and plain values; "
                                   "refusing to load it") from None
         said = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
-        raise CheckpointError(f"{path} is a damaged checkpoint ({type(exc).__name__}"
+        raise CheckpointError(f"{path} cannot be loaded ({type(exc).__name__}"
                               + (f": {said})" if said else ")")) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a streamer checkpoint (no format_version)")

@@ -177,6 +177,14 @@ def test_report_of_a_missing_path_is_one_line(tmp_path):
     assert "does not exist" in line
 
 
+def test_a_manifest_produce_cannot_write_is_one_line_before_the_broker_is_asked(tmp_path, tiny_corpus):
+    """Before the topic is created (the broker here is nowhere: never reached), so nothing is left behind."""
+    (tmp_path / "file").write_text("x")
+    line = _one_clean_line(streamer("produce", "--corpus", str(tiny_corpus), "--bootstrap-servers", "127.0.0.1:9",
+                                    "--manifest", str(tmp_path / "file" / "m.json"), "--probe-tokens", "0"))
+    assert f"--manifest {tmp_path / 'file' / 'm.json'}: {tmp_path / 'file'} is not a folder" in line
+
+
 def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus):
     run_dir = tmp_path / "run"
     before = tansu_pids()

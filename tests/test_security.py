@@ -285,6 +285,9 @@ def test_status_reads_an_endpoint_served_over_https_with_basic_auth(server_cert,
         (run_dir / "config.json").write_text(json.dumps({**config, "metrics_security": {**asdict(security),
                                                                                         "auth_file": None}}))
         assert "Unauthorized" in run_status(run_dir)["metrics"]["error"]
+        (run_dir / "config.json").write_text(json.dumps({**config, "metrics_security": {**asdict(security),
+                                                                                        "client_ca_file": "ca.pem"}}))
+        assert "asks scrapers for a client certificate" in run_status(run_dir)["metrics"]["error"]
     finally:
         server.shutdown()
         server.server_close()

@@ -9,6 +9,7 @@ against the strategy's signature, ports in range and free, --run-dir not a file,
 from __future__ import annotations
 
 import errno
+import os
 import re
 import socket
 from pathlib import Path
@@ -17,7 +18,7 @@ from streamer.cli.errors import UserError
 from streamer.settings import torchrun_environment
 
 __all__ = ["check_args", "check_hyperparameters", "check_port", "check_bootstrap", "check_run_dir", "check_topic",
-           "check_model_name", "hyperparameter_defaults", "strategy_signature", "route_trainer_keys"]
+           "check_writable", "check_model_name", "hyperparameter_defaults", "strategy_signature", "route_trainer_keys"]
 
 
 def strategy_signature(strategy: str) -> dict:
@@ -158,6 +159,17 @@ def check_topic(args) -> None:
             raise UserError(f"the default run directory runs/<topic>-<group> cannot be named after --topic and "
                             f"--group {group[:40]!r}{'...' if len(group) > 40 else ''} (one directory: no '/', "
                             f"at most {_NAME_LIMIT} bytes); give --run-dir DIR")
+
+
+def check_writable(path: Path, flag: str = "--manifest") -> None:
+    """A file `path` can be written at: not a directory, and its nearest existing folder writable."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: a directory, not a file")
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir() or not os.access(folder, os.W_OK):
+                raise UserError(f"{flag} {path}: {folder} is not a folder this user can write in")
+            return
 
 
 def check_model_name(options) -> None:

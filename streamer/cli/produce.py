@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from streamer.cli.checks import check_writable
 from streamer.cli.configs import schedule, stream_options
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
                                 add_stream_flags, positive_float, positive_int)
@@ -56,6 +57,7 @@ def run(args) -> int:
     manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
     records, manifest = prepare_and_say(corpus, schedule(args), None,  # (the data's errors create nothing)
                                         log=lambda note: print(note, flush=True), **stream_options(args))
+    check_writable(manifest_path)  # (nor does a manifest that cannot be written)
     # the broker reached and the topic there before the manifest is written: an unreachable broker left a
     # manifest of a topic never written, which `learn --topic` then found
     asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,

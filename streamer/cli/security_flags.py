@@ -11,6 +11,8 @@ top-level (`security_protocol = "SASL_SSL"`, `sasl_password_env = "KAFKA_PASSWOR
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from monitor.web_security import MetricsSecurity, read_credentials, server_context
 from producers.security import MECHANISMS, PROTOCOLS, KafkaSecurity
 from streamer.cli.errors import UserError
@@ -85,9 +87,13 @@ def add_metrics_security_flags(p) -> None:
 
 def metrics_security(args) -> MetricsSecurity:
     """The MetricsSecurity of the flags, its files loaded once now: a one-line UserError when one cannot be."""
+    def absolute(path: str | None) -> str | None:  # config.json names them for `streamer status` run anywhere
+        return None if path is None else str(Path(path).expanduser().absolute())
+
     try:
-        security = MetricsSecurity(cert_file=args.metrics_tls_cert, key_file=args.metrics_tls_key,
-                                   client_ca_file=args.metrics_tls_client_ca, auth_file=args.metrics_auth_file)
+        security = MetricsSecurity(cert_file=absolute(args.metrics_tls_cert), key_file=absolute(args.metrics_tls_key),
+                                   client_ca_file=absolute(args.metrics_tls_client_ca),
+                                   auth_file=absolute(args.metrics_auth_file))
         if security.tls:
             server_context(security)
         if security.auth_file:
