@@ -269,10 +269,11 @@ class PrequentialLoop:
         while not starting.done():
             await asyncio.wait({starting}, timeout=0.2)
             missing = getattr(self.source, "topic_missing_since", None)
-            if missing is not None and self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
-                self.stop_reason = self.stop_reason or "time_limit"
-            if missing is not None and self.idle_timeout_s and time.time() - missing >= self.idle_timeout_s:
-                self.stop_reason = self.stop_reason or "idle"
+            if missing is not None and self.stop_reason is None:
+                if self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
+                    self.stop_reason = "time_limit"
+                elif self.idle_timeout_s and time.time() - missing >= self.idle_timeout_s:
+                    self.stop_reason = "idle"
             if self.stop_reason is not None and not starting.done():
                 await _ended([starting], self._log)
                 return False

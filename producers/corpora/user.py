@@ -205,9 +205,7 @@ def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple
         raise CorpusError(f"{where}: field {fields.text!r} is a {type(text).__name__}, expected a string")
     if text is None or not text.strip():
         raise CorpusError(f"{where}: empty text in field {fields.text!r}")
-    if "\0" in text:  # (a JSON \\u0000; a learner dead-letters such a record: producers.wire, nul_byte)
-        raise CorpusError(f"{where}: a NUL character (U+0000) in field {fields.text!r} at {text.index(chr(0))}: "
-                          "binary or corrupt data, not text")
+    _refuse_nul_in(text, where, fields.text)
     class_name = _as_name(record[fields.class_], where, fields.class_)
     if class_name is None:
         raise CorpusError(f"{where}: empty class in field {fields.class_!r}")
@@ -225,12 +223,19 @@ def _as_name(value: object, where: str, field: str) -> str | None:
             f"{where}: field {field!r} is a {type(value).__name__}, expected a string or an integer"
         )
     name = str(value)  # a record's header: what a learner dead-letters (producers.wire, bad_headers) is refused here
-    if "\0" in name:
-        raise CorpusError(f"{where}: a NUL character (U+0000) in field {field!r}: binary or corrupt data, not a name")
+    _refuse_nul_in(name, where, field)
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise CorpusError(f"{where}: field {field!r} holds {len(name.encode('utf-8'))} bytes; a class or label "
                           f"name holds at most {MAX_NAME_BYTES}")
     return name
+
+
+def _refuse_nul_in(value: str, where: str, field: str) -> None:
+    """A NUL in a field's text or name (a JSON \\u0000; the file's bytes hold none, refuse_nul): a learner
+    dead-letters such a record (producers.wire: nul_byte in a value, bad_headers in a name)."""
+    if "\0" in value:
+        raise CorpusError(f"{where}: a NUL character (U+0000) in field {field!r} at {value.index(chr(0))}: "
+                          "binary or corrupt data, not text")
 
 
 def _add(examples: dict[str, list[UserExample]], item: tuple[str, UserExample]) -> None:
