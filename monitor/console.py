@@ -2,11 +2,12 @@
 
 `ActivityClock` turns the loop's plain state, read a few times a second (a `LoopReading`), into the
 run's activity (waiting for the topic, joining the group, consuming, caught up and waiting,
-broker lost, checkpointing, stopping, stopped) and splits wall time into compute (consuming, checkpointing) and waiting (joining the
-consumer group, idle, broker lost). Its rates: tokens/s over the last few seconds of wall time (zero
-when nothing is learned) and over the last minute of compute (waiting excluded, so it keeps the
-model's speed while the run waits). `ConsoleSnapshot` is the tracker's `ViewSnapshot` plus these
-readings: what the terminal view, the plain log and `streamer status` (through `status.json`) show.
+broker lost, checkpointing, stopping, stopped) and splits wall time into compute (consuming,
+checkpointing) and waiting (the topic's creation, joining the consumer group, idle, broker lost).
+Its rates: tokens/s over the last few seconds of wall time (zero when nothing is learned) and over
+the last minute of compute (waiting excluded, so it keeps the model's speed while the run waits).
+`ConsoleSnapshot` is the tracker's `ViewSnapshot` plus these readings: what the terminal view, the
+plain log and `streamer status` (through `status.json`) show.
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ class TimeSplit:
     """Where a run's wall time went (seconds): compute, and waiting by cause."""
 
     compute_s: float = 0.0
-    joining_s: float = 0.0  # before the first partition is read: the topic's creation, the group's JoinGroup
+    joining_s: float = 0.0  # before the first partition is read: the group's JoinGroup
     idle_s: float = 0.0  # caught up, waiting for records
     broker_lost_s: float = 0.0
+    topic_missing_s: float = 0.0  # the topic does not exist yet (a source that waits for its creation)
 
     @property
     def waiting_s(self) -> float:
-        return self.joining_s + self.idle_s + self.broker_lost_s
+        return self.joining_s + self.idle_s + self.broker_lost_s + self.topic_missing_s
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class ActivityClock:
         self.recent_window_s, self.compute_window_s, self.idle_after_s = recent_window_s, compute_window_s, idle_after_s
         self.min_compute_s = min_compute_s
         self.activity, self.activity_since = "joining", None
-        self._split = {"compute_s": 0.0, "joining_s": 0.0, "idle_s": 0.0, "broker_lost_s": 0.0}
+        self._split = {"compute_s": 0.0, "joining_s": 0.0, "idle_s": 0.0, "broker_lost_s": 0.0, "topic_missing_s": 0.0}
         self._started = self._last = None  # monotonic
         self._started_wall = None
         self._recent: deque = deque()  # (monotonic, tokens)
@@ -124,7 +126,7 @@ class ActivityClock:
             self._started_wall = time.time()
             return
         bucket = {"consuming": "compute_s", "checkpointing": "compute_s", "stopping": "compute_s",
-                  "joining": "joining_s", "topic_missing": "joining_s", "waiting": "idle_s",
+                  "joining": "joining_s", "topic_missing": "topic_missing_s", "waiting": "idle_s",
                   "broker_lost": "broker_lost_s"}.get(self.activity)
         if bucket:
             self._split[bucket] += max(0.0, now - self._last)

@@ -99,4 +99,5 @@ class RunSummary:
     joining_seconds: float = 0.0  # waiting for the consumer group's JoinGroup
     idle_seconds: float = 0.0  # caught up, waiting for records
     broker_lost_seconds: float = 0.0
+    topic_missing_seconds: float = 0.0  # waiting for the topic to be created
     batches_before: int = 0  # learned before this start (a resumed run's checkpoint); batches, tokens: since

@@ -200,7 +200,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       monitor.dead_letters, config.run_dir, probes.evaluations if probes else 0,
                       probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
-                      broker_lost_seconds=split.broker_lost_s, batches_before=before[0])
+                      broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
+                      batches_before=before[0])
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:

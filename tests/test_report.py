@@ -215,3 +215,16 @@ def test_the_summary_line_of_a_resumed_run_counts_its_own_batches_and_tokens():
     resumed = RunSummary(40, 800, 6.0, "end_of_stream", {}, Path("r"), compute_seconds=4.0, batches_before=60)
     assert summary_line(resumed).startswith("40 batches (100 in all, resumed at 60), 800 tokens in 6.0s: "
                                             "4.0s computing (200 tokens/s)")
+
+
+def test_the_summary_line_says_each_cause_of_waiting_apart():
+    """The time a run waited for its topic to be created is not the consumer group's joining."""
+    from pathlib import Path
+
+    from streamer.cli.report import summary_line
+    from streamer.config import RunSummary
+
+    summary = RunSummary(10, 200, 40.0, "idle", {}, Path("r"), compute_seconds=2.0, topic_missing_seconds=30.0,
+                         joining_seconds=3.0, idle_seconds=4.0)
+    assert ("40.0s: 2.0s computing (100 tokens/s), 37.0s waiting (for the topic 30.0s, joining the group 3.0s, "
+            "idle 4.0s), 1.0s starting and stopping; stopped: idle") in summary_line(summary)

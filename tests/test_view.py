@@ -198,12 +198,14 @@ def test_streams_waited_for_count_as_waiting_from_the_last_batch_and_are_shown_o
     assert (split.compute_s, split.idle_s) == (3.0, 8.0)  # (moving all since the last batch: 0.0 and 11.0)
 
 
-def test_a_missing_topic_is_waited_for_and_counts_as_waiting():
+def test_a_missing_topic_is_waited_for_and_counts_as_waiting_for_it():
     clock = ActivityClock()
     clock.read(LoopReading(topic_missing_since=AT), now=0.0)
     assert (clock.activity, clock.activity_since) == ("topic_missing", AT)
-    clock.read(LoopReading(), now=7.0)
-    assert clock.activity == "joining" and clock.split(now=7.0).joining_s == 7.0
+    clock.read(LoopReading(), now=7.0)  # created: the group is joined next
+    assert clock.activity == "joining"
+    split = clock.split(now=9.0)
+    assert (split.topic_missing_s, split.joining_s, split.waiting_s) == (7.0, 2.0, 9.0)
 
 
 def test_a_lag_not_measured_yet_is_not_shown_as_zero():

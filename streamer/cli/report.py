@@ -27,15 +27,16 @@ def add_parser(sub) -> None:
 
 def summary_line(summary: RunSummary) -> str:
     """One line: batches and tokens (this start's; a resumed run's total beside them), compute time (and
-    its tokens/s) apart from waiting (joining the group, idle, broker lost), the stop reason, dead letters
+    its tokens/s) apart from waiting (for the topic, joining the group, idle, broker lost), the stop reason, dead letters
     and the probes' share of wall time."""
     wall = max(summary.seconds, 1e-9)
     if summary.compute_seconds is None:  # not measured: the wall-clock rate
         timing = f"in {summary.seconds:.1f}s ({summary.tokens / wall:,.0f} tokens/s)"
     else:
         compute = summary.compute_seconds
-        causes = [(name, seconds) for name, seconds in (("joining the group", summary.joining_seconds),
-                  ("idle", summary.idle_seconds), ("broker lost", summary.broker_lost_seconds)) if seconds >= 0.05]
+        causes = [(name, seconds) for name, seconds in (
+            ("for the topic", summary.topic_missing_seconds), ("joining the group", summary.joining_seconds),
+            ("idle", summary.idle_seconds), ("broker lost", summary.broker_lost_seconds)) if seconds >= 0.05]
         waiting = sum(seconds for _, seconds in causes)
         other = max(0.0, summary.seconds - compute - waiting)
         timing = (f"in {summary.seconds:.1f}s: {compute:.1f}s computing "
