@@ -159,11 +159,14 @@ class ActivityClock:
         self._set(*self._activity(reading, now))
         if before != "consuming" and self.activity == "consuming":
             self._consuming_from = now
-        if before == "consuming" and self.activity == "waiting" and (not reading.waiting_reported or reading.waiting_for):
-            # inferred, or (streams waited for) reported, late: the quiet time since the last batch (or since
-            # the activity became consuming, after an earlier wait) was waiting
+        if before == "consuming" and self.activity == "waiting":
+            # inferred, or reported late (streams waited for; records that make no batch): the quiet time since
+            # the last batch (or since the activity became consuming, after an earlier wait) was waiting, as far
+            # back as the loop's wait began (one it says at once moves next to nothing)
             quiet_since = max(self._last_batch if self._last_batch is not None else self._started, self._consuming_from)
             quiet = min(now - quiet_since, self._split["compute_s"])
+            if reading.waiting_reported and reading.waiting_since is not None:
+                quiet = max(0.0, min(quiet, time.time() - reading.waiting_since))
             self._split["compute_s"] -= quiet
             self._split["idle_s"] += quiet
 

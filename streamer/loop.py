@@ -116,6 +116,7 @@ class PrequentialLoop:
         self._skips_said: set = set()  # the partitions whose skipping the log has said
         self._cut_at = time.monotonic()  # when the last batch was cut (or the fetch side began)
         self._cut_wall = time.time()  # then, as wall time
+        self._learned_wall = self._cut_wall  # when the last result was taken in (wall time)
         # the streams the learning waits for (_streams_waited_for): a stream that stopped sending; () otherwise
         self.waiting_for: tuple[int, ...] = ()
         self.truth: BatchTruth | None = None  # the latest truth of a learned batch
@@ -306,6 +307,7 @@ class PrequentialLoop:
                     await self._put_back()
                     continue
                 self._running.popleft()
+                self._learned_wall = time.time()
                 self.step += 1
                 self.tokens += result.tokens
                 self.skipped += result.skipped
@@ -653,6 +655,8 @@ class PrequentialLoop:
             self.waiting_for = self._streams_waited_for()
             if self.waiting_for:  # waiting for records, of these streams, since the last batch
                 self.waiting_since = self._cut_wall
+            elif self._starved():  # records come, too few for a batch: caught up all the same
+                self.waiting_since = self.waiting_since or max(self._cut_wall, self._learned_wall)
             elif self._queue or got:  # (a rereading's fetch may take none of its records, and it is not caught up)
                 self.waiting_since = None
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
@@ -702,6 +706,13 @@ class PrequentialLoop:
     def _quiet(self) -> bool:
         """No batch waits in the queue, and none has been cut for `hold_quiet_s`."""
         return not self._queue and time.monotonic() - self._cut_at >= self.hold_quiet_s
+
+    def _starved(self) -> bool:
+        """The learning waits for records while some arrive: nothing to learn or being learned (_quiet, no
+        step in flight), nothing left unread in Kafka (the lag), yet the records read since the last cut
+        make no batch (a stream far slower than the others, or late, before any holds `ahead_windows`
+        windows more: then _streams_waited_for names it). It showed as consuming, counted as compute."""
+        return self._quiet() and not self._running and bool(self.lag) and not any(self.lag.values())
 
     def _streams_waited_for(self) -> tuple[int, ...]:
         """The streams the learning waits for now: no batch has been cut for `hold_quiet_s`, records were

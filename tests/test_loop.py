@@ -804,6 +804,56 @@ def test_a_stream_that_stops_while_others_send_is_named_until_its_records_come_a
     assert [r.loss for r in results] == expected and all(streams == () for _, streams, _ in samples)
 
 
+class WrittenSource(MemorySource):
+    """A MemorySource whose records are written over time, `pace_s` apart (after the first `at_once`): a fetch
+    returns those written by then, waiting up to 0.2 s for one, and the lag counts only written records not
+    yet read (as Kafka's)."""
+
+    def __init__(self, records, *, at_once, pace_s, chunk=4):
+        super().__init__(records, chunk=chunk)
+        self.at_once, self.pace_s, self.started = at_once, pace_s, time.monotonic()
+
+    def _written(self):
+        return min(len(self.records), self.at_once + int((time.monotonic() - self.started) / self.pace_s))
+
+    async def fetch(self, max_records=None):
+        waited = time.monotonic()
+        while self._written() <= self.position and time.monotonic() - waited < 0.2:
+            await asyncio.sleep(0.005)
+        cap = self._written() - self.position
+        if cap > 0:
+            async for fetched in super().fetch(cap if max_records is None else min(cap, max_records)):
+                yield fetched
+
+    async def lag(self, taken=None, read=None):
+        return {0: self._written() - max((taken or {}).get(("t", 0), self.position), (read or {}).get(("t", 0), 0))}
+
+
+def test_records_that_make_no_batch_are_a_wait_for_records_not_learning():
+    """Stream 1 is late while stream 0's records keep coming, too few to hold ahead_windows windows: no
+    stream is named, yet once no batch was cut for hold_quiet_s with nothing unread, the loop says it
+    waits for records since its last batch (it showed as consuming, and the console counted it as
+    compute), until stream 1's records let a batch be cut; the losses are the in-memory run's."""
+    text = "hello world, how are you " * 40
+
+    def record(stream, k):
+        return Record(str(stream), text[10 * k: 10 * k + 10])
+    records = [record(s, k) for k in range(6) for s in (0, 1)]  # 5 batches of both, written at once
+    records += [record(0, k) for k in range(6, 26)] + [record(1, k) for k in range(6, 26)]  # a record every 50 ms
+    expected = [r.loss for r in run(naive(), batches_from_records(records, 2, 10))]
+    loop = PrequentialLoop(naive(), Batcher(2, 10), WrittenSource(records, at_once=12, pace_s=0.05),
+                           max_batches=len(expected), hold_quiet_s=0.3, ahead_windows=100, lag_every_s=0.05)
+    started = time.time()
+    results, samples = watched(loop)
+    assert [r.loss for r in results] == expected
+    assert all(streams == () for _, streams, _ in samples)
+    waits = [(at, since) for at, _, since in samples if since is not None]
+    assert waits and all(at - since >= 0.3 for at, since in waits), waits  # said once quiet, since the batch
+    assert {since for _, since in waits} == {waits[0][1]} and started < waits[0][1] < started + 0.3
+    assert waits[-1][0] - waits[0][0] > 0.3  # (while stream 0's 20 records came: 1 s)
+    assert samples[-1][2] is None  # stream 1's records came: a batch was cut
+
+
 class PeakBatcher(Batcher):
     """A Batcher that notes the most bytes a stream held."""
     peak = 0

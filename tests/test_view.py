@@ -198,6 +198,24 @@ def test_streams_waited_for_count_as_waiting_from_the_last_batch_and_are_shown_o
     assert (split.compute_s, split.idle_s) == (3.0, 8.0)  # (moving all since the last batch: 0.0 and 11.0)
 
 
+def test_a_wait_the_loop_says_late_counts_from_its_start_and_one_said_at_once_moves_nothing():
+    """Records that make no batch (a slow stream's, before any other is far ahead): the loop says it waits
+    once no batch was cut for a while, since the last batch; that time was waiting, not compute. A wait
+    said as it begins (caught up: a fetch with nothing) leaves the time before it as compute."""
+    clock = ActivityClock()
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=0.0)
+    clock.learned(100, now=1.0)
+    clock.read(_reading(waiting_reported=True), now=3.0)  # records come, no batch: consuming, so far
+    clock.read(_reading(waiting_reported=True, waiting_since=time.time() - 6), now=7.0)
+    assert clock.activity == "waiting"
+    assert (clock.split(now=7.0).compute_s, clock.split(now=7.0).idle_s) == (1.0, 6.0)
+    clock.learned(100, now=8.0)
+    clock.read(_reading(waiting_reported=True, lag={0: 9}), now=9.0)
+    clock.read(_reading(waiting_reported=True, waiting_since=time.time()), now=10.0)  # caught up, said at once
+    split = clock.split(now=10.0)
+    assert clock.activity == "waiting" and round(split.compute_s, 2) == 3.0 and round(split.idle_s, 2) == 7.0
+
+
 def test_a_missing_topic_is_waited_for_and_counts_as_waiting_for_it():
     clock = ActivityClock()
     clock.read(LoopReading(topic_missing_since=AT), now=0.0)
