@@ -189,11 +189,11 @@ def _panels() -> list[dict]:
                            "results are not yet taken in (the step in flight included); streams the next batch "
                            "waits for while the others send (a stream that stopped: the learning stops)."),
         _panel("timeseries", "Dead letters by reason",
-               [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) or on (run, strategy) "
+               [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) > 0 or on (run, strategy) "
                  f"label_replace(0 * sum by (run, strategy) ({_m('batches_learned_total')}), \"reason\", \"none\", \"run\", \".*\")",
                  "{{reason}} " + per_run)],
-               unit=RECORDS, description="Records sent to the dead-letter topic, by reason; a run without "
-               "dead letters (the counter has no series until the first) draws one line at 0, reason 'none'."),
+               unit=RECORDS, description="Records sent to the dead-letter topic, by reason (a reason's line "
+               "from its first); a run without dead letters draws one line at 0, reason 'none'."),
         _panel("timeseries", "Records read again", [(_m("records_read_again_total"), per_run)],
                unit=RECORDS, width=24, height=6,
                description="Records the consumer read more than once (each read after the first), the run's "

@@ -31,14 +31,14 @@ class LiveMonitor:
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
                  total_batches: int | None = None, metrics=None, spark_width: int = 60,
                  detector: str = "page-hinkley", detection_tolerance: int = 10, recent_window_s: float = 5.0,
-                 compute_window_s: float = 60.0):
+                 compute_window_s: float = 60.0, dead_letter_reasons=()):
         self.run, self.strategy = run, strategy
         self.metrics = metrics
         self.run_tracker = RunTracker(
             run=run, strategy=strategy, classes=classes, k=k, from_fragment=from_fragment,
             total_batches=total_batches, spark_width=spark_width, detector=detector,
             detection_tolerance=detection_tolerance)
-        self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy)
+        self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy, dead_letter_reasons)
         for name in classes if metrics is not None else ():
             # the manifest's classes: their loss and token counters exist, at 0, before their first batch;
             # else the first scrape of a class holds its first batches already, and increase() over a window
@@ -159,10 +159,11 @@ class LiveMonitor:
                 "tracker": self.run_tracker.state_dict(),
                 "prometheus": None if self.sink is None else self.sink.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`: the live numbers then equal an uninterrupted monitor's."""
+    def load_state_dict(self, state: dict, counters: bool = True) -> None:
+        """Continue from :meth:`state_dict`: the live numbers then equal an uninterrupted monitor's (the
+        Prometheus counters too unless `counters=False`: see PrometheusSink.load_state_dict)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"monitor state version {state.get('version')!r}, expected {STATE_VERSION}")
         self.run_tracker.load_state_dict(state["tracker"])
         if self.sink is not None and state["prometheus"] is not None:
-            self.sink.load_state_dict(state["prometheus"])
+            self.sink.load_state_dict(state["prometheus"], counters=counters)

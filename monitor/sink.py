@@ -3,8 +3,9 @@
 Gauges hold states (the latest loss of a class, the rolling perplexity, the last switch's
 spike); counters and histograms accumulate what happens between scrapes. `state_dict()`
 keeps the gauges' and counters' current values as plain values, so a resumed run shows the
-same states and its counters continue; histograms (timings, batch losses) start again, as
-after any restart of a Prometheus target.
+same states and, after a clean stop, its counters continue (after a crash they start at 0, see
+`load_state_dict`); histograms (timings, batch losses) start again, as after any restart of a
+Prometheus target.
 
 Class labels come from `Observation.class_label` (a fixed set: the manifest's classes or
 "other"). A non-finite loss reaches only the `batch_loss` gauge (StreamerLossNotFinite
@@ -29,14 +30,20 @@ _READINGS = {"checkpoint_age_seconds", "consumer_lag_records", "queue_depth", "s
 class PrometheusSink:
     """Writes one run's (run, strategy) series; every label value comes from the tracker."""
 
-    def __init__(self, metrics: Metrics, run: str, strategy: str):
+    def __init__(self, metrics: Metrics, run: str, strategy: str, dead_letter_reasons=()):
         self.metrics = metrics
         self.labels = (run, strategy)
         self._spikes: dict[str, float] = {}  # kind -> worst loss so far of the latest switch's first k batches
         self._switches: dict[str, int] = {}  # kind -> switches so far: the next one's slot is this modulo SWITCH_SLOTS
         self._children: dict = {}  # (metric, extra label values) -> its series: each batch writes ~20
-        metrics.skipped_updates_total.labels(run, strategy)  # exported at 0 from the start: increase() sees the first
-        metrics.records_read_again_total.labels(run, strategy)
+        # exported at 0 from the start: increase() and rate() see the first (a series whose first sample is
+        # already above 0 counts nothing before its second), and StreamerLearnerStalled sees a learner stuck
+        # on its first batch
+        for metric in (metrics.batches_learned_total, metrics.tokens_total, metrics.skipped_updates_total,
+                       metrics.records_read_again_total):
+            metric.labels(run, strategy)
+        for reason in dead_letter_reasons:
+            metrics.dead_letter_total.labels(run, strategy, reason)
         self._read_again = 0  # the loop's total of records read again, as published
 
     def _child(self, metric, *extra):
@@ -187,8 +194,12 @@ class PrometheusSink:
         """The current value of this run's gauges and counters (plain values)."""
         return {"series": [[name, kind, extra, value] for name, kind, extra, value in self._series()]}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Set the gauges; raise the counters to their saved totals (a counter never goes down)."""
+    def load_state_dict(self, state: dict, counters: bool = True) -> None:
+        """Set the gauges; raise the counters to their saved totals (a counter never goes down), or, with
+        `counters=False`, leave them at 0 as any restarted target's: after a crash the checkpoint's totals
+        are below what Prometheus last scraped, and a counter that comes back lower, not at 0, has its
+        whole value counted again by increase() and rate() (a reset: every window over the restart, the
+        spike alert's among them, counted the run's batches, tokens and losses twice)."""
         current = {(name, tuple(extra)): value for name, kind, extra, value in self._series() if kind == "counter"}
         latest: dict[str, tuple[float, int]] = {}  # kind -> (time, slot) of its latest switch
         for name, kind, extra, value in state["series"]:
@@ -201,8 +212,8 @@ class PrometheusSink:
                     self._spikes[extra[0]] = value
                 if name == "switch_timestamp_seconds":
                     latest[extra[0]] = max(latest.get(extra[0], (-math.inf, 0)), (value, int(extra[1])))
-            elif value > current.get((name, tuple(extra)), 0.0):
+            elif counters and value > current.get((name, tuple(extra)), 0.0):
                 child.inc(value - current.get((name, tuple(extra)), 0.0))
-            if name == "records_read_again_total":
+            if name == "records_read_again_total":  # the loop's total restored: what comes after it is counted
                 self._read_again = max(self._read_again, int(value))
         self._switches.update({kind: slot + 1 for kind, (_, slot) in latest.items()})

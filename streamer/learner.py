@@ -38,13 +38,14 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from monitor.console import STATUS_FILE, LoopReading, write_status
+from monitor.console import STATUS_FILE, LoopReading, read_status, write_status
 from monitor.exporter import create_metrics, serve
 from monitor.files import replace_text
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
 from monitor.view import LiveView, learning_on_line, waiting_for_line
 from producers.kafka import ensure_topic
+from producers.wire import REASONS
 from streamer import checkpoint, distributed
 from streamer.checkpoint import Checkpointer
 from streamer.config import LearnConfig, RunSummary
@@ -128,7 +129,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
                               from_fragment=config.from_fragment, total_batches=shown_total,
                               metrics=create_metrics() if config.metrics_port is not None and leader else None,
-                              detector=config.detector)
+                              detector=config.detector, dead_letter_reasons=REASONS)
     else:
         monitor.total_batches = shown_total
     if view is None:
@@ -166,7 +167,11 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
             checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
         if resume is not None:  # in a passing thread: the parameters' copies leave no OpenMP team behind
-            in_passing(restore, resume, loop, monitor, ranks)
+            counters = _counters_continue(config.run_dir, resume)
+            if monitor.metrics is not None and not counters:
+                log(f"metrics: the counters start at 0 (the run's last learner did not stop at its checkpoint's "
+                    f"batch {resume.get('step')}: Prometheus may have scraped more); the gauges continue")
+            in_passing(restore, resume, loop, monitor, ranks, counters)
             if leader and checkpointer.path.exists():  # the console shows its age until the next one
                 monitor.checkpointed(checkpointer.path.stat().st_mtime)
         before = (loop.step, loop.tokens)  # the checkpoint's: the summary's rate counts this start's own
@@ -241,7 +246,17 @@ def _spins_gauge(metrics, labels: tuple[str, str]) -> None:
         metrics.openmp_short_spins.labels(*labels).set_function(lambda: 1 if watching.shared else 0)
 
 
-def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None) -> None:
+def _counters_continue(run_dir: Path, state: dict) -> bool:
+    """Whether the Prometheus counters go on from the checkpoint's totals: only when the run's last
+    learner stopped at that checkpoint (its status.json's last word: stopped, at its batch), so that no
+    scrape saw more. After a crash (kill -9, out of memory) the checkpoint's totals are older than the
+    last scrape, and counters that came back lower than they were, not at 0, counted twice in every
+    increase() over the restart: they start at 0 then (see PrometheusSink.load_state_dict)."""
+    status = read_status(run_dir / STATUS_FILE)
+    return status is not None and status.activity == "stopped" and status.batches == state.get("step")
+
+
+def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None, counters: bool = True) -> None:
     """Continue a checkpoint's run: the strategy (model, optimizer, memories, detectors), the loop's
     step and carry-over (its offsets are where the partitions are read from), the tracker, and last
     the random generators (nothing draws from them between here and the first step). The strategy's
@@ -256,7 +271,7 @@ def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None
         raise checkpoint.CheckpointError(f"cannot resume from the checkpoint: {reason}{hint}") from None
     loop.load_state_dict(own["loop"])
     if state.get("tracker") is not None:
-        monitor.load_state_dict(state["tracker"])
+        monitor.load_state_dict(state["tracker"], counters=counters)
     checkpoint.set_rng_state(own["rng"])
 
 

@@ -170,3 +170,36 @@ def test_a_series_this_version_no_longer_exports_is_left_out_on_resume():
     resumed = monitor("none")
     resumed.load_state_dict(state)
     assert exported(resumed) == exported(live)
+
+
+def _value(live: LiveMonitor, sample: str) -> float:
+    """A sample's value in the exposition, by its name and labels as written there."""
+    return next(float(line.rsplit(" ", 1)[1]) for line in exported(live) if line.startswith(sample + " "))
+
+
+def test_counters_exist_at_0_from_the_start_and_a_resume_after_a_crash_starts_them_at_0():
+    """From the start every counter the alerts and rules read exists at 0 (increase() counts the first
+    batch, dead letter; StreamerLearnerStalled sees a learner stuck on its first batch). A resume after
+    a crash (counters=False) sets the gauges and leaves the counters at 0: the checkpoint's totals are
+    below what Prometheus last scraped, and a counter that comes back lower but not at 0 has its whole
+    value counted again by increase(). After a clean stop (the default) they continue."""
+    fresh = LiveMonitor(run="r", strategy="naive", metrics=create_metrics(), dead_letter_reasons=("bad_utf8", "nul"))
+    for sample in ('streamer_batches_learned_total{run="r",strategy="naive"}',
+                   'streamer_tokens_total{run="r",strategy="naive"}',
+                   'streamer_dead_letter_total{reason="bad_utf8",run="r",strategy="naive"}',
+                   'streamer_dead_letter_total{reason="nul",run="r",strategy="naive"}'):
+        assert _value(fresh, sample) == 0.0, sample
+    live = monitor("none")
+    feed(live, stream(60))
+    state = json.loads(json.dumps(live.state_dict()))
+    crashed, stopped = monitor("none"), monitor("none")
+    crashed.load_state_dict(state, counters=False)
+    stopped.load_state_dict(state)
+    batches = 'streamer_batches_learned_total{run="r",strategy="naive"}'
+    assert (_value(live, batches), _value(stopped, batches), _value(crashed, batches)) == (60.0, 60.0, 0.0)
+    assert _value(crashed, 'streamer_dead_letter_total{reason="extra_stream",run="r",strategy="naive"}') == 0.0
+    gauges = [line for line in exported(live) if "_total" not in line]
+    assert [line for line in exported(crashed) if "_total" not in line] == gauges
+    assert exported(stopped) == exported(live)
+    feed(crashed, stream(80)[60:])
+    assert _value(crashed, batches) == 20.0  # what this process learned

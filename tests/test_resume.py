@@ -94,7 +94,8 @@ def test_sigkill_and_restart_give_the_losses_of_an_uninterrupted_run(strategy, b
     expected = [json.loads(line) for line in read_lines(whole_dir / "losses.jsonl")]
     assert len(expected) == total
 
-    command = learn_command(broker, manifest, strategy)  # the default group and run directory
+    # the default group and run directory; metrics on (an ephemeral port): counters after a crash start at 0
+    command = learn_command(broker, manifest, strategy, "--metrics-port", "0")
     run_dir = root / "runs" / f"{TOPIC}-streamer-{TOPIC}-{strategy}"
     kills = KILLS.get(strategy, 1)
     before_kills, step = [], 0
@@ -109,6 +110,11 @@ def test_sigkill_and_restart_give_the_losses_of_an_uninterrupted_run(strategy, b
     last = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
     assert last.returncode == 0, last.stderr[-3000:]
     assert f"resuming from the checkpoint at batch {step}" in last.stdout
+    assert ("the counters start at 0 (the run's last learner did not stop at its checkpoint's batch "
+            f"{step}") in last.stdout
+    again = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"resuming from the checkpoint at batch {total}" in again.stdout, again.stderr
+    assert "counters start at 0" not in again.stdout  # after a clean stop the counters continue
 
     got = [json.loads(line) for line in read_lines(run_dir / "losses.jsonl")]
     assert [line["batch"] for line in got] == list(range(total))  # each batch once, in order
