@@ -82,6 +82,47 @@ def test_replay_makes_one_update_per_r_interval_rows_learned():
     assert int(adam_steps) == batches + 17
 
 
+class CountingTrainer:
+    """An OnlineTrainer's step_on that notes the rows of each replay loss it is given."""
+
+    skipped = False
+
+    def __init__(self):
+        self.rows = []
+
+    def step_on(self, rows):
+        self.rows.append(rows)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_under_ranks_replays_fall_at_one_process_steps_on_n_replay_rows_in_all(world, monkeypatch):
+    """r_interval, n_replay and memory_size are the learner's: each of N ranks, learning b/N rows a
+    batch, replays when one process of b rows would, on its share of n_replay rows, and keeps its share
+    of memory_size (before: N times fewer replays, on N x n_replay rows, from N x memory_size)."""
+    from streamer import distributed
+    from streamer.strategies.replay import SparseReplay
+
+    b, batches, r_interval, n_replay, memory_size = 6, 30, 14, 5, 31
+    due = {}  # rank -> the steps at which it replayed
+    sampled, kept = [], []
+    for rank in range(world):
+        ranks = distributed.Ranks(rank=rank, world=world, device=torch.device("cpu")) if world > 1 else None
+        monkeypatch.setattr(distributed, "_current", ranks)
+        replay, trainer = SparseReplay(0.5, r_interval, n_replay, memory_size, seed=3), CountingTrainer()
+        due[rank] = []
+        for t in range(batches):
+            batch = windows("hello world, how are you ", rows=b // world, start=t * 60 + rank * 10)
+            replay.write(batch)
+            before = len(trainer.rows)
+            replay.after_learn(batch, trainer, lambda inputs, targets: inputs.shape[0])
+            due[rank] += [t] * (len(trainer.rows) - before)
+        sampled.append(set(trainer.rows))
+        kept.append(replay.memory.capacity)
+    one_process = [t for t in range(batches) for _ in range((t + 1) * b // r_interval - t * b // r_interval)]
+    assert all(steps == one_process for steps in due.values())  # 12 replays, at one process's steps
+    assert sum(rows for (rows,) in sampled) == n_replay and sum(kept) == memory_size
+
+
 def test_replay_writes_each_row_with_probability_p_write():
     p_write, b, batches, seed = 0.1, 8, 250, 4
     strategy = replay(p_write=p_write, r_interval=10**9, memory_size=10_000, seed=seed)

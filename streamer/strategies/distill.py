@@ -65,7 +65,8 @@ class _Distilling(HyperparameterRepr):
 
     Ranks (streamer.distributed): memory, boundary detector and teacher snapshot are kept per rank
     (each rank snapshots at the boundaries it finds on its own loss); updates are averaged over the
-    ranks, so the student is one model.
+    ranks, so the student is one model. The replay schedule and sizes are the learner's, split over the
+    ranks (`SparseReplay`).
 
     The teacher is a frozen copy of the model taken at each boundary the strategy finds on its own
     training loss (`boundary`: page-hinkley | adwin | kswin | every:N | none, as for EWC), after

@@ -23,7 +23,8 @@ class MbPA(HyperparameterRepr):
 
     Ranks (streamer.distributed): the episodic memory and its keys are kept per rank (its own rows);
     learning updates are averaged over the ranks (one model); each rank adapts locally from its own
-    memory when it predicts, and the recorded loss is the ranks' mean.
+    memory when it predicts, and the recorded loss is the ranks' mean. The replay schedule and sizes are
+    the learner's, split over the ranks (`SparseReplay`: memory_size/N rows a rank).
 
     Learning is Replay's (a `SparseReplay` component: reservoir memory, p_write, r_interval, n_replay, seeds). Each written row
     is stored with a key: the mean over its window of the top-layer features of a key network, a

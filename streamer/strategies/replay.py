@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from streamer import distributed
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.memory import HerdingMemory, ReservoirMemory, window_features, write_sparsely
@@ -26,6 +27,15 @@ class SparseReplay(HyperparameterRepr):
     learned rows (b per batch) crosses a multiple of r_interval, one extra update is made on
     n_replay rows sampled from memory; a replay due while the memory is empty is skipped. Seeds:
     the write draws use `seed`, the replay samples `seed + 1`, the memory's own draws `seed + 2`.
+
+    Ranks (streamer.distributed): the hyperparameters are the learner's, not a rank's. Each of N
+    ranks counts the global batch's rows (its own b/N times N), so the replays fall at one process's
+    steps; it samples its share of n_replay rows (n_replay/N, at least 1) and its gradient is averaged
+    with the others', so an update is made on n_replay rows in all; and it keeps memory_size/N rows of
+    its own streams (each row held with one process's probability). Its generators are seeded alike
+    on every rank: their write draws match, so every rank's memory fills (and a replay is due or
+    skipped) at the same steps, and the gradient averages meet. (Before, N ranks replayed N times
+    less often, on N x n_replay rows, from N x memory_size.)
     """
 
     def __init__(self, p_write: float, r_interval: int, n_replay: int, memory_size: int,
@@ -38,8 +48,11 @@ class SparseReplay(HyperparameterRepr):
         self.memory_size = memory_size
         self.selection = selection
         self.seed = seed
+        ranks = distributed.current()
+        self._world, rank = (ranks.world, ranks.rank) if ranks is not None else (1, 0)
+        self._n_sampled = max(1, _share(n_replay, self._world, rank))  # this rank's share of a replay's rows
         memory = HerdingMemory if selection == "herding" else ReservoirMemory
-        self.memory = memory(memory_size, seed=seed + 2)
+        self.memory = memory(max(1, _share(memory_size, self._world, rank)), seed=seed + 2)
         self.write_generator = torch.Generator().manual_seed(seed)
         self.sample_generator = torch.Generator().manual_seed(seed + 1)
         self.rows_learned = 0
@@ -54,11 +67,11 @@ class SparseReplay(HyperparameterRepr):
         True when one of them was skipped (not finite: OnlineTrainer.clip_and_step)."""
         skipped = False
         before = self.rows_learned
-        self.rows_learned += batch.inputs.shape[0]
+        self.rows_learned += batch.inputs.shape[0] * self._world  # ranks: the global batch's rows
         due = self.rows_learned // self.r_interval - before // self.r_interval
         for _ in range(due):
             if len(self.memory):
-                inputs, targets = self.memory.sample(self.n_replay, self.sample_generator)
+                inputs, targets = self.memory.sample(self._n_sampled, self.sample_generator)
                 trainer.step_on(replay_loss(inputs, targets))
                 skipped |= trainer.skipped
                 self.replays += not trainer.skipped
@@ -81,6 +94,11 @@ class SparseReplay(HyperparameterRepr):
         self.replays = state["replays"]
 
 
+def _share(total: int, world: int, rank: int) -> int:
+    """Rank `rank`'s part of `total` split over `world` ranks as evenly as whole numbers go."""
+    return total // world + (rank < total % world)
+
+
 def close_segment(memory: ReservoirMemory | HerdingMemory, model: nn.Module) -> None:
     """Herding closes the segment on the current model's features of its candidates (reservoir: nothing)."""
     if isinstance(memory, HerdingMemory):
@@ -94,7 +112,8 @@ class Replay(HyperparameterRepr):
 
     Ranks (streamer.distributed): the model and optimizer are one (every update's gradient is averaged
     over the ranks); the memory and its generators are kept per rank, filled from the rank's own rows
-    (the same seeds: the ranks make their replay updates at the same steps, each from its own memory).
+    (the same seeds: the ranks make their replay updates at the same steps, each from its own memory);
+    r_interval, n_replay and memory_size are the learner's, split over the ranks (`SparseReplay`).
 
     Replay updates start the sampled rows from a zero hidden state (they are separate
     windows); the carried state of the b streams is untouched.
