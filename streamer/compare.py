@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import secrets
 import sys
 import threading
 import time
@@ -47,6 +48,11 @@ def _print(message: str) -> None:
 
 class CompareError(ValueError):
     """A comparison that cannot run as asked (an unknown strategy, one that cannot run on the model)."""
+
+
+class RunSkipped(Exception):
+    """A run that ended without a report, for a reason of the comparison's own (the i.i.d. reference
+    stopped by --minutes): noted in the table, and the other runs go on."""
 
 
 @dataclass(frozen=True)
@@ -244,12 +250,17 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
         stop, learned = threading.Event(), 0  # a Ctrl-C here stops the run at its next step
+        ends = time.monotonic() + run.minutes * 60 if run.minutes else None
 
         def step() -> None:  # after each batch learned
             nonlocal learned
             learned += 1
             if stop.is_set():
                 raise KeyboardInterrupt
+            if ends is not None and time.monotonic() >= ends:
+                of_all = f" of its {progress.total:,}" if progress.total else ""
+                raise RunSkipped(f"--minutes {run.minutes:g} ended it after {learned:,}{of_all} batches, "
+                                 "shuffled: the i.i.d. reference reports only a whole stream")
             progress()
 
         try:  # in a passing thread: no OpenMP team stays in this one
@@ -270,9 +281,14 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
             raise
         if _is_oracle(item.name):
             _count_oracle_models(run_dir)
-    if not config.keep_checkpoints:
+    try:
+        report = write_report(run_dir, k=run.k, from_fragment=config.span)
+    except KeyboardInterrupt:  # learned whole: the checkpoint stays, and the report can be written later
+        print(f"streamer: interrupted while writing the report of {run_dir}, learned whole: "
+              f"`streamer report {run_dir}` writes it", file=sys.stderr)
+        raise
+    if not config.keep_checkpoints:  # (only once the report is written)
         (run_dir / "checkpoint.pt").unlink(missing_ok=True)
-    report = write_report(run_dir, k=run.k, from_fragment=config.span)
     metrics = report["metrics"]
     progress.done(f"{summary.batches} batches in {summary.seconds:.1f}s ({summary.stop_reason}); "
                   f"ppl {_metric(metrics['ppl'])} ppl@sw {_metric(metrics['ppl@sw'])} rec {_metric(metrics['rec'])}")
@@ -329,12 +345,21 @@ def _failed(name: str, seed: int, reason: str, skipped: dict[str, str], log: Log
     log(f"{name} seed {seed}: failed: {reason}")
 
 
+def _skipped(name: str, seed: int, reason: str, skipped: dict[str, str], log: Log) -> None:
+    """A run that ended without a report (RunSkipped): noted, and the others go on."""
+    skipped[f"{name} (seed {seed})"] = reason
+    log(f"{name} seed {seed}: no report: {reason}")
+
+
 def _job(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, list], topic: str):
-    """One run in its own process (streamer.jobs): (run directory, None, False) or (None, error line, fatal)."""
+    """One run in its own process (streamer.jobs): (run directory, None, None) or (None, error line,
+    "fatal" | "failed" | "skipped")."""
     try:
-        return str(_run_one(config, item, seed, stream, topic, _print, live=False)), None, False
+        return str(_run_one(config, item, seed, stream, topic, _print, live=False)), None, None
+    except RunSkipped as exc:
+        return None, str(exc), "skipped"
     except Exception as exc:  # noqa: BLE001  (the parent decides: one line, never a traceback)
-        return None, one_line(exc, 200), isinstance(exc, _fatal_errors())
+        return None, one_line(exc, 200), "fatal" if isinstance(exc, _fatal_errors()) else "failed"
 
 
 def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], streams: dict, topic_prefix: str,
@@ -354,10 +379,12 @@ def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], stream
 
     def outcome(index: int, result) -> None:
         item, seed = runs[index]
-        path, error, fatal = result.value if result.error is None else (None, result.error, False)  # it died
+        path, error, kind = result.value if result.error is None else (None, result.error, "failed")  # it died
         if error is None:
             finished[index] = Path(path)
-        elif fatal or not config.chosen_by_all:
+        elif kind == "skipped":
+            _skipped(item.name, seed, error, skipped, log)
+        elif kind == "fatal" or not config.chosen_by_all:
             raise CompareError(f"{item.name} seed {seed}: {error}")
         else:
             _failed(item.name, seed, error, skipped, log)
@@ -369,17 +396,29 @@ def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], stream
 
 
 def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
-    """Every planned strategy on every seed's stream, then the tables; the run directories."""
-    from streamer.broker import EmbeddedBroker
+    """Every planned strategy on every seed's stream, then the tables; the run directories. The
+    output directory is held (its .lock) for the comparison's life."""
+
+    from streamer.resume import RunDirBusy, RunDirLock
 
     started = time.monotonic()
+    try:  # two comparisons writing one --out wrote one loss log at once (a traceback: 'not JSON')
+        with RunDirLock(config.out, holder="a running comparison", other="another --out"):
+            return _compare(config, started, log)
+    except RunDirBusy as exc:
+        raise CompareError(str(exc)) from None
+
+
+def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
+    from streamer.broker import EmbeddedBroker
+
     streams = _streams(config, log)
     planned, skipped = plan(config, streams[config.seeds[0]][0], log)
     (config.out / "plan.json").write_text(json.dumps({
         "strategies": [{"name": p.name, "options": dict(p.options), "hidden": p.hidden} for p in planned],
         "skipped": skipped, "seeds": list(config.seeds), "params": config.params,
         "flags": dict(config.flags)}, indent=2, default=str))
-    stamp = int(time.time())
+    stamp = f"{int(time.time())}-{secrets.token_hex(3)}"  # two comparisons started in one second: two topics
     run_dirs: list[Path] = []
     fatal = _fatal_errors()
 
@@ -397,6 +436,8 @@ def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
             for item in planned:
                 try:
                     run_dirs.append(_run_one(config, item, seed, streams[seed], topic, log))
+                except RunSkipped as exc:
+                    _skipped(item.name, seed, str(exc), skipped, log)
                 except Exception as exc:  # noqa: BLE001  (with `all`, one strategy's failure ends only its runs)
                     if not config.chosen_by_all or isinstance(exc, fatal):
                         raise

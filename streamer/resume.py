@@ -30,10 +30,12 @@ class RunDirBusy(RuntimeError):
 
 
 class RunDirLock:
-    """An exclusive flock on `<run_dir>/.lock` for the life of a learner (with-block)."""
+    """An exclusive flock on `<run_dir>/.lock` for the life of a learner (with-block); `holder` and
+    `other` name who holds it and what to give instead, in the line a second one gets."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, holder: str = "a running learner", other: str = "another --run-dir"):
         self.path = Path(run_dir) / ".lock"
+        self.holder, self.other = holder, other
         self._handle = None
 
     def __enter__(self) -> RunDirLock:
@@ -45,8 +47,8 @@ class RunDirLock:
             handle.seek(0)
             owner = handle.read().strip() or "?"
             handle.close()
-            raise RunDirBusy(f"{self.path.parent} is in use by a running learner (pid {owner}); "
-                             "stop it first or give another --run-dir") from None
+            raise RunDirBusy(f"{self.path.parent} is in use by {self.holder} (pid {owner}); "
+                             f"stop it first or give {self.other}") from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))

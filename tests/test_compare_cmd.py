@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -481,3 +482,50 @@ def test_an_interrupted_multitask_run_says_what_it_had_learned_and_exits_cleanly
     assert 0 < learned < total and "writes its report only once it has learned them all" in line
     assert "terminate called" not in err and "Traceback" not in err, err
     assert not (out / "multitask-seed0" / "losses.jsonl").exists()
+
+
+def test_minutes_bound_the_iid_reference_too_and_its_run_is_noted_not_reported(broker, tmp_path, capfd):
+    """--minutes ends every run: the shuffled i.i.d. reference, whose losses are whole only at the end,
+    stops at it with a line and a note under the table, and the comparison goes on (before, it learned
+    its whole stream whatever --minutes said). The stream's topic is this comparison's own."""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    assert run_compare_command(parse_flags([
+        "compare", "--corpus", str(corpus), "--strategies", "naive,multitask", "--bootstrap-servers",
+        broker.bootstrap_servers, "--out", str(out), "--jobs", "1", "--minutes", "0.0005", *TINY])) == 0
+    printed = capfd.readouterr().out
+    assert re.search(r"records in topic compare-\d+-[0-9a-f]{6}-seed0", printed), printed
+    (note,) = [line for line in (out / "table1.md").read_text().splitlines() if "multitask" in line]
+    assert re.match(r"- skipped multitask \(seed 0\): --minutes 0.0005 ended it after \d+ of its \d+ batches", note)
+    assert "the i.i.d. reference reports only a whole stream" in note
+    assert not (out / "multitask-seed0" / "losses.jsonl").exists() and (out / "naive-seed0" / "results.json").exists()
+
+
+def test_an_out_in_use_is_one_line_and_an_interrupted_final_report_keeps_the_checkpoint(
+        broker, tmp_path, monkeypatch, capfd):
+    """Two comparisons writing one --out wrote one loss log at once: the second is refused in one line.
+    A run learned whole whose report a Ctrl-C or SIGTERM interrupts keeps its checkpoint, and a line says
+    how to write the report (before, the checkpoint was deleted first and the run was lost)."""
+    from streamer.resume import RunDirLock
+
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    common = ["--corpus", str(corpus), "--strategies", "naive", "--bootstrap-servers", broker.bootstrap_servers,
+              "--out", str(out), *TINY]
+    with RunDirLock(out):
+        busy = subprocess.run([sys.executable, "-m", "streamer", "compare", *common], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+    assert busy.returncode == 2 and f"{out} is in use by a running comparison (pid {os.getpid()})" in busy.stderr
+    assert "another --out" in busy.stderr and "Traceback" not in busy.stderr and not (out / "naive-seed0").exists()
+
+    import monitor.report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(monitor.report, "write_report", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare_command(parse_flags(["compare", *common]))
+    run_dir = out / "naive-seed0"
+    said = f"interrupted while writing the report of {run_dir}, learned whole: `streamer report {run_dir}` writes it"
+    assert said in capfd.readouterr().err
+    assert (run_dir / "checkpoint.pt").exists() and (run_dir / "losses.jsonl").stat().st_size
