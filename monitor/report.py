@@ -45,9 +45,12 @@ def _log_of(path: Path) -> Path:
 
 
 def read_config(path: str | os.PathLike) -> dict:
-    """A run directory's ``config.json`` ({} when absent, or for a loss-log file)."""
-    config_path = Path(path) / CONFIG_NAME
-    if not Path(path).is_dir() or not config_path.exists():
+    """A run directory's ``config.json``, or for a loss-log file the one beside it ({} when absent):
+    without it a run's log reported on as a file was scored over the fragments it held, not its
+    stream's, and its results.json lost the run's configuration."""
+    path = Path(path)
+    config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
+    if not config_path.exists():
         return {}
     config = json.loads(config_path.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
@@ -208,9 +211,10 @@ def _classifier_metrics(path: Path, order: list[str], accuracy: dict | None) -> 
 def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
     """The forgetting family from the run's probes.jsonl, when the run scored a probe split."""
     probe_log = path / "probes.jsonl" if path.is_dir() else path.with_name("probes.jsonl")
-    if not probe_log.is_file():
+    rows = ([json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if probe_log.is_file() else [])
+    if not rows:  # (an empty log, a run with no probe evaluation, reported as if probed: a bogus row)
         return {"forgetting": None, "probe_matrix": None}
-    rows = [json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
     classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
     accuracy = any(row.get("unit") == "accuracy" for row in rows)  # classifier probes: higher is better
     # a classifier run's end-of-run probe closes the last class's first fragment (its stage, as in DMI)
@@ -273,8 +277,12 @@ def write_report(
     curve.save(out / PLOT_NAME, title=_title(report))
     if gates.n or gates.problem:  # mixtures log their expert weights (CALM Fig. 1d)
         gates.save(out / "gate_weights.png")
+    else:  # a figure of an earlier run into the same directory is not this one's
+        (out / "gate_weights.png").unlink(missing_ok=True)
     if report.get("probe_matrix"):
         matrix = report["probe_matrix"]
         plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",
                            title=f"{matrix['unit']} per class after each stage: {Path(report['run']).name}")
+    else:
+        (out / "probe_matrix.png").unlink(missing_ok=True)
     return report

@@ -228,3 +228,49 @@ def test_the_summary_line_says_each_cause_of_waiting_apart():
                          joining_seconds=3.0, idle_seconds=4.0)
     assert ("40.0s: 2.0s computing (100 tokens/s), 37.0s waiting (for the topic 30.0s, joining the group 3.0s, "
             "idle 4.0s), 1.0s starting and stopping; stopped: idle") in summary_line(summary)
+
+
+def test_a_runs_log_given_as_a_file_is_reported_with_its_runs_config(tmp_path):
+    """`streamer report RUN/losses.jsonl` is the run's report: its config.json (the stream's 10 fragments:
+    incomplete, span from 5) is read as for RUN (before, the file's 6 fragments were taken for the
+    stream, and results.json lost the run's config)."""
+    run = make_run(tmp_path, {"n_fragments": 10, "strategy": "naive"})
+    by_file, by_dir = write_report(run / "losses.jsonl", k=2), build_report(run, k=2)
+    assert by_file["span"] == by_dir["span"] and by_file["span"]["complete"] is False
+    assert json.loads((run / "results.json").read_text())["config"]["strategy"] == "naive"
+
+
+def test_report_errors_are_one_line_and_runs_of_one_name_get_a_folder_each(tmp_path):
+    """A directory without a loss log (a comparison's --out, a run that learned nothing) and an --out that
+    is a file are one line, not a traceback; two runs of the same name (A/naive-seed0, B/naive-seed0) get
+    two folders under the report (the second wrote over the first). An empty probes.jsonl is no probe
+    table (it showed a bogus forgetting row), and a figure of an earlier report there is removed."""
+    import subprocess
+    import sys
+
+    compare_out = tmp_path / "cmp"
+    for parent in ("a", "b"):
+        make_run(tmp_path / parent, {"n_fragments": 6}).rename(tmp_path / parent / "naive-seed0")
+    make_run(compare_out, {"n_fragments": 6}).rename(compare_out / "naive-seed0")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def report(*args):
+        return subprocess.run([sys.executable, "-m", "streamer", "report", *map(str, args)], capture_output=True,
+                              text=True, timeout=120)
+    for args, said in (([compare_out], f"{compare_out} has no losses.jsonl, but 1 of its folders do: give those "
+                                        f"(e.g. {compare_out / 'naive-seed0'})"),
+                       ([empty], "has no losses.jsonl (not a run directory, or its learner has learned"),
+                       ([compare_out / "naive-seed0", "--out", compare_out / "naive-seed0" / "losses.jsonl"],
+                        "is a file; give a directory")):
+        done = report(*args)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    done = report(tmp_path / "a" / "naive-seed0", tmp_path / "b" / "naive-seed0", "--out", tmp_path / "both")
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (tmp_path / "both").iterdir() if p.is_dir()} == {"naive-seed0", "naive-seed0-2"}
+
+    run = compare_out / "naive-seed0"
+    (run / "probes.jsonl").write_text("")
+    (run / "probe_matrix.png").write_bytes(b"an earlier run's")
+    report_ = write_report(run)
+    assert report_["forgetting"] is None and not (run / "probe_matrix.png").exists()

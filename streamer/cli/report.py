@@ -94,6 +94,14 @@ def run(args) -> int:
     for path in args.paths:
         if not path.exists():
             raise UserError(f"{path} does not exist (give a run directory or a losses.jsonl file)")
+        if path.is_dir() and not (path / "losses.jsonl").is_file():
+            runs = sorted(log.parent.name for log in path.glob("*/losses.jsonl"))
+            if runs:  # a comparison's --out: its runs are its folders
+                raise UserError(f"{path} has no losses.jsonl, but {len(runs)} of its folders do: give those "
+                                f"(e.g. {path / runs[0]})")
+            raise UserError(f"{path} has no losses.jsonl (not a run directory, or its learner has learned no batch)")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} is a file; give a directory")
     if len(args.paths) > 1:
         return _several(args)
     from monitor.report import json_safe, write_report  # river and scipy: after the paths are checked
@@ -125,6 +133,20 @@ def _common_parent(paths: list[Path]) -> Path:
     return common
 
 
+def _run_names(paths: list[Path]) -> list[str]:
+    """Each run's folder name under the report: its directory's name, with -2, -3, ... for a name taken
+    (A/naive-seed0 and B/naive-seed0 wrote one folder, the second report over the first)."""
+    names: list[str] = []
+    for path in paths:
+        base = (path if path.is_dir() else path.parent).resolve().name
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return names
+
+
 def _several(args) -> int:
     """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
     from monitor.compare import load_runs, write_comparison
@@ -132,8 +154,8 @@ def _several(args) -> int:
 
     out = args.out or _common_parent(args.paths) / "report"
     try:
-        for path in args.paths:
-            write_report(path, out / path.name, k=args.k, from_fragment=args.from_fragment)
+        for path, name in zip(args.paths, _run_names(args.paths)):
+            write_report(path, out / name, k=args.k, from_fragment=args.from_fragment)
         comparison = write_comparison(load_runs(args.paths, k=args.k, from_fragment=args.from_fragment), out)
     except ValueError as exc:
         raise UserError(str(exc)) from None
