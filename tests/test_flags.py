@@ -4,6 +4,7 @@ The command runs in-process (`streamer.cli.main(argv)`, its exit status and stde
 checks start the real process, where the one-line contract is what a shell sees.
 """
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -203,15 +204,24 @@ def test_bootstrap_addresses_that_do_not(servers):
         check_bootstrap(servers)
 
 
-def test_a_resumed_run_keeps_the_span_it_started_with(tmp_path, capsys):
-    from streamer.cli.learn import _resumed_span
+def test_a_resumed_run_keeps_the_span_seed_and_detector_it_started_with(tmp_path, capsys):
+    from streamer.cli.learn import _resumed_settings
     from streamer.config import LearnConfig
 
     config = LearnConfig(bootstrap_servers="x:1", topic="t", run_dir=tmp_path, from_fragment=5)
-    assert _resumed_span(config, None) is config
-    assert _resumed_span(config, {"config": {"from_fragment": 5}}) is config
-    assert _resumed_span(config, {"config": {"from_fragment": 0}}).from_fragment == 0
+    assert _resumed_settings(config, None) is config
+    assert _resumed_settings(config, {"config": {"from_fragment": 5}}) is config
+    assert _resumed_settings(config, {"config": {"from_fragment": 0}}).from_fragment == 0
     assert "fragments >= 0 (not 5)" in capsys.readouterr().out
+    # the seed and the detector too: the checkpoint's generators and detector state go on, and the run says so
+    kept = _resumed_settings(config, {"config": {"from_fragment": 5, "seed": 0, "detector": "page-hinkley"}})
+    assert kept is config
+    changed = dataclasses.replace(config, seed=7, detector="adwin")
+    kept = _resumed_settings(changed, {"config": {"from_fragment": 5, "seed": 0, "detector": "page-hinkley"}})
+    assert (kept.seed, kept.detector, kept.from_fragment) == (0, "page-hinkley", 5)
+    said = capsys.readouterr().out
+    assert "--seed: the run continues with the seed it started with, 0 (its random generators go on) (not 7)" in said
+    assert "--detector: the run continues with the drift detector it started with, page-hinkley" in said
 
 
 def test_the_launchers_line_tells_failed_ranks_from_those_its_agent_then_stopped():

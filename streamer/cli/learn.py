@@ -177,7 +177,7 @@ def run(args) -> int:
             state, stream = _start_or_resume(config, args.fresh, ranks, lock, manifest)
             if not leader:
                 config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
-            config = _resumed_span(config, state, leader)
+            config = _resumed_settings(config, state, leader)
             if manifest is not None and leader:
                 (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
             from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
@@ -443,15 +443,23 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
-def _resumed_span(config: LearnConfig, state: dict | None, leader: bool = True) -> LearnConfig:
-    """A resumed run keeps the span it started with (its live CALM tracker counts from there), said in one line."""
-    saved = ((state or {}).get("config") or {}).get("from_fragment")
-    if saved is None or saved == config.from_fragment:
-        return config
-    if leader:
-        print(f"--from-fragment: the run continues with the span it started with, fragments >= {saved} "
-          f"(not {config.from_fragment}); --fresh starts over with the new one", flush=True)
-    return dataclasses.replace(config, from_fragment=saved)
+def _resumed_settings(config: LearnConfig, state: dict | None, leader: bool = True) -> LearnConfig:
+    """A resumed run keeps the span it started with (its live CALM tracker counts from there), and its
+    seed and drift detector (the checkpoint's random generators and detector state go on): each said in
+    one line when the flags differ, and recorded as the run's (config.json, results.json said a --seed or
+    --detector that was not used)."""
+    saved = (state or {}).get("config") or {}
+    kept = {}
+    for key, flag, what in (("from_fragment", "--from-fragment", "the span it started with, fragments >= {}"),
+                            ("seed", "--seed", "the seed it started with, {} (its random generators go on)"),
+                            ("detector", "--detector", "the drift detector it started with, {} (its state goes on)")):
+        if saved.get(key) is None or saved[key] == getattr(config, key):
+            continue
+        kept[key] = saved[key]
+        if leader:
+            print(f"{flag}: the run continues with {what.format(saved[key])} (not {getattr(config, key)}); "
+                  "--fresh starts over with the new one", flush=True)
+    return dataclasses.replace(config, **kept) if kept else config
 
 
 def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None,
