@@ -85,12 +85,19 @@ def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | N
         raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 
 
-def write_run_config(config: LearnConfig, device: torch.device, params: int, built) -> None:
-    """config.json: the run's config, device, parameter count, model details and whether the strategy is an oracle."""
+def write_run_config(config: LearnConfig, device: torch.device, params: int, built, resumed: bool = False) -> None:
+    """config.json: the run's config, device, parameter count, model details and whether the strategy is an
+    oracle; `started` is this learner's start, `run_started` the run's (a resumed run keeps its first)."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    run_started = started
+    if resumed:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            before = json.loads((config.run_dir / "config.json").read_text())
+            run_started = float(before.get("run_started", before["started"]))
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
-                model_kind=built.kind, model_details=built.details, started=time.time(),
+                model_kind=built.kind, model_details=built.details, started=started, run_started=run_started,
                 oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)))  # told the class
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
@@ -120,7 +127,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     device = resolve_device(config.device)
     strategy, built = prepared or in_passing(build_strategy, config, device, manifest)  # as restore, below
     if leader:
-        write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built)
+        write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built,
+                         resumed=resume is not None)
     batcher = built.make_batcher(config.streams // (ranks.world if ranks else 1), config.window, device)
     if ranks is not None:
         batcher.first_stream = ranks.first_stream(config.streams)

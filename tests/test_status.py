@@ -168,3 +168,28 @@ def test_a_wait_for_streams_is_said_once_it_has_lasted_a_minute_with_the_streams
     assert [line.split(" while ")[0] for line in lines[:2]] == [
         "the next batch waits for stream 1: no batch for 1m05s", "the next batch waits for streams 1, 2: no batch for 1m05s"]
     assert lines[2] == "streams 1, 2: records came, learning on after 1m05s of waiting" and len(lines) == 3
+
+
+def test_a_resumed_runs_status_shows_the_learners_start_and_the_runs(tmp_path, capsys):
+    """config.json's `started` is the running learner's start, `run_started` the run's: a resumed run
+    keeps its first (before, each restart wrote over it, and status showed the restart as the run's start)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from streamer.config import LearnConfig
+    from streamer.learner import write_run_config
+
+    config = LearnConfig(bootstrap_servers="127.0.0.1:1", topic="t", run_dir=tmp_path)
+    built = SimpleNamespace(kind="lm", details={})
+    write_run_config(config, torch.device("cpu"), 10, built)
+    first = json.loads((tmp_path / "config.json").read_text())
+    assert first["run_started"] == first["started"]
+    (tmp_path / "config.json").write_text(json.dumps({**first, "started": first["started"] - 3600,
+                                                      "run_started": first["started"] - 3600}))
+    write_run_config(config, torch.device("cpu"), 10, built, resumed=True)
+    again = json.loads((tmp_path / "config.json").read_text())
+    assert again["run_started"] == first["started"] - 3600 and again["started"] >= first["started"]
+    assert main(["status", str(tmp_path)]) == 0
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(first["started"] - 3600))
+    assert f" (the run: {shown})" in capsys.readouterr().out

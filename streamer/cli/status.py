@@ -67,7 +67,7 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
     return {
         "run_dir": str(run_dir), "learner": _learner(run_dir),
         "config": {key: config.get(key) for key in ("topic", "group_id", "strategy", "model_name", "bootstrap_servers",
-                                                    "device", "started", "metrics_address")},
+                                                    "device", "started", "run_started", "metrics_address")},
         "checkpoint_age_s": _age(run_dir / "checkpoint.pt", now),
         "last_batch": _last_line(run_dir / "losses.jsonl"),
         "status_age_s": _age(run_dir / STATUS_FILE, now),
@@ -184,10 +184,14 @@ def _print(status: dict) -> None:
     else:
         state = "no learner running" + (f" (pid {learner['pid']} is gone)" if learner["pid"] else "")
     print(f"{status['run_dir']}: {state}")
-    started = config.get("started")
+    started, run_started = config.get("started"), config.get("run_started")
+
+    def at(when: float) -> str:
+        return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))
     print(f"topic {config['topic']}, group {config['group_id']}, strategy {config['strategy']}, "
           f"model {config['model_name']}, broker {config['bootstrap_servers']}, device {config['device']}"
-          + (f"; started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""))
+          + (f"; started {at(started)}" if started else "")
+          + (f" (the run: {at(run_started)})" if started and run_started and run_started < started - 1 else ""))
     age = status["checkpoint_age_s"]
     print("checkpoint: " + ("none yet" if age is None else f"written {duration(age)} ago"))
     last = status["last_batch"]
