@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["CALM_KEYS", "MAX_BYTES", "MAX_TOTAL_BYTES", "LossLogWriter", "loss_log_line", "loss_log_files",
-           "iter_loss_log", "read_loss_log", "trim_loss_log"]
+           "iter_loss_log", "read_loss_log", "torn_tail", "trim_loss_log"]
 
 CALM_KEYS = ("loss", "domain", "domain_name", "sequence")
 MAX_BYTES = 100_000_000  # per file: losses.jsonl is rotated before it grows past this
@@ -177,10 +177,12 @@ def _check_record(record: Any) -> str | None:
 
 
 def iter_loss_log(path: str | os.PathLike) -> Iterator[dict]:
-    """The records of a loss log and its rotated files, in order, one at a time; blank lines skipped.
+    """The records of a loss log and its rotated files, in order, one at a time; blank lines skipped,
+    and a last line torn by a crash mid-write (no newline, not JSON: `torn_tail`), as a resume drops it.
 
     Raises ``ValueError("file:line: reason")`` on the first bad line."""
-    for file_path in loss_log_files(path):
+    files = loss_log_files(path)
+    for file_path in files:
         with open(file_path, encoding="utf-8") as file:
             for line_number, line in enumerate(file, start=1):
                 if not line.strip():
@@ -188,11 +190,35 @@ def iter_loss_log(path: str | os.PathLike) -> Iterator[dict]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
+                    if file_path == files[-1] and not line.endswith("\n"):  # the last line, torn
+                        return
                     raise ValueError(f"{file_path}:{line_number}: not JSON ({error.msg})") from None
                 reason = _check_record(record)
                 if reason is not None:
                     raise ValueError(f"{file_path}:{line_number}: {reason}")
                 yield record
+
+
+def torn_tail(path: str | os.PathLike) -> bool:
+    """Whether the log's last line was cut short by a crash while it was written (no newline at the end
+    of the live file, and not JSON): iter_loss_log leaves it out."""
+    files = loss_log_files(path)
+    if not files or not files[-1].is_file():
+        return False
+    with open(files[-1], "rb") as file:
+        file.seek(0, os.SEEK_END)
+        size = file.tell()
+        if not size:
+            return False
+        file.seek(max(0, size - 65536))
+        tail = file.read()
+    if tail.endswith(b"\n"):
+        return False
+    try:
+        json.loads(tail.rsplit(b"\n", 1)[-1])
+    except ValueError:
+        return True
+    return False
 
 
 def read_loss_log(path: str | os.PathLike) -> list[dict]:

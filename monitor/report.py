@@ -29,7 +29,7 @@ from monitor.detection import DetectionReport
 from monitor.figures import GateCurve, plot_probe_heatmap
 from monitor.files import replace_text
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log
-from monitor.losslog import iter_loss_log, read_loss_log
+from monitor.losslog import iter_loss_log, read_loss_log, torn_tail
 from monitor.plots import LossCurve
 
 __all__ = ["build_report", "json_safe", "load_run", "read_config", "resolve_from_fragment", "write_report"]
@@ -171,6 +171,9 @@ def _report(path: Path, config: dict, *, k: int, from_fragment: str | int, curve
             gates.update(record)
     seen = len(survey.sequences)
     metrics = span.result()
+    if torn_tail(log):
+        metrics["notes"].append("the log's last line was cut short (a crash while it was written): left out, "
+                                "as a resume of the run drops it")
     if seen < expected:
         metrics["notes"].insert(
             0,

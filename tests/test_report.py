@@ -274,3 +274,20 @@ def test_report_errors_are_one_line_and_runs_of_one_name_get_a_folder_each(tmp_p
     (run / "probe_matrix.png").write_bytes(b"an earlier run's")
     report_ = write_report(run)
     assert report_["forgetting"] is None and not (run / "probe_matrix.png").exists()
+
+
+def test_a_last_line_torn_by_a_crash_is_left_out_with_a_note_and_a_bad_line_elsewhere_still_refused(tmp_path):
+    """kill -9 while a line is written leaves it cut short: the report leaves it out, as a resume does, and
+    says so (it refused the whole log: 'losses.jsonl:17: not JSON'). A bad line before the end is refused."""
+    run = make_run(tmp_path, {"n_fragments": 6})
+    whole = build_report(run, k=2)
+    with open(run / "losses.jsonl", "a", encoding="utf-8") as log:
+        log.write('{"loss": 3.5, "domain": 1, "domain_')
+    torn = build_report(run, k=2)
+    assert torn["metrics"]["loss"] == whole["metrics"]["loss"]
+    assert any("last line was cut short" in note for note in torn["metrics"]["notes"])
+    assert not any("cut short" in note for note in whole["metrics"]["notes"])
+    with open(run / "losses.jsonl", "a", encoding="utf-8") as log:
+        log.write("\n")  # now a whole line that is not JSON: a damaged log, not a crash's
+    with pytest.raises(ValueError, match=r"losses.jsonl:17: not JSON"):
+        build_report(run, k=2)
