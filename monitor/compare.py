@@ -266,8 +266,10 @@ def _forgetting_header(key: str, losses: bool) -> str:
 
 
 def _forgetting_cell(key: str, stats: Mapping, losses: bool) -> str:
-    """A cell of the forgetting table: counts (n_...) as integers, loss levels with their sign restored."""
-    if key.startswith("n_") and stats["mean"] is not None and float(stats["mean"]).is_integer():
+    """A cell of the forgetting table: counts (n_..., probe_evaluations) as integers, loss levels with their
+    sign restored."""
+    counts = key.startswith("n_") or key == "probe_evaluations"
+    if counts and stats["mean"] is not None and float(stats["mean"]).is_integer():
         return f"{int(stats['mean'])}" if not stats["std"] else _mean_std(stats)
     if losses and key in LOSS_LEVELS and stats["mean"] is not None:
         return _mean_std({**stats, "mean": -stats["mean"]})

@@ -234,10 +234,11 @@ def test_the_forgetting_table_names_losses_as_losses_and_counts_as_integers():
     from monitor.compare import forgetting_table_markdown
 
     reports = [{"config": {"strategy": "naive"}, "forgetting": {"score": "-loss", "n_stages": 5, "cur_acc": -3.39,
-                                                                "forgetting": 0.25}}]
+                                                                "forgetting": 0.25, "probe_evaluations": 24}}]
     table = forgetting_table_markdown(reports)
     header, _, row = table.splitlines()[:3]
     assert "cur_loss (nats)" in header and "cur_acc" not in header
     assert "| 5 |" in row and "5.00" not in row  # a count is an integer
+    assert "| 24 |" in row and "24.00" not in row  # the probe evaluations too
     assert "3.39" in row and "-3.39" not in row  # the loss itself, sign restored
     assert "0.25" in row  # forgetting keeps its sign: positive means worse
