@@ -95,6 +95,8 @@ def strategy_names(spec: str) -> tuple[list[str], bool]:
     if spec.strip() == "all":
         return known, True
     names = [name.strip() for name in spec.split(",") if name.strip()]
+    if "all" in names:  # ('unknown all; choose from ... or 'all'')
+        raise CompareError(f"--strategies: 'all' stands alone (it is every strategy), not in a list: {spec}")
     unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise CompareError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "

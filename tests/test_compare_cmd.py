@@ -388,6 +388,8 @@ def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatc
         plan(dataclasses.replace(config, strategies=("naive", "picky"), chosen_by_all=False), MANIFEST)
     with pytest.raises(CompareError, match="unknown nope"):
         strategy_names("naive,nope")
+    with pytest.raises(CompareError, match="'all' stands alone"):
+        strategy_names("all,naive")
 
 
 def test_params_budget_applies_per_strategy_in_the_plan(capsys):
