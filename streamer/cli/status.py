@@ -72,6 +72,7 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
         "last_batch": _last_line(run_dir / "losses.jsonl"),
         "status_age_s": _age(run_dir / STATUS_FILE, now),
         "status": None if snapshot is None else snapshot_to_json(snapshot),
+        "reported": (run_dir / "results.json").is_file(),  # the run's report: it is over (compare's runs)
         "metrics": _scrape(_metrics_url(config), timeout_s, config.get("metrics_security") or {}),
     }
 
@@ -193,7 +194,9 @@ def _print(status: dict) -> None:
           + (f"; started {at(started)}" if started else "")
           + (f" (the run: {at(run_started)})" if started and run_started and run_started < started - 1 else ""))
     age = status["checkpoint_age_s"]
-    print("checkpoint: " + ("none yet" if age is None else f"written {duration(age)} ago"))
+    print("checkpoint: " + (f"written {duration(age)} ago" if age is not None
+                            else "none (the run is over: its report is results.json)" if status.get("reported")
+                            else "none yet"))
     last = status["last_batch"]
     if last:
         when = f" at {time.strftime('%H:%M:%S', time.localtime(last['time']))}" if last.get("time") else ""
@@ -231,7 +234,8 @@ def _print_console(status: dict) -> None:
     from monitor.view import duration, plain_line, render
 
     if status["status"] is None:
-        print("console: no status.json yet (the learner writes it every few seconds)")
+        print("console: none (a run learned offline, as compare's multitask, writes no status.json)"
+              if status.get("reported") else "console: no status.json yet (the learner writes it every few seconds)")
         return
     snapshot = snapshot_from_json(status["status"])
     if status["checkpoint_age_s"] is not None:  # now, not when the snapshot was written
