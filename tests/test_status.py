@@ -198,8 +198,9 @@ def test_a_resumed_runs_status_shows_the_learners_start_and_the_runs(tmp_path, c
 def test_the_status_of_a_finished_compare_run_says_it_is_over(tmp_path, capsys):
     """compare deletes a run's checkpoint once its report is written, and multitask writes no status.json:
     status said 'checkpoint: none yet' and 'no status.json yet', as of a run about to start."""
-    (tmp_path / "config.json").write_text(json.dumps({"topic": "t", "group_id": "g", "strategy": "multitask",
-                                                      "model_name": "lstm", "bootstrap_servers": "x:1", "device": "cpu"}))
+    config = {"topic": "t", "group_id": "g", "strategy": "multitask", "model_name": "lstm",
+              "bootstrap_servers": "x:1", "device": "cpu"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "results.json").write_text("{}")
     assert main(["status", str(tmp_path)]) == 0
     out = capsys.readouterr().out
