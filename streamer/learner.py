@@ -92,9 +92,9 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
     started = time.time()
     run_started = started
     if resumed:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
+        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
             before = json.loads((config.run_dir / "config.json").read_text())
-            run_started = float(before.get("run_started", before["started"]))
+            run_started = float(before.get("run_started") or before["started"])
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
                 model_kind=built.kind, model_details=built.details, started=started, run_started=run_started,
@@ -158,13 +158,6 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                            keep_windows=config.keep_windows)
     server, tasks, failure, probes = None, [], None, None
     try:
-        if config.metrics_port is not None and monitor.metrics is not None:
-            _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
-            server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
-                              ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
-                              security=config.metrics_security)
-            log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
-            _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
         probes = None if ranks else _probe_scheduler(config, built, manifest, batcher, loop)
         if ranks is not None and leader and manifest and config.probe:
             log("probes: not scored in a distributed run (--nproc); `streamer report` has the stream's own metrics")
@@ -182,6 +175,14 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             in_passing(restore, resume, loop, monitor, ranks, counters)
             if leader and checkpointer.path.exists():  # the console shows its age until the next one
                 monitor.checkpointed(checkpointer.path.stat().st_mtime)
+        if config.metrics_port is not None and monitor.metrics is not None:  # served once restored: a scrape
+            # between saw a resumed run's counters at 0, then at its totals (increase() counted them again)
+            _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
+            server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
+                              ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
+                              security=config.metrics_security)
+            log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
+            _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
         before = (loop.step, loop.tokens)  # the checkpoint's: the summary's rate counts this start's own
         with view, _StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status

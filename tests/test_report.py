@@ -260,7 +260,7 @@ def test_report_errors_are_one_line_and_runs_of_one_name_get_a_folder_each(tmp_p
                               text=True, timeout=120)
     for args, said in (([compare_out], f"{compare_out} has no losses.jsonl, but 1 of its folders do: give those "
                                         f"(e.g. {compare_out / 'naive-seed0'})"),
-                       ([empty], "has no losses.jsonl (not a run directory, or its learner has learned"),
+                       ([empty], "has no losses.jsonl (not a run directory, or its run has written no loss log"),
                        ([compare_out / "naive-seed0", "--out", compare_out / "naive-seed0" / "losses.jsonl"],
                         "is a file; give a directory")):
         done = report(*args)

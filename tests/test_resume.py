@@ -126,3 +126,39 @@ def test_sigkill_and_restart_give_the_losses_of_an_uninterrupted_run(strategy, b
         assert final[:step] == lines[:step]
     print(f"{strategy}: {kills} kill(s) at batches {[s for _, s in before_kills]} of {total}; "
           f"largest loss difference {worst:.2g}; {time.monotonic() - started:.0f}s")
+
+
+def test_a_resumed_learners_first_scrape_holds_its_restored_counters(broker, stream):
+    """After a clean stop the counters continue from the checkpoint's totals, and no scrape sees them at 0
+    first: the exporter is served once the run is restored (a scrape between saw 0, then the totals, and
+    increase() counted the whole run again)."""
+    import socket
+    import urllib.request
+
+    root, manifest = stream
+    run_dir = root / "clean-resume"
+    flags = ["--group", "clean-resume", "--run-dir", str(run_dir), "--no-probe"]
+    first = subprocess.run(learn_command(broker, manifest, "naive", *flags, "--max-batches", "30", "--metrics-port", "0"),
+                           cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(learn_command(broker, manifest, "naive", *flags, "--max-batches", "60",
+                                             "--metrics-port", str(port)),
+                               cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    scraped, deadline = None, time.monotonic() + 120
+    try:
+        while scraped is None and process.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                scraped = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                               if line.startswith("streamer_batches_learned_total{"))
+            except OSError:
+                time.sleep(0.005)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+    assert process.returncode == 0 and "resuming from the checkpoint at batch 30" in output, output[-3000:]
+    assert "counters start at 0" not in output and scraped is not None and scraped >= 30, (scraped, output[-2000:])

@@ -206,3 +206,17 @@ def test_the_status_of_a_finished_compare_run_says_it_is_over(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "checkpoint: none (the run is over: its report is results.json)" in out
     assert "console: none (a run learned offline, as compare's multitask, writes no status.json)" in out
+
+
+def test_the_metrics_line_leaves_out_reasons_at_0_and_says_when_the_counters_restarted(capsys):
+    """Every dead-letter reason is exported at 0 from the start: status listed all 13; and after a crash's
+    restart the batch counter counts this learner's own, below the loss log's, with nothing to say why."""
+    from streamer.cli.status import _print_metrics
+
+    values = {"batches": 1072.0, "dead letters": {"bad_key": 2.0, "bad_utf8": 0.0, "nul_byte": 0.0}, "lag": {"0": 0}}
+    _print_metrics({"url": "http://h:1/metrics", "values": values}, logged=3194)
+    line = capsys.readouterr().out
+    assert "batches 1,072 (since this learner's start: a restart after a crash starts the counters at 0)" in line
+    assert "dead letters bad_key 2" in line and "bad_utf8" not in line and "lag 0 0" in line
+    _print_metrics({"url": "http://h:1/metrics", "values": {**values, "batches": 3194.0}}, logged=3194)
+    assert "since this learner's start" not in capsys.readouterr().out

@@ -99,7 +99,8 @@ def run(args) -> int:
             if runs:  # a comparison's --out: its runs are its folders
                 raise UserError(f"{path} has no losses.jsonl, but {len(runs)} of its folders do: give those "
                                 f"(e.g. {path / runs[0]})")
-            raise UserError(f"{path} has no losses.jsonl (not a run directory, or its learner has learned no batch)")
+            raise UserError(f"{path} has no losses.jsonl (not a run directory, or its run has written no loss log: "
+                            "a learner before its first batch, compare's multitask before its end)")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} is a file; give a directory")
     if len(args.paths) > 1:

@@ -204,11 +204,13 @@ def _print(status: dict) -> None:
               f"class {last['domain_name']}")
     else:
         print("loss log: no batch yet")
-    _print_metrics(status["metrics"])
+    _print_metrics(status["metrics"], last["batch"] + 1 if last else None)
     _print_console(status)
 
 
-def _print_metrics(metrics: dict) -> None:
+def _print_metrics(metrics: dict, logged: int | None = None) -> None:
+    """The scraped values in one line; `logged`: the loss log's batches (a crash's restart starts the
+    counters at 0, and the batch counter then counts this learner's own)."""
     from monitor.view import duration
 
     if "values" not in metrics:
@@ -218,11 +220,14 @@ def _print_metrics(metrics: dict) -> None:
     formats = {"batches": "{:,.0f}", "tokens/s": "{:,.0f}", "rolling ppl": "{:.2f}", "queue": "{:.0f}",
                "ready": "{:.0f}"}
     parts = [f"{name} {fmt.format(values[name])}" for name, fmt in formats.items() if name in values]
+    if "batches" in values and logged is not None and values["batches"] < logged:
+        parts[0] += " (since this learner's start: a restart after a crash starts the counters at 0)"
     if "checkpoint age" in values:
         parts.append(f"checkpoint age {duration(values['checkpoint age'])}")
     for name in ("lag", "dead letters"):
-        if name in values:
-            parts.append(f"{name} " + ", ".join(f"{key} {count:,}" for key, count in sorted(values[name].items())))
+        shown = {key: count for key, count in values.get(name, {}).items() if count or name == "lag"}
+        if shown:  # (every dead-letter reason is exported, at 0 until its first)
+            parts.append(f"{name} " + ", ".join(f"{key} {count:,}" for key, count in sorted(shown.items())))
     print(f"metrics {metrics['url']}: " + "; ".join(parts))
 
 
