@@ -138,8 +138,8 @@ def test_a_resumed_learners_first_scrape_holds_its_restored_counters(broker, str
     root, manifest = stream
     run_dir = root / "clean-resume"
     flags = ["--group", "clean-resume", "--run-dir", str(run_dir), "--no-probe"]
-    first = subprocess.run(learn_command(broker, manifest, "naive", *flags, "--max-batches", "30", "--metrics-port", "0"),
-                           cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(learn_command(broker, manifest, "naive", *flags, "--max-batches", "30", "--metrics-port",
+                                         "0"), cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
