@@ -52,6 +52,7 @@ class LoopReading:
     finished: bool = False  # the run is over (its final checkpoint written)
     topic_missing_since: float | None = None  # the source waits for its topic to be created
     waiting_for: tuple = ()  # stream ids the next batch waits for while others' records come (waiting_since: since)
+    busy_s: float | None = None  # the worker's seconds in steps so far (None: not said; see ActivityClock)
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,16 @@ def as_console(snapshot: ViewSnapshot) -> ConsoleSnapshot:
 
 class ActivityClock:
     """Activity, compute/waiting split and token rates; call `read()` a few times a second and
-    `learned()` at every batch, with monotonic `now` (wall times come in the readings)."""
+    `learned()` at every batch, with monotonic `now` (wall times come in the readings).
+
+    Compute is the worker's own time where the loop says it (`LoopReading.busy_s`, with the probes'
+    seconds): the wall time while consuming goes to compute up to what the worker spent in steps, the
+    rest to idle. A live topic's records that come a few a second keep the run consuming between
+    batches, while the worker waits for them: counted as compute, a paced stream's 'last min of
+    compute' rate fell to a fiftieth of the model's speed. Without it, the activity's wall time."""
 
     def __init__(self, recent_window_s: float = 5.0, compute_window_s: float = 60.0, idle_after_s: float = 2.0,
-                 min_compute_s: float = 0.2):
+                 min_compute_s: float = 0.01):
         self.recent_window_s, self.compute_window_s, self.idle_after_s = recent_window_s, compute_window_s, idle_after_s
         self.min_compute_s = min_compute_s
         self.activity, self.activity_since = "joining", None
@@ -118,6 +125,8 @@ class ActivityClock:
         self._probe_seconds_at_start = None
         self.reading = LoopReading()
         self._consuming_from = -math.inf  # (monotonic) when the activity last became consuming
+        self._busy_seen: float | None = None  # the worker's (and probes') seconds at the last reading
+        self._pool = 0.0  # wall seconds consuming since then: compute up to the worker's, the rest idle
 
     def _advance(self, now: float) -> None:
         """Account the time since the last call to the activity that held during it."""
@@ -128,9 +137,29 @@ class ActivityClock:
         bucket = {"consuming": "compute_s", "checkpointing": "compute_s", "stopping": "compute_s",
                   "joining": "joining_s", "topic_missing": "topic_missing_s", "waiting": "idle_s",
                   "broker_lost": "broker_lost_s"}.get(self.activity)
-        if bucket:
+        if bucket == "compute_s" and self.activity == "consuming" and self._busy_seen is not None:
+            self._pool += max(0.0, now - self._last)  # settled at the next reading (_settle)
+        elif bucket:
             self._split[bucket] += max(0.0, now - self._last)
         self._last = now
+
+    def _settle(self, busy: float) -> None:
+        """The consuming time since the last reading: compute as far as the worker spent `busy - seen`
+        seconds in steps (and probes), idle beyond. Steps run while the activity said waiting or joining
+        (a batch's step before its result turns the run to consuming) move from there to compute."""
+        if self._busy_seen is None:
+            self._busy_seen = busy
+            return
+        worked, self._busy_seen = max(0.0, busy - self._busy_seen), max(busy, self._busy_seen)
+        taken = min(worked, self._pool)
+        self._split["compute_s"] += taken
+        self._split["idle_s"] += self._pool - taken
+        self._pool, left = 0.0, worked - taken
+        for bucket in ("idle_s", "joining_s"):
+            moved = min(left, self._split[bucket])
+            self._split[bucket] -= moved
+            self._split["compute_s"] += moved
+            left -= moved
 
     def _set(self, activity: str, since: float | None) -> None:
         if activity != self.activity:
@@ -152,6 +181,8 @@ class ActivityClock:
     def read(self, reading: LoopReading, now: float) -> None:
         """The loop's state at `now`: the activity from here on."""
         self._advance(now)
+        if reading.busy_s is not None:
+            self._settle(reading.busy_s + reading.probe_seconds)
         if self._records_at_start is None:
             self._records_at_start, self._probe_seconds_at_start = reading.records, reading.probe_seconds
         self.reading = reading
@@ -159,7 +190,7 @@ class ActivityClock:
         self._set(*self._activity(reading, now))
         if before != "consuming" and self.activity == "consuming":
             self._consuming_from = now
-        if before == "consuming" and self.activity == "waiting":
+        if before == "consuming" and self.activity == "waiting" and self._busy_seen is None:
             # inferred, or reported late (streams waited for; records that make no batch): the quiet time since
             # the last batch (or since the activity became consuming, after an earlier wait) was waiting, as far
             # back as the loop's wait began (one it says at once moves next to nothing)
@@ -195,9 +226,10 @@ class ActivityClock:
         return bool(r.lag) and not sum(r.lag.values()) and not r.queue_depth and now - quiet_since >= self.idle_after_s
 
     def split(self, now: float | None = None) -> TimeSplit:
+        """Where the wall time went so far (consuming time not yet settled counts as compute)."""
         if now is not None:
             self._advance(now)
-        return TimeSplit(**self._split)
+        return TimeSplit(**{**self._split, "compute_s": self._split["compute_s"] + self._pool})
 
     def recent_rate(self, now: float) -> float:
         """Tokens learned per second over the last `recent_window_s` of wall time: zero when idle."""
@@ -211,7 +243,9 @@ class ActivityClock:
     def compute_rate(self, now: float) -> float | None:
         """Tokens per second over the last `compute_window_s` of compute time (waiting excluded):
         the model's speed, kept while the run waits. None before any batch or `min_compute_s` of compute."""
-        computed = self._split["compute_s"] + (now - self._last if self.activity in COMPUTE_ACTIVITIES else 0.0)
+        settled = self.activity == "consuming" and self._busy_seen is not None  # (compute comes at readings)
+        ongoing = self.activity in COMPUTE_ACTIVITIES and not settled
+        computed = self._split["compute_s"] + (now - self._last if ongoing else 0.0)
         while self._computed and computed - self._computed[0][0] > self.compute_window_s:
             self._computed_tokens -= self._computed.popleft()[1]
         if computed < self.min_compute_s or self._last_batch is None:

@@ -456,7 +456,7 @@ def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointe
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
         topic_missing_since=getattr(loop.source, "topic_missing_since", None),
-        waiting_for=() if finished else loop.streams_waited_for))
+        waiting_for=() if finished else loop.streams_waited_for, busy_s=loop.busy_s))
 
 
 def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[int | None, int | None]:

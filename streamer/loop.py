@@ -158,6 +158,7 @@ class PrequentialLoop:
         # (_stepped)
         self.burst, self.burst_span_s = max(1, burst), burst_span_s
         self._step_s = math.inf  # the worker's last step, wall seconds (none yet: no burst)
+        self.busy_s = 0.0  # the worker's seconds in steps in this process (the console's compute time)
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
         self._halting = False  # stop() was called: the worker begins no further step
@@ -422,6 +423,7 @@ class PrequentialLoop:
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         self._step_s = time.perf_counter() - started
+        self.busy_s += self._step_s
         return result
 
     @contextlib.asynccontextmanager

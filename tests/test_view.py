@@ -216,6 +216,27 @@ def test_a_wait_the_loop_says_late_counts_from_its_start_and_one_said_at_once_mo
     assert clock.activity == "waiting" and round(split.compute_s, 2) == 3.0 and round(split.idle_s, 2) == 7.0
 
 
+def test_compute_is_the_workers_time_in_steps_where_the_loop_says_it():
+    """A live topic's records come a few a second: the run consumes between batches while the worker
+    waits for them. Compute is the worker's seconds in steps (LoopReading.busy_s), the rest of the
+    consuming time idle, so the compute rate is the model's speed (it was counted as compute: a paced
+    stream's rate fell to a fiftieth of it). A step run while the run said waiting moves to compute."""
+    clock = ActivityClock()
+    clock.read(_reading(waiting_reported=True, lag={0: 5}, busy_s=0.0), now=0.0)
+    for i in range(10):  # a batch a second, 0.1 s of work each; records keep coming (no wait is said)
+        clock.learned(100, now=i + 0.5)
+        clock.read(_reading(waiting_reported=True, lag={0: 0}, busy_s=0.1 * (i + 1)), now=i + 1.0)
+    split = clock.split(now=10.0)
+    assert clock.activity == "consuming" and (round(split.compute_s, 6), round(split.idle_s, 6)) == (1.0, 9.0)
+    assert round(clock.compute_rate(now=10.0), 6) == 1000.0  # 1,000 tokens in 1 s of compute
+    clock.read(_reading(waiting_reported=True, waiting_since=time.time(), busy_s=1.0), now=11.0)
+    assert clock.activity == "waiting"
+    clock.learned(100, now=15.0)  # its step (0.3 s) ran while the run said waiting
+    clock.read(_reading(waiting_reported=True, lag={0: 0}, busy_s=1.3), now=15.1)
+    split = clock.split(now=15.1)
+    assert round(split.compute_s, 6) == 1.3 and round(split.compute_s + split.idle_s, 6) == 15.1
+
+
 def test_a_missing_topic_is_waited_for_and_counts_as_waiting_for_it():
     clock = ActivityClock()
     clock.read(LoopReading(topic_missing_since=AT), now=0.0)
