@@ -51,6 +51,17 @@ def _run_name(report: Mapping) -> str:
     return str(config.get("run_name") or Path(str(report.get("run", "run"))).name)
 
 
+def _run_names(reports: Sequence[Mapping]) -> list[str]:
+    """Each run's name; runs of one name (A/naive-seed0, B/naive-seed0) by their directory's parent too."""
+    names = [_run_name(r) for r in reports]
+
+    def where(report: Mapping, name: str) -> str:
+        path = Path(str(report.get("run", "run")))
+        run_dir = path.parent if path.suffix == ".jsonl" else path
+        return f"{run_dir.parent.name}/{name}"
+    return [where(r, n) if names.count(n) > 1 else n for r, n in zip(reports, names)]
+
+
 def _number(value) -> float | None:
     """A metric value as a float: ``None`` stays ``None``; "inf"/"nan" strings (results.json) are parsed."""
     if value is None or isinstance(value, bool):
@@ -100,7 +111,7 @@ def summarise_runs(reports: Sequence[Mapping]) -> list[dict]:
     ppl, ppl@sw and rec (from each report's ``"metrics"``), with notes on what was skipped."""
     summary = []
     for strategy, group in _group(reports).items():
-        names = [_run_name(r) for r in group]
+        names = _run_names(group)
         notes = []
         metrics = {}
         for column in CALM_COLUMNS:

@@ -65,6 +65,13 @@ def test_summarise_runs_by_hand():
     assert oracle["notes"] == []
 
 
+def test_runs_of_one_name_are_told_apart_by_their_directories():
+    reports = [{"run": f"/x/{parent}/naive-seed0", "config": {"strategy": "naive", "seed": 0},
+                "metrics": {"ppl": 2.0, "ppl@sw": 3.0, "rec": 1.0}} for parent in ("cmp1", "cmp2")]
+    (naive,) = summarise_runs(reports)
+    assert naive["runs"] == ["cmp1/naive-seed0", "cmp2/naive-seed0"]
+
+
 def test_summarise_runs_none_inf_and_missing_config():
     reports = [
         report("a", "naive", 0, None, None, None),
