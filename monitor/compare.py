@@ -28,6 +28,7 @@ __all__ = [
     "load_runs",
     "summarise_forgetting",
     "summarise_runs",
+    "unique_name",
     "table1_markdown",
     "write_comparison",
 ]
@@ -297,7 +298,8 @@ def _nan_to_none(values: Sequence[float]) -> list[float | None]:
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
 
 
-def _unique_name(name: str, used: set[str]) -> str:
+def unique_name(name: str, used: set[str]) -> str:
+    """`name`, or `name-2`, `name-3`, ... for one in `used` (the one given is added to it)."""
     candidate, index = name, 2
     while candidate in used:
         candidate, index = f"{name}-{index}", index + 1
@@ -341,7 +343,7 @@ def write_comparison(runs: Sequence[tuple[Mapping, Sequence[Mapping]]], out_dir:
         matrix = report.get("probe_matrix")
         if not isinstance(matrix, Mapping):
             continue
-        name = f"probe_matrix_{_unique_name(_run_name(report), used)}.png"
+        name = f"probe_matrix_{unique_name(_run_name(report), used)}.png"
         result = plot_probe_heatmap(matrix.get("values") or [], matrix.get("stages") or [],
                                     matrix.get("classes") or [], out / name,
                                     title=f"{_run_name(report)} ({_strategy(report)}): probe matrix R")

@@ -137,15 +137,10 @@ def _common_parent(paths: list[Path]) -> Path:
 def _run_names(paths: list[Path]) -> list[str]:
     """Each run's folder name under the report: its directory's name, with -2, -3, ... for a name taken
     (A/naive-seed0 and B/naive-seed0 wrote one folder, the second report over the first)."""
-    names: list[str] = []
-    for path in paths:
-        base = (path if path.is_dir() else path.parent).resolve().name
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base}-{n}"
-        names.append(name)
-    return names
+    from monitor.compare import unique_name
+
+    used: set[str] = set()
+    return [unique_name((path if path.is_dir() else path.parent).resolve().name, used) for path in paths]
 
 
 def _several(args) -> int:
