@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.command import at_least_one, ended_by_signals  # noqa: E402
+from streamer.broker import die_with_parent  # noqa: E402
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
 WINDOW = 20
@@ -134,7 +136,8 @@ def learn(bootstrap: str, stream: Stream, run_dir: Path, *, hidden: int = 256, b
     peak_tree, stop = [0.0], threading.Event()
     started = time.monotonic()
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=die_with_parent(os.getpid()))  # killed with this process
 
         def sample() -> None:  # the process tree's RSS, for the ranks
             while not stop.wait(0.5):
@@ -142,8 +145,13 @@ def learn(bootstrap: str, stream: Stream, run_dir: Path, *, hidden: int = 256, b
 
         if nproc > 1:
             threading.Thread(target=sample, daemon=True).start()
-        _, status, usage = os.wait4(process.pid, 0)  # wait4: this child's own peak RSS (ru_maxrss, kB)
-        stop.set()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)  # wait4: this child's own peak RSS (ru_maxrss, kB)
+        except BaseException:  # a signal stops the benchmark: the learner first, before its files go
+            end(process)
+            raise
+        finally:
+            stop.set()
     process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - started
     if process.returncode != 0:
@@ -153,9 +161,20 @@ def learn(bootstrap: str, stream: Stream, run_dir: Path, *, hidden: int = 256, b
     span = lines[-1]["time"] - lines[0]["time"]
     tokens = sum(line["tokens"] for line in lines[1:])
     peak = max(peak_tree[0], usage.ru_maxrss / 1024) if nproc > 1 else usage.ru_maxrss / 1024
-    blocks = [lines[start:start + block + 1] for start in range(0, len(lines) - block, block)] if block else []
+    # every block to the last batch (the last may be shorter): each block's rate over its own intervals
+    blocks = [lines[start:start + block + 1] for start in range(0, len(lines) - 1, block)] if block else []
     rates = tuple(sum(line["tokens"] for line in part[1:]) / (part[-1]["time"] - part[0]["time"]) for part in blocks)
     return Measured(len(lines), tokens / span, span, wall, peak, rates)
+
+
+def end(process: subprocess.Popen, grace_s: float = 60) -> None:
+    """Stop a learner as a user would (SIGTERM: its last checkpoint) and reap it; SIGKILL after grace_s."""
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def row(label: str, measured: Measured) -> str:
@@ -167,10 +186,13 @@ def row(label: str, measured: Measured) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=1000, help="batches of the 1x stream (default 1000)")
+    parser.add_argument("--batches", type=at_least_one, default=1000,
+                        help="batches of the 1x stream (default 1000; at least 10)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
     parser.add_argument("--cpus", type=int, help="pin to the first N CPUs this process may use (default: all)")
     args = parser.parse_args()
+    if args.batches < 10:
+        parser.error(f"--batches {args.batches}: at least 10 (a rate is taken over the span between batches)")
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts takes {', '.join(PARTS)}, comma-separated")
@@ -178,6 +200,11 @@ def main() -> None:
         cpus = pin_to_first_cpus(args.cpus)
     except ValueError as exc:
         parser.error(str(exc))
+    with ended_by_signals("scaling"):
+        measure(args, parts, cpus)
+
+
+def measure(args, parts: list[str], cpus: list[int]) -> None:
     from streamer.broker import EmbeddedBroker
 
     started = time.monotonic()
@@ -188,6 +215,8 @@ def main() -> None:
         root, bootstrap = Path(scratch), broker.bootstrap_servers
         base = produce(bootstrap, root, "scale-b10", fragments_for(args.batches), 10)
         one = min(args.batches, base.batches)
+        if one < args.batches:
+            print(f"  the 1x stream holds {base.batches:,} batches: 1x is {one:,}, not {args.batches:,}", flush=True)
         if "length" in parts:
             long = produce(bootstrap, root, "scale-b10-10x", fragments_for(10 * args.batches), 10)
             ten = min(10 * one, long.batches)
@@ -203,8 +232,10 @@ def main() -> None:
             rates = long_run.block_rates
             print(f"  the {ten / one:.1f}x run by 1x blocks: " + " ".join(f"{rate:,.0f}" for rate in rates)
                   + f" tokens/s (last/first {rates[-1] / rates[0]:.3f})", flush=True)
-            short_span = (before.span_s + after.span_s) / 2
-            time_ratio = long_run.span_s / short_span * (10 * one / ten)  # per 10x the batches
+            # seconds a batch (the spans are between the first and the last batch: batches - 1 apart),
+            # the 1x runs' mean as the reference; the ratio is that of 10x the batches to 1x
+            short = (before.span_s / (before.batches - 1) + after.span_s / (after.batches - 1)) / 2
+            time_ratio = 10 * long_run.span_s / (long_run.batches - 1) / short
             headline = (time_ratio, long_run.peak_rss_mb / max(before.peak_rss_mb, after.peak_rss_mb))
         if "streams" in parts:
             print("streams b (lstm-char 2x256, the 1x tokens):", flush=True)

@@ -48,6 +48,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
+from benchmarks.command import at_least_one, fraction  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.step import prequential_step  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
@@ -218,23 +219,34 @@ def print_rows(name: str, dropout: float, table: dict[str, dict[str, float]]) ->
         print(f"| {name} | {dropout:g} | {key} | {cells} |", flush=True)
 
 
+def fractions(text: str) -> list[float]:
+    """Comma-separated dropout values, each at least 0 and below 1."""
+    values = [fraction(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"no values in {text!r}")
+    return values
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=60, help="timed batches per model (default %(default)s)")
+    parser.add_argument("--batches", type=at_least_one, default=60, help="timed batches per model (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches first (default %(default)s)")
-    parser.add_argument("--dropouts", default="0,0.2", help="dropout values, comma-separated (default %(default)s)")
+    parser.add_argument("--dropouts", type=fractions, default="0,0.2", help="dropout values, comma-separated (default %(default)s)")
     parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated (default: all)")
-    parser.add_argument("--streams", type=int, default=10)
-    parser.add_argument("--window", type=int, default=20)
-    parser.add_argument("--embedding", type=int, default=200)
-    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--streams", type=at_least_one, default=10)
+    parser.add_argument("--window", type=at_least_one, default=20)
+    parser.add_argument("--embedding", type=at_least_one, default=200)
+    parser.add_argument("--vocab", type=at_least_one, default=256)
     args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
     torch.set_num_threads(1)
     names = [name for name in args.only.split(",") if name]
     unknown = sorted(set(names) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r} (choose from {', '.join(MODELS)})")
-    dropouts = [float(value) for value in args.dropouts.split(",") if value]
+    if unknown or not names:
+        parser.error(f"unknown model {unknown[0]!r} (choose from {', '.join(MODELS)})" if unknown
+                     else f"--only names no model (choose from {', '.join(MODELS)})")
+    dropouts = args.dropouts
     print(f"b={args.streams}, w={args.window}, embedding {args.embedding}, vocab {args.vocab}, 1 torch thread, "
           f"median of {args.batches} batches after {args.warmup}; ms per batch")
     print(f"| model | dropout | variant | {' | '.join(PARTS)} |")

@@ -78,6 +78,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.command import at_least_one, ended_by_signals, seconds  # noqa: E402
+from streamer.broker import die_with_parent  # noqa: E402
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
 PATHS = ("memory", "kafka", "baseline")
@@ -220,14 +222,19 @@ def start_child(args, model: str, path: str, bootstrap: str, group: str) -> subp
         environment.pop("GOMP_SPINCOUNT", None)
         environment.pop("OMP_NUM_THREADS", None)
     errors = tempfile.TemporaryFile("w+")  # not a pipe: a stopped parent must never block a child's writes
-    child = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=errors, text=True)
+    child = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=errors, text=True,
+                             preexec_fn=die_with_parent(os.getpid()))  # killed with this process
     child.errors = errors
-    ready, _, _ = select.select([child.stdout], [], [], 300)
-    line = child.stdout.readline() if ready else ""
-    if line.strip() != "ready":
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 300)
+        line = child.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise SystemExit(f"throughput: the {model} {path} run did not start:\n{stderr_of(child)}")
+        os.kill(child.pid, signal.SIGSTOP)
+    except BaseException:  # not yet the caller's to end (a signal, or it did not start)
         child.kill()
-        raise SystemExit(f"throughput: the {model} {path} run did not start:\n{stderr_of(child)}")
-    os.kill(child.pid, signal.SIGSTOP)
+        child.wait()
+        raise
     return child
 
 
@@ -394,17 +401,17 @@ def show(model: str, label: str, slice_s: float, args, result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", type=int, help="pin the benchmark to the first N CPUs it may use (default: all)")
-    parser.add_argument("--processes", type=int, default=2,
+    parser.add_argument("--processes", type=at_least_one, default=2,
                         help="processes per path, their slices interleaved and their batches pooled (default 2)")
-    parser.add_argument("--rounds", type=int, default=16, help="rounds of one slice per process (default 16)")
-    parser.add_argument("--slice", type=float, default=0.5, help="seconds a path runs per round, lstm (default 0.5)")
-    parser.add_argument("--poe-slice", type=float, default=0.5, help="the same for poe (default 0.5)")
-    parser.add_argument("--hidden", type=int, default=256, help="LSTM hidden size, both models (default 256)")
-    parser.add_argument("--experts", type=int, default=10, help="poe's experts (default 10)")
-    parser.add_argument("--gate-steps", type=int, default=10, help="poe's gate steps per batch (default 10)")
+    parser.add_argument("--rounds", type=at_least_one, default=16, help="rounds of one slice per process (default 16)")
+    parser.add_argument("--slice", type=seconds, default=0.5, help="seconds a path runs per round, lstm (default 0.5)")
+    parser.add_argument("--poe-slice", type=seconds, default=0.5, help="the same for poe (default 0.5)")
+    parser.add_argument("--hidden", type=at_least_one, default=256, help="LSTM hidden size, both models (default 256)")
+    parser.add_argument("--experts", type=at_least_one, default=10, help="poe's experts (default 10)")
+    parser.add_argument("--gate-steps", type=at_least_one, default=10, help="poe's gate steps per batch (default 10)")
     parser.add_argument("--models", default="lstm,poe", help="comma-separated: lstm, poe (default both)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, help="torch threads of memory and kafka (default: the policy's)")
+    parser.add_argument("--threads", type=at_least_one, help="torch threads of memory and kafka (default: the policy's)")
     # one path, in a child process
     parser.add_argument("--measure", choices=PATHS, dest="path", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=("lstm", "poe"), default="lstm", help=argparse.SUPPRESS)
@@ -414,11 +421,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.path:
         return measure(args)
+    with ended_by_signals("throughput"):
+        benchmark(parser, args)
+
+
+def benchmark(parser, args) -> None:
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     if not models or set(models) - {"lstm", "poe"}:
         parser.error("--models takes lstm, poe or both, comma-separated")
-    if args.rounds < 1 or args.processes < 1 or args.slice <= 0 or args.poe_slice <= 0:
-        parser.error("--rounds and --processes must be at least 1 and the slices longer than 0 s")
     try:
         cpus = pin_to_first_cpus(args.cpus)
     except ValueError as exc:

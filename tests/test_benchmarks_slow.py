@@ -1,10 +1,13 @@
-"""The throughput and rereading benchmarks stay runnable: a short run of each through the real broker
-prints its figures and headline lines. Speed is the benchmarks' to judge, never a test's. Run with -m slow."""
+"""The benchmarks stay runnable: a short run of each through the real broker prints its figures and
+headline lines; a bad option is one line; a signal ends a benchmark with its processes. Speed is the
+benchmarks' to judge, never a test's. The long runs are marked slow (-m slow)."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,83 @@ def test_throughput_refuses_no_processes():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--processes must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script, flags, said", [
+    ("throughput.py", ["--processes", "0"], "argument --processes: must be at least 1, got 0"),
+    ("throughput.py", ["--slice", "nan"], "argument --slice: must be a finite number of seconds over 0, got nan"),
+    ("experts.py", ["--experts", "5,x"], "argument --experts: not a whole number: 'x'"),
+    ("experts.py", ["--strategies", "poe,lstm"], "argument --strategies: takes poe, moe, ensemble, comma-separated; "
+                                                  "got 'poe,lstm'"),
+    ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: must be at least 0 and below 1, got 1.5"),
+    ("scaling.py", ["--batches", "1"], "--batches 1: at least 10 (a rate is taken over the span between batches)"),
+])
+def test_a_bad_value_for_a_benchmark_is_one_line(script, flags, said):
+    """Each was a traceback from deep inside the run (a ZeroDivisionError, torch's ValueError, time.sleep's)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *flags],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"{script}: error: {said}"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int((Path("/proc") / entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script, flags, started", [
+    ("throughput.py", ["--models", "lstm", "--hidden", "32", "--rounds", "400"], 7),  # the broker, 3 paths x 2
+    ("scaling.py", ["--parts", "length", "--batches", "200"], 4),  # the broker, 2 producers, the 1x learner
+])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum):
+    """SIGTERM (`timeout`, as gpu_host.sh runs them) ended the parent alone: throughput's six children stayed,
+    frozen or learning on, and scaling's learner ran on orphaned and left its run directory in /tmp; Ctrl-C
+    printed a traceback. Now both end as Ctrl-C should: children stopped and reaped, then one line."""
+    benchmark = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *flags],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, children = time.monotonic() + 240, set()
+    while len(children) < started and time.monotonic() < deadline and benchmark.poll() is None:
+        children |= _children(benchmark.pid)
+        time.sleep(0.2)
+    assert len(children) >= started, (children, benchmark.poll())
+    time.sleep(2)
+    benchmark.send_signal(signum)
+    out, err = benchmark.communicate(timeout=120)
+    name = signal.Signals(signum).name
+    assert (benchmark.returncode, err.splitlines()[-1]) == (
+        128 + signum, f"{script[:-3]}: stopped by {name}; its processes are ended and its scratch files removed"), err
+    assert "Traceback" not in err
+    assert not [pid for pid in children if _alive(pid)], children
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_scaling_reports_every_block_of_the_long_run():
+    """The 10x run's rates by blocks of 1x batches: ten of them (the last block was left out: nine)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--parts", "length",
+                             "--batches", "20"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = int(re.search(r"^  1x +(\d+) batches", result.stdout, re.M).group(1))
+    rates = re.search(r"by 1x blocks: ([\d, ]+) tokens/s", result.stdout).group(1).split()
+    assert len(rates) == 10 and one > 1, result.stdout
+    assert re.search(r"^10x stream: \d+\.\d\dx the time, \d\.\d\dx the peak RSS", result.stdout, re.M), result.stdout
 
 
 @pytest.mark.parametrize("script", ["throughput.py", "scaling.py"])

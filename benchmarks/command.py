@@ -1,0 +1,87 @@
+"""What the benchmarks' command lines share.
+
+Option types that refuse a bad value with argparse's one line (not a traceback from deep inside a
+run): `at_least_one`, `counts` (comma-separated, each at least 1), `seconds` (finite, over 0) and
+`fraction` (0 <= x < 1).
+
+`ended_by_signals`: a benchmark stopped by a signal ends as Ctrl-C ends it, through its `finally`
+blocks (its child processes stopped and reaped, the broker stopped, scratch files removed), then one
+line and status 128 + the signal. Without it, SIGTERM (`timeout`, as benchmarks/gpu_host.sh runs
+them, or a kill) ended the parent at once and left its children running, orphaned; Ctrl-C printed a
+traceback. Once one signal arrived, further SIGINT and SIGTERM are ignored, so the clean-up is not
+cut short; kill -9 still ends it (children started with streamer.broker.die_with_parent die with it).
+
+    with ended_by_signals("scaling"):
+        ...  # the benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import signal
+import sys
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def counts(text: str) -> list[int]:
+    """Comma-separated whole numbers, each at least 1 (`5,10,30`)."""
+    values = [at_least_one(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"no numbers in {text!r}")
+    return values
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds over 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
+@contextlib.contextmanager
+def ended_by_signals(name: str):
+    received: list[int] = []
+
+    def interrupt(signum, frame) -> None:
+        received.append(signum)
+        for each in SIGNALS:  # the clean-up runs to its end
+            signal.signal(each, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {each: signal.signal(each, interrupt) for each in SIGNALS}
+    try:
+        yield
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
+        print(f"{name}: stopped by {signal.Signals(signum).name}; its processes are ended and its scratch "
+              "files removed", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
