@@ -1,20 +1,23 @@
-"""Step time of `poe`'s batched experts (streamer.models.experts) against a Python loop over n
-nn.LSTM-based modules doing the same work, over a sweep of sizes, in the same run.
+"""Step time of the expert strategies' batched experts (streamer.models.experts) against a Python
+loop over n nn.LSTM-based modules doing the same work, over a sweep of strategies and sizes, in the
+same run.
 
-    .venv/bin/python benchmarks/experts.py [--experts 5,10,30] [--hidden 32,200,550] [--min-seconds 1] [--device cpu]
+    .venv/bin/python benchmarks/experts.py [--strategies poe,moe,ensemble] [--experts 5,10,30]
+        [--hidden 32,200,550] [--min-seconds 1] [--device cpu]
     .venv/bin/python benchmarks/experts.py --separate [--repeats 2]   # each variant timed in its own process
 
-A step is one `poe` learning step: forward of every expert, the plastic gate phase
-(--gate-steps Adam steps on the gate vector against the detached expert logits), the
-product-of-experts loss, backward, per-expert gradient clipping and one Adam update. Per size
+A step is one learning step of `poe`, `moe` or `ensemble`: forward of every expert, the plastic
+gate phase (poe, moe: --gate-steps Adam steps on the gate vector against the detached expert
+logits; the ensemble has no gate), the combined loss (product of experts; mixture; the ensemble's
+uniform mixture), backward, per-expert gradient clipping and one Adam update. Per strategy and size
 it times three variants: `modules` (n separate LSTMLanguageModel modules, the loop the batched
 model must not be slower than), and the batched model with each of its two kernels, `fused`
 (one torch.bmm per time step over stacked weights) and `loop` (one native torch.lstm per expert
 on its own weights). `auto` is the kernel the strategy picks for that device and size
 (streamer.models.experts.choose_kernel); the ratio is modules / auto. Achieved GFLOP/s counts
-the step's matrix products (forward, backward, gate phase) over its time; beside it the
-machine's one-thread matmul rate, for a large product and for the recurrence's own shape
-(b x H times H x 4H). Wall and process CPU time are both printed: on a shared machine the CPU
+the step's matrix products (forward, backward, poe's gate phase) over its CPU time; beside it the
+machine's matmul rate with the same --threads, also per CPU second, for a large product and for
+the recurrence's own shape (b x H times H x 4H). Wall and process CPU time are both printed: on a shared machine the CPU
 time of a one-thread run is the steadier figure.
 
 Timing: the three variants are built in one process per size and their steps alternate
@@ -37,6 +40,7 @@ The last line is the worst ratio of the sweep.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import resource
@@ -55,20 +59,27 @@ from torch.nn import functional as F  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.models.experts import choose_kernel  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
-from streamer.strategies.experts import GateAdam, PoE, poe_gate_gradient, poe_log_probs  # noqa: E402
+from benchmarks.command import at_least_one, counts  # noqa: E402
+from streamer.strategies.experts import (MoE, Ensemble, GateAdam, PoE, moe_gate_gradient, moe_log_probs,  # noqa: E402
+                                         poe_gate_gradient, poe_log_probs)
 
 VARIANTS = ("modules", "fused", "loop")
+STRATEGIES = {"poe": PoE, "moe": MoE, "ensemble": Ensemble}
 
 
-class LoopedPoE:
-    """The same learning step as `poe`, with the experts as n separate LSTMLanguageModel modules
-    (the same closed-form gate phase, and one Adam, fused like the strategy's, over all modules)."""
+class LoopedExperts:
+    """The same learning step as `poe`, `moe` or `ensemble`, with the experts as n separate
+    LSTMLanguageModel modules (the same closed-form gate phase, and one Adam, fused like the
+    strategy's, over all modules). The ensemble: no gate, the uniform mixture (moe's with w = 0)."""
 
-    def __init__(self, config: LSTMConfig, n: int, lr: float, clip: float, gate_steps: int, gate_lr: float,
-                 device: torch.device):
+    def __init__(self, strategy: str, config: LSTMConfig, n: int, lr: float, clip: float, gate_steps: int,
+                 gate_lr: float, device: torch.device):
+        self.gated = strategy != "ensemble"
+        self.gate = torch.empty(n).uniform_(-0.1, 0.1).to(device) if self.gated else torch.zeros(n, device=device)
         self.experts = nn.ModuleList(LSTMLanguageModel(config) for _ in range(n)).to(device)
-        self.gate = torch.empty(n, device=device).uniform_(-0.1, 0.1)
         self.clip, self.gate_steps = clip, gate_steps
+        self.log_probs = poe_log_probs if strategy == "poe" else moe_log_probs
+        self.gate_gradient = poe_gate_gradient if strategy == "poe" else moe_gate_gradient
         self.optimizer = torch.optim.Adam(self.experts.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
         self.gate_optimizer = GateAdam(self.gate, gate_lr)
         self.state = None
@@ -78,10 +89,11 @@ class LoopedPoE:
         states = self.state or [expert.initial_state(b, batch.inputs.device) for expert in self.experts]
         outputs = [expert(batch.inputs, state) for expert, state in zip(self.experts, states)]
         logits = torch.stack([out[0] for out in outputs])  # (n, b, w, V)
-        gradient = poe_gate_gradient(logits.detach(), batch.targets)
-        for _ in range(self.gate_steps):
-            self.gate_optimizer.step(gradient(self.gate))
-        combined = poe_log_probs(logits, self.gate)
+        if self.gated:
+            gradient = self.gate_gradient(logits.detach(), batch.targets)
+            for _ in range(self.gate_steps):
+                self.gate_optimizer.step(gradient(self.gate))
+        combined = self.log_probs(logits, self.gate)
         loss = F.nll_loss(combined.reshape(-1, combined.shape[-1]), batch.targets.reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -112,29 +124,34 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def step_flop(args, n: int, hidden: int) -> float:
+def step_flop(args, strategy: str, n: int, hidden: int) -> float:
     """Floating-point operations of one learning step's matrix products: forward (input projections,
     recurrence, decoder), backward (twice the forward: the inputs' and the weights' gradients) and
-    the gate phase (two matrix-vector products over the n x positions x V logits per gate step)."""
+    poe's gate phase (two matrix-vector products over the n x positions x V logits per gate step; moe's
+    gate step has no product over the vocabulary, the ensemble no gate)."""
     positions = args.streams * args.window
     forward = 0.0
     for layer in range(args.layers):
         inputs = args.embedding if layer == 0 else hidden
         forward += 2 * positions * (inputs + hidden) * 4 * hidden
     forward += 2 * positions * hidden * args.vocab
-    return n * 3 * forward + args.gate_steps * 4 * n * positions * args.vocab
+    gate = args.gate_steps * 4 * n * positions * args.vocab if strategy == "poe" else 0
+    return n * 3 * forward + gate
 
 
-def build(args, variant: str, n: int, hidden: int):
-    """A learner of one variant (seed 0) and its batches (seed 1: the same for every variant)."""
+def build(args, strategy: str, variant: str, n: int, hidden: int):
+    """A learner of one strategy and variant (seed 0) and its batches (seed 1: the same for every variant)."""
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = LSTMConfig(embedding=args.embedding, hidden=hidden, layers=args.layers, vocab=args.vocab)
-    options = dict(lr=1e-3, clip=1.0, gate_steps=args.gate_steps, gate_lr=1e-3)
+    options = dict(lr=1e-3, clip=1.0)
+    gate = dict(gate_steps=args.gate_steps, gate_lr=1e-3)
     if variant == "modules":
-        learner = LoopedPoE(config, n, device=device, **options)
+        learner = LoopedExperts(strategy, config, n, device=device, **options, **gate)
     else:  # the strategy builds its experts from the template's config
-        learner = PoE(LSTMLanguageModel(config).to(device), n_experts=n, warmup_batches=0, **options)
+        if strategy != "ensemble":
+            options |= gate | {"warmup_batches": 0}
+        learner = STRATEGIES[strategy](LSTMLanguageModel(config).to(device), n_experts=n, **options)
         learner.model.experts.kernel = variant
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, args.vocab, (args.warmup + args.iterations, args.streams, args.window + 1),
@@ -148,10 +165,10 @@ def timed_batch(args, batches: list, index: int) -> Batch:
     return timed[index % len(timed)]
 
 
-def measure(args, variant: str, n: int, hidden: int) -> dict:
+def measure(args, strategy: str, variant: str, n: int, hidden: int) -> dict:
     """Run one variant in this process; return its mean step time and memory."""
     device = torch.device(args.device)
-    learner, batches = build(args, variant, n, hidden)
+    learner, batches = build(args, strategy, variant, n, hidden)
     baseline = _resident_kib()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -173,10 +190,10 @@ def measure(args, variant: str, n: int, hidden: int) -> dict:
     return result
 
 
-def alternate(args, n: int, hidden: int) -> dict[str, dict]:
+def alternate(args, strategy: str, n: int, hidden: int) -> dict[str, dict]:
     """All variants in this process, their learning steps alternating; median step time of each."""
     device = torch.device(args.device)
-    built = {variant: build(args, variant, n, hidden) for variant in VARIANTS}
+    built = {variant: build(args, strategy, variant, n, hidden) for variant in VARIANTS}
     wall = {variant: [] for variant in VARIANTS}
     cpu = {variant: [] for variant in VARIANTS}
 
@@ -218,48 +235,45 @@ def matmul_gflops(device: torch.device, m: int, k: int, n: int, seconds: float =
     return best / 1e9
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _strategies(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or set(names) - set(STRATEGIES):
+        raise argparse.ArgumentTypeError(f"takes {', '.join(STRATEGIES)}, comma-separated; got {text!r}")
+    return names
 
 
-def _sizes(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
-def _child(args, variant: str, n: int, hidden: int, **overrides) -> dict:
+def _child(args, strategy: str, variant: str, n: int, hidden: int, **overrides) -> dict:
     settings = {**vars(args), **overrides}
-    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()
-                 if name not in ("only", "repeats", "experts", "hidden", "separate", "no_memory", "json")]
-    child = subprocess.run([sys.executable, __file__, *forwarded, f"--experts={n}", f"--hidden={hidden}",
-                            "--only", variant], check=True, capture_output=True, text=True)
+    forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items() if name not in (
+        "only", "repeats", "strategies", "experts", "hidden", "separate", "no_memory", "json")]
+    child = subprocess.run([sys.executable, __file__, *forwarded, f"--strategies={strategy}", f"--experts={n}",
+                            f"--hidden={hidden}", "--only", variant], check=True, capture_output=True, text=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def sweep(args) -> list[dict]:
-    """Per size, the fastest of --repeats timings of each variant (alternating in one process, or with
-    --separate in child processes), and each variant's memory from a child process of its own."""
-    rows = []
-    for n in _sizes(args.experts):
-        for hidden in _sizes(args.hidden):
-            best: dict[str, dict] = {}
-            for _ in range(args.repeats):
-                results = {variant: _child(args, variant, n, hidden) for variant in VARIANTS} if args.separate \
-                    else alternate(args, n, hidden)
-                for variant, result in results.items():
-                    if variant not in best or result["cpu_s"] < best[variant]["cpu_s"]:
-                        best[variant] = result
-            if not args.separate and not args.no_memory:  # memory alone: warm-up and one step, no timing
-                for variant in VARIANTS:
-                    alone = _child(args, variant, n, hidden, iterations=1, min_seconds=0)
-                    best[variant] = {**best[variant], **{key: value for key, value in alone.items()
-                                                         if key in ("peak_rss_delta_mib", "gpu_peak_mib")}}
-            auto = choose_kernel(torch.device(args.device), n, hidden)
-            rows.append({"experts": n, "hidden": hidden, "auto": auto, "flop": step_flop(args, n, hidden),
-                         "shape_gflops": matmul_gflops(torch.device(args.device), args.streams, hidden, 4 * hidden),
-                         **{variant: best[variant] for variant in VARIANTS}})
+    """Per strategy and size, the fastest of --repeats timings of each variant (alternating in one process,
+    or with --separate in child processes), and each variant's memory from a child process of its own."""
+    rows, shape_gflops = [], {}
+    for strategy, n, hidden in itertools.product(args.strategies, args.experts, args.hidden):
+        best: dict[str, dict] = {}
+        for _ in range(args.repeats):
+            results = {variant: _child(args, strategy, variant, n, hidden) for variant in VARIANTS} \
+                if args.separate else alternate(args, strategy, n, hidden)
+            for variant, result in results.items():
+                if variant not in best or result["cpu_s"] < best[variant]["cpu_s"]:
+                    best[variant] = result
+        if not args.separate and not args.no_memory:  # memory alone: warm-up and one step, no timing
+            for variant in VARIANTS:
+                alone = _child(args, strategy, variant, n, hidden, iterations=1, min_seconds=0)
+                best[variant] = {**best[variant], **{key: value for key, value in alone.items()
+                                                     if key in ("peak_rss_delta_mib", "gpu_peak_mib")}}
+        auto = choose_kernel(torch.device(args.device), n, hidden)
+        if hidden not in shape_gflops:
+            shape_gflops[hidden] = matmul_gflops(torch.device(args.device), args.streams, hidden, 4 * hidden)
+        rows.append({"strategy": strategy, "experts": n, "hidden": hidden, "auto": auto,
+                     "flop": step_flop(args, strategy, n, hidden), "shape_gflops": shape_gflops[hidden],
+                     **{variant: best[variant] for variant in VARIANTS}})
     return rows
 
 
@@ -274,13 +288,15 @@ def print_table(args, rows: list[dict], peak: float) -> None:
           f"best of {args.repeats} (by CPU time), "
           + ("each variant in its own process (means)" if args.separate
              else "variants alternating in one process (medians)"))
-    print(f"machine matmul, 1 thread: {peak:.1f} GFLOP/s (1024 x 1024 x 1024)")
-    print("| experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
+    per = "GFLOP per second" if args.device == "cuda" else "GFLOP per CPU second, as the table's"
+    print(f"machine matmul, {torch.get_num_threads()} thread(s): {peak:.1f} GFLOP/s (1024 x 1024 x 1024; {per})")
+    print("| strategy | experts | hidden | GFLOP/step | modules ms | fused ms | loop ms | auto | modules/auto wall | "
           "modules/auto CPU | auto GFLOP/s | mm b x H x 4H GFLOP/s | peak RSS MiB modules/auto |")
-    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for row in rows:
         modules, chosen = row["modules"], row[row["auto"]]
-        print(f"| {row['experts']} | {row['hidden']} | {row['flop'] / 1e9:.2f} | {modules['cpu_s'] * 1e3:.0f} | "
+        print(f"| {row['strategy']} | {row['experts']} | {row['hidden']} | {row['flop'] / 1e9:.2f} | "
+              f"{modules['cpu_s'] * 1e3:.0f} | "
               f"{row['fused']['cpu_s'] * 1e3:.0f} | {row['loop']['cpu_s'] * 1e3:.0f} | {row['auto']} | "
               f"{modules['step_s'] / chosen['step_s']:.2f}x | {modules['cpu_s'] / chosen['cpu_s']:.2f}x | "
               f"{row['flop'] / chosen['cpu_s'] / 1e9:.1f} | {row['shape_gflops']:.1f} | "
@@ -290,24 +306,26 @@ def print_table(args, rows: list[dict], peak: float) -> None:
     worst_wall = min(row["modules"]["step_s"] / row[row["auto"]]["step_s"] for row in rows)
     print(f"  loop / batched step time: {worst_wall:.2f}x wall, "
           f"{worst['modules']['cpu_s'] / worst[worst['auto']]['cpu_s']:.2f}x CPU "
-          f"(worst of the sweep; CPU: {worst['experts']} experts, hidden {worst['hidden']})")
+          f"(worst of the sweep; CPU: {worst['strategy']}, {worst['experts']} experts, hidden {worst['hidden']})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--experts", default="5,10,30", help="comma-separated expert counts")
-    p.add_argument("--hidden", default="32,200,550", help="comma-separated hidden sizes")
-    p.add_argument("--embedding", type=int, default=200)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--streams", type=int, default=10, help="b")
-    p.add_argument("--window", type=int, default=20, help="w")
-    p.add_argument("--gate-steps", type=int, default=100)
-    p.add_argument("--iterations", type=_at_least_one, default=3, help="timed steps per variant, at least")
+    p.add_argument("--strategies", type=_strategies, default="poe,moe,ensemble",
+                   help="comma-separated: " + ", ".join(STRATEGIES) + " (default all)")
+    p.add_argument("--experts", type=counts, default="5,10,30", help="comma-separated expert counts")
+    p.add_argument("--hidden", type=counts, default="32,200,550", help="comma-separated hidden sizes")
+    p.add_argument("--embedding", type=at_least_one, default=200)
+    p.add_argument("--vocab", type=at_least_one, default=256)
+    p.add_argument("--layers", type=at_least_one, default=2)
+    p.add_argument("--streams", type=at_least_one, default=10, help="b")
+    p.add_argument("--window", type=at_least_one, default=20, help="w")
+    p.add_argument("--gate-steps", type=int, default=100, help="poe's and moe's gate steps per batch")
+    p.add_argument("--iterations", type=at_least_one, default=3, help="timed steps per variant, at least")
     p.add_argument("--min-seconds", type=float, default=1.0,
                    help="time at least this many seconds of steps per variant (more steps for small sizes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=at_least_one, default=1,
                    help="timings per variant and size (with --separate: child processes); "
                         "the fastest (CPU time) counts")
     p.add_argument("--threads", type=int, default=1,
@@ -322,12 +340,17 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()
+    for name in ("gate_steps", "warmup", "threads", "min_seconds"):
+        if not getattr(args, name) >= 0:  # (nan too)
+            p.error(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch sees no CUDA device here")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.only:
-        print(json.dumps(measure(args, args.only, int(args.experts), int(args.hidden))))
+        print(json.dumps(measure(args, args.strategies[0], args.only, args.experts[0], args.hidden[0])))
         return
     rows = sweep(args)
     if args.json:
