@@ -54,6 +54,31 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def quiet_abandoned_commits(loop: asyncio.AbstractEventLoop) -> None:
+    """Have `loop` drop the failure of a commit that KafkaSource.commit gave up on (its one line said
+    so) and pass every other unhandled exception on as before. aiokafka runs a commit's request in a
+    shielded task (GroupCoordinator.commit_offsets), which our timeout does not cancel: with the broker
+    frozen it failed later, once the consumer closed, and asyncio printed a 12-line traceback
+    ("Task exception was never retrieved") on every rank."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "quiet_abandoned_commits", False):
+        return
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        task = context.get("future") or context.get("task")
+        coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+        if isinstance(context.get("exception"), KafkaError) and \
+                getattr(coroutine, "__qualname__", "").endswith("._do_commit_offsets"):
+            return
+        if previous is None:
+            loop.default_exception_handler(context)
+        else:
+            previous(loop, context)
+
+    handle.quiet_abandoned_commits = True
+    loop.set_exception_handler(handle)
+
+
 @dataclass(frozen=True)
 class Fetched:
     record: Record | None  # None when it cannot be decoded
@@ -126,6 +151,7 @@ class KafkaSource:
         SourceError naming the address), wait for the topic to exist (said in one line), join the group,
         and refuse (SourceError) when another running member is in it, or when the group's committed
         offsets belong to a model that is not this run's (_refuse_if_elsewhere)."""
+        quiet_abandoned_commits(asyncio.get_running_loop())
         admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
         try:
             await self._until_topic_exists(admin)

@@ -6,7 +6,10 @@ metrics to a real Prometheus during a run is test_prometheus_live.py."""
 
 import asyncio
 import dataclasses
+import gc
 import json
+import os
+import signal
 import time
 from types import SimpleNamespace
 
@@ -356,6 +359,37 @@ def test_a_lag_read_with_a_held_partition_does_not_wait_for_a_broker_that_is_awa
                 await source.stop()
         lag, took = asyncio.run(lags())
     assert lag == {0: 0, 1: 0} and took < 0.5, (lag, took)
+
+
+def test_a_commit_given_up_on_a_frozen_broker_leaves_no_traceback_when_its_request_fails_later():
+    """aiokafka sends a commit from a shielded task, which the commit's timeout does not cancel: with the
+    broker frozen (SIGSTOP) the request failed once the consumer closed, and asyncio printed "Task
+    exception was never retrieved" with a 12-line traceback (every rank of a learner did). The commit's
+    own line says it failed; nothing else is said."""
+    said = []
+    with EmbeddedBroker() as own:
+        asyncio.run(produce([Record("0", f"record {i}") for i in range(10)], own.bootstrap_servers, "frozen"))
+
+        async def commit_then_stop():
+            asyncio.get_running_loop().set_exception_handler(lambda loop, context: said.append(context["message"]))
+            source = KafkaSource(own.bootstrap_servers, "frozen", "frozen-g", dead_letter=False, log=said.append,
+                                 commit_timeout_s=1.0)
+            source.seek_on_assign(dict)
+            await source.start()
+            try:
+                async for fetched in source.fetch():
+                    pass
+                os.kill(own.pid, signal.SIGSTOP)
+                committed = await source.commit({("frozen", 0): 10})
+            finally:
+                await source.stop()
+                os.kill(own.pid, signal.SIGCONT)
+            await asyncio.sleep(1.0)  # the abandoned request fails now, or already has
+            gc.collect()
+            return committed
+        assert asyncio.run(commit_then_stop()) is False
+        gc.collect()
+    assert len(said) == 1 and said[0].startswith("commit of offsets [(0, 10)] failed (TimeoutError)"), said
 
 
 def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a_restart_reads_on(broker, tmp_path):
