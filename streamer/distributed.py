@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import time
 from dataclasses import dataclass
 
 import torch
@@ -191,6 +192,23 @@ def stop() -> None:
         dist.destroy_process_group()
         gc.collect()
     _current = None
+
+
+def part(outlast_rank_0_s: float = 0.0) -> None:
+    """The end of a run: the ranks wait for each other at a barrier (rank 0 comes once its report is
+    written), then leave the group (stop). torchrun's agent stops the other ranks (SIGTERM) as soon as
+    one ends with a failure status and names that one as failed: a lost broker's exit status 2, taken
+    by a rank while rank 0 still wrote its report, killed rank 0 there, and the launcher blamed a rank
+    that had said nothing. Rank 0 says the line (and so should end first): with `outlast_rank_0_s` a
+    rank then waits that long, for the agent to stop it once rank 0 has ended (on another machine,
+    whose agent does not, it ends after the wait)."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    except RuntimeError:  # a rank is gone: its end is torchrun's to report
+        pass
+    stop()
+    time.sleep(outlast_rank_0_s)
 
 
 def without_source_location(text: str) -> str:

@@ -116,6 +116,30 @@ def test_a_broker_killed_for_good_ends_learner_and_producer_with_one_line(own_br
     print(f"broker killed: the learner exited 2 after {seconds:.1f}s (--broker-timeout 4)")
 
 
+@pytest.mark.slow  # two ranks, a paced producer and a broker lost for 4 s: about 40 s
+def test_a_broker_killed_under_ranks_ends_with_rank_0s_line_and_report(own_broker, corpus, tmp_path):
+    """Under --nproc 2 the ranks stop at the same step with status 2. Rank 1 used to end at once while
+    rank 0 still wrote its report; torchrun's agent then killed rank 0 (SIGTERM) and the launcher named
+    rank 1, which had said nothing, as the failed rank. Now rank 0 ends first, its report whole."""
+    bootstrap, streams = own_broker.bootstrap_servers, ("--streams", "4")
+    start(produce_command(bootstrap, corpus, "ranks-killed", tmp_path / "paced.json", FRAGMENTS, LAMBDA, *streams,
+                          "--partitions", "4", "--rate", "60", "--broker-timeout", "600"), tmp_path)
+    run_dir = tmp_path / "ranks-killed-run"
+    learner = start(learn_command(bootstrap, "ranks-killed", *streams, "--run-dir", str(run_dir), "--broker-timeout",
+                                  "4", "--nproc", "2"), tmp_path, stderr_apart=True)  # no manifest: a daemon
+    wait_for_lines(run_dir / "losses.jsonl", learner, 20)
+    os.kill(own_broker.pid, signal.SIGKILL)
+    out, err = learner.communicate(timeout=120)
+    assert learner.returncode == 2, out[-3000:] + err[-3000:]
+    assert "Traceback" not in out + err
+    assert error_lines(err)[-2:] == [
+        f"streamer learn: error: Kafka at {bootstrap} was lost for 4 s (--broker-timeout); the checkpoint at batch "
+        f"{line_count(run_dir / 'losses.jsonl')} is in {run_dir}: the same command continues the run",
+        "streamer learn: error: rank(s) 0 failed (exit status 2); their own lines are above; torchrun's agent then "
+        "stopped rank(s) 1"], err
+    assert (run_dir / "results.json").exists() and (run_dir / "loss_curve.png").exists()
+
+
 def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(corpus, tmp_path):
     nowhere = f"127.0.0.1:{free_port()}"
     learner = start(learn_command(nowhere, "t", "--run-dir", str(tmp_path / "run"), "--broker-timeout", "2",

@@ -197,15 +197,21 @@ def run(args) -> int:
                     raise
                 raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
                                 f"same command continues from the last checkpoint in {run_dir}") from None
-    finally:
+    except BaseException:
         if ranks is not None:
             from streamer import distributed
 
             distributed.stop()
+        raise
     status = rank_status(summary.stop_reason) if ranks is not None else 0
+    if leader:
+        print_run_report(summary, config.from_fragment)
+    if ranks is not None:  # rank 0's report is whole before any rank ends (see distributed.part)
+        from streamer import distributed
+
+        distributed.part(outlast_rank_0_s=10.0 if not leader and status == 2 else 0.0)
     if not leader:
         return status
-    print_run_report(summary, config.from_fragment)
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
         learned = summary.batches_before + summary.batches
         raise UserError(f"Kafka at {config.bootstrap_servers} was lost for {config.broker_timeout_s:g} s "
