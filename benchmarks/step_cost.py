@@ -229,9 +229,11 @@ def fractions(text: str) -> list[float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=at_least_one, default=60, help="timed batches per model (default %(default)s)")
+    parser.add_argument("--batches", type=at_least_one, default=60,
+                        help="timed batches per model (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches first (default %(default)s)")
-    parser.add_argument("--dropouts", type=fractions, default="0,0.2", help="dropout values, comma-separated (default %(default)s)")
+    parser.add_argument("--dropouts", type=fractions, default="0,0.2",
+                        help="dropout values, comma-separated (default %(default)s)")
     parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated (default: all)")
     parser.add_argument("--streams", type=at_least_one, default=10)
     parser.add_argument("--window", type=at_least_one, default=20)

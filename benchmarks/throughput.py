@@ -411,7 +411,8 @@ def main() -> None:
     parser.add_argument("--gate-steps", type=at_least_one, default=10, help="poe's gate steps per batch (default 10)")
     parser.add_argument("--models", default="lstm,poe", help="comma-separated: lstm, poe (default both)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=at_least_one, help="torch threads of memory and kafka (default: the policy's)")
+    parser.add_argument("--threads", type=at_least_one,
+                        help="torch threads of memory and kafka (default: the policy's)")
     # one path, in a child process
     parser.add_argument("--measure", choices=PATHS, dest="path", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=("lstm", "poe"), default="lstm", help=argparse.SUPPRESS)

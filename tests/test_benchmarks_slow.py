@@ -63,7 +63,8 @@ def _children(pid: int) -> set[int]:
     found = set()
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and int((Path("/proc") / entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            fields = (Path("/proc") / entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.isdigit() else []
+            if fields and int(fields[1]) == pid:
                 found.add(int(entry))
         except (OSError, IndexError, ValueError):
             continue
