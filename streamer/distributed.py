@@ -95,7 +95,10 @@ class Ranks:
         """One round (one all-reduce): all ranks step when every one has a batch and none stops; when
         one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` and `report` are
         everyone's. The stream ends for all when the ranks' `records` (batched) add up to
-        `total_records` and no rank has `more` (a whole batch cut or to cut). All stop as idle when
+        `total_records` and one rank has no `more` (a whole batch cut or to cut): a global batch needs a
+        part of every rank's (the part of a rank whose streams hold more tokens stays uncut, as one
+        process would not cut it either; waiting for every rank to run out, the ranks of a word-level
+        model, whose streams' token counts differ, waited for ever at the stream's end). All stop as idle when
         every rank is `idle` (no record read for --idle-timeout) and one has no batch: the learner as a
         whole has read nothing for that long and cannot cut its next global batch (one rank's quiet
         partitions alone do not stop the others, whose records still arrive). Blocking: call it in the
@@ -104,11 +107,11 @@ class Ranks:
         if stop_reason is not None:
             stops[STOP_REASONS.index(stop_reason if stop_reason in STOP_REASONS else "signal")] = 1
         counts = torch.tensor([0 if has_batch else 1, int(checkpoint and self.leader), int(report and self.leader),
-                               records, int(more), int(idle), *stops], dtype=torch.int64, device=self.device)
+                               records, int(not more), int(idle), *stops], dtype=torch.int64, device=self.device)
         dist.all_reduce(counts)
         # GPU sync point (nccl): the agreement is read on the host, once per step.
-        waiting, wanted, reported, records, more, idle_ranks, *stops = counts.tolist()
-        if total_records and records >= total_records and not more:
+        waiting, wanted, reported, records, exhausted, idle_ranks, *stops = counts.tolist()
+        if total_records and records >= total_records and exhausted:
             stops[STOP_REASONS.index("end_of_stream")] += 1
         if waiting and idle_ranks == self.world:
             stops[STOP_REASONS.index("idle")] += 1
