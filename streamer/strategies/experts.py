@@ -336,9 +336,11 @@ class _Experts(HyperparameterRepr):
         return combine(self.kind, logits, weights)
 
     def shown(self, weights: torch.Tensor) -> torch.Tensor:
-        """The (n,) weights reported in LearnStats.gates: w for poe, softmax(w) for moe, mean over positions."""
+        """The (n,) weights reported in LearnStats.gates: w for poe, softmax(w) for moe, mean over positions
+        (ranks: over the global batch's; an LSTM gate's per-position weights were this rank's rows' mean)."""
         shown = weights if self.kind == "poe" else weights.softmax(0)
-        return shown.reshape(self.n_experts, -1).mean(1).detach().clone()
+        shown = shown.reshape(self.n_experts, -1).mean(1).detach().clone()
+        return mean_over_ranks(shown) if weights.dim() > 1 else shown  # (rows per rank: equal)
 
     def _start_state(self, batch: Batch):
         return self._trainer.start_state(batch, dim=-2)
