@@ -42,6 +42,9 @@ class ReadyBatch:
     batch: Batch
     truth: BatchTruth | None
     commit: dict  # {(topic, partition): next offset to commit} once this batch is learned
+    # ((class, fragment, tokens), ...): what `truth` was voted from (Batcher._votes); ranks add up every
+    # rank's for the global batch's truth (PrequentialLoop._global_truth)
+    votes: tuple = ()
 
 
 def _utf8(text: str) -> bytes:
@@ -414,7 +417,7 @@ class Batcher:
         else:
             grid = np.array([b.data[: w + 1] for b in self._buffers], dtype=np.int64)
         grid = grid.reshape(self.streams, w + 1)
-        truth = self._majority_truth()
+        votes = self._votes()
         for row, buf in enumerate(self._buffers):
             del buf.data[:w]
             buf.base += w
@@ -424,7 +427,8 @@ class Batcher:
         if self.device.type != "cpu":
             inputs, targets = inputs.to(self.device), targets.to(self.device)
         batch = Batch(inputs=inputs, targets=targets)
-        return ReadyBatch(batch=batch, truth=truth, commit=self.offsets.commit_positions())
+        return ReadyBatch(batch=batch, truth=vote(votes), commit=self.offsets.commit_positions(),
+                          votes=tuple((*key, tokens) for key, tokens in votes.items()))
 
     def state_dict(self) -> dict:
         """The carry-over: each row's unconsumed tokens and record spans, the key-to-row map, the offsets.
@@ -448,8 +452,9 @@ class Batcher:
         self._count_short()
         self.offsets.load_state_dict(state["offsets"])
 
-    def _majority_truth(self) -> BatchTruth | None:
-        votes: dict = {}  # (class, fragment) -> tokens of this batch's rows that carry it
+    def _votes(self) -> dict:
+        """{(class, fragment): tokens of this batch's rows that carry it}, for `vote`."""
+        votes: dict = {}
         window = self.window
         for buf in self._buffers:
             start = buf.base
@@ -464,7 +469,7 @@ class Batcher:
                 if span_end >= end:
                     break
                 span_start = span_end
-        return vote(votes)
+        return votes
 
     def _release(self, buf: _Stream, row: int) -> None:
         """Forget records whose bytes are all consumed (position <= base)."""

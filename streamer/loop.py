@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, NamedTuple
 
 from monitor.results import BatchTruth, StepResult
-from streamer.batching import ReadyBatch
+from streamer.batching import ReadyBatch, vote
 from streamer.spin import outlast
 from streamer.step import prequential_step
 from streamer.strategies.base import Batch
@@ -313,7 +313,7 @@ class PrequentialLoop:
                 self.tokens += result.tokens
                 self.skipped += result.skipped
                 self.last_loss = result.loss
-                self.truth = ready.truth or self.truth
+                self.truth = result.truth or self.truth
                 self.labels_known = ready.batch.labels_known
                 # SNAPSHOT POINT where at_snapshot: strategy, carry-over and offsets describe "after batch result.index"
                 yield result
@@ -404,6 +404,21 @@ class PrequentialLoop:
                 return
             self._hand_over()
 
+    def _global_truth(self, ready: ReadyBatch) -> BatchTruth | None:
+        """Ranks, in the worker thread at the step (every rank gathers in the same order): on rank 0 the
+        truth of the global batch, voted from every rank's rows (its own rows' alone gave rank 0's streams'
+        class and fragment, which differ from the others' where the streams switch apart, e.g. the
+        `independent` schedule: the loss log, the CALM metrics and the report then differed from one
+        process's); the other ranks keep their own (they write none of those)."""
+        parts = self.ranks.gather_bytes(json.dumps(ready.votes).encode())
+        if parts is None:
+            return ready.truth
+        votes: Counter = Counter()
+        for part in parts:
+            for class_name, fragment, tokens in json.loads(part):
+                votes[class_name, fragment] += tokens
+        return vote(votes)
+
     def _stepping(self, ready: ReadyBatch, index: int) -> StepResult | None:
         """Step `index`, in the worker thread, where the steps run one after another: the last loss it
         stands in for a non-finite one is the worker's own; None, learning nothing, when `stop()` came
@@ -419,7 +434,8 @@ class PrequentialLoop:
         if len(self._queue) <= self._refill_at and not self._bursting:  # in bursts: _run_ahead asks
             self._event_loop.call_soon_threadsafe(self._changed.set)
         started = time.perf_counter()
-        result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
+        truth = ready.truth if self.ranks is None else self._global_truth(ready)
+        result = prequential_step(self.strategy, ready.batch, truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         self._step_s = time.perf_counter() - started
@@ -858,13 +874,15 @@ def _ready_to_plain(ready: ReadyBatch) -> dict:
     truth = None if ready.truth is None else (ready.truth.class_name, ready.truth.fragment)
     return {"inputs": ready.batch.inputs.cpu(), "targets": ready.batch.targets.cpu(),
             "labels_known": ready.batch.labels_known, "truth": truth,
-            "commit": [(list(tp), offset) for tp, offset in ready.commit.items()]}
+            "commit": [(list(tp), offset) for tp, offset in ready.commit.items()],
+            "votes": [list(each) for each in ready.votes]}
 
 
 def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
     batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
     truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
-    return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]})
+    votes = tuple(tuple(each) for each in saved.get("votes", ()))  # (a checkpoint from before 2026-11-29: none)
+    return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]}, votes)
 
 
 class Counts(NamedTuple):

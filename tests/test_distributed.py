@@ -680,3 +680,53 @@ def test_a_rank_owns_its_streams_and_their_partitions():
     assert [batcher.accepts(str(stream)) for stream in (4, 5, 9, 10)] == [False, True, True, False]
     batcher.add(Record(stream="7", text="abc"))
     assert batcher._rows == {"7": 2}  # noqa: SLF001 - stream 7 is this rank's row 2
+
+
+@pytest.mark.slow  # one process and two ranks of a word-level model: about 50 s
+def test_a_word_level_model_under_ranks_ends_at_the_streams_end_with_the_losses_of_one_process(broker, stream):
+    """A word model's streams hold different numbers of tokens: at the stream's end rank 0 still had a part
+    of a batch cut and rank 1 could not cut one, and the ranks, agreeing on the end only once no rank had
+    more, waited for ever (no --idle-timeout). One process never cuts that batch: the ranks end there too."""
+    root, manifest = stream
+    word = ["--model", "lstm-word", "--hidden", "16"]
+    one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-word", *word)], root, timeout=120)
+    assert one.returncode == 0 and "end_of_stream" in one.stdout, one.stdout[-2000:] + one.stderr[-2000:]
+    unset = {name: value for name, value in ENV.items() if name != "OMP_NUM_THREADS"}
+    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-word", *word, "--nproc", "2")], root,
+              timeout=120, env=unset)
+    assert two.returncode == 0 and "end_of_stream" in two.stdout, two.stdout[-2000:] + two.stderr[-2000:]
+    expected = losses(root / "one-word")
+    assert 0 < len(expected) < BATCHES  # the stream ended before --max-batches
+    assert worst_difference(losses(root / "two-word"), expected) <= 1e-4
+
+
+@pytest.mark.slow  # a topic of its own, one process and two ranks of poe-lstm: about a minute
+def test_under_ranks_the_class_fragment_and_gate_columns_are_the_global_batchs(broker, stream):
+    """With streams that switch apart (the independent schedule) the loss log's class and fragment were
+    rank 0's rows' majority, so the CALM metrics and the report differed from one process's; an LSTM
+    gate's weights in the log were rank 0's rows' mean. Both are the global batch's now."""
+    root, _ = stream
+    manifest = root / "independent.manifest.json"
+    result = subprocess.run(produce(broker, root, "distributed-independent", manifest, "--schedule", "independent"),
+                            capture_output=True, text=True, timeout=120, env=ENV)
+    assert result.returncode == 0, result.stderr
+    gated = ["--topic", "distributed-independent", "--strategy", "poe-lstm", "--set", "n_experts=3",
+             "--set", "warmup_batches=5", "--set", "gate_hidden=8", "--max-batches", "60"]
+    one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-independent", *gated)], root)
+    assert one.returncode == 0, one.stderr[-3000:]
+    unset = {name: value for name, value in ENV.items() if name != "OMP_NUM_THREADS"}
+    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-independent", *gated, "--nproc", "2")], root,
+              env=unset)
+    assert two.returncode == 0, two.stderr[-3000:]
+    got, expected = losses(root / "two-independent"), losses(root / "one-independent")
+    assert worst_difference(got, expected) <= 1e-4
+    columns = ("domain_name", "sequence")
+    assert [[line[column] for column in columns] for line in got] == [
+        [line[column] for column in columns] for line in expected]
+    assert len({line["domain_name"] for line in expected}) > 1  # the case: classes differ between rows
+    gates = max(abs(a - b) for x, y in zip(got, expected) for a, b in zip(x["gates"], y["gates"]))
+    assert gates <= 1e-5, f"gate weights differ by {gates:.3g}"
+    results = [json.loads((root / name / "results.json").read_text())["metrics"]
+               for name in ("two-independent", "one-independent")]
+    assert results[0]["n_batches"] == results[1]["n_batches"]
+    assert results[0]["ppl"] == pytest.approx(results[1]["ppl"], rel=1e-4)
