@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -404,21 +405,6 @@ class PrequentialLoop:
                 return
             self._hand_over()
 
-    def _global_truth(self, ready: ReadyBatch) -> BatchTruth | None:
-        """Ranks, in the worker thread at the step (every rank gathers in the same order): on rank 0 the
-        truth of the global batch, voted from every rank's rows (its own rows' alone gave rank 0's streams'
-        class and fragment, which differ from the others' where the streams switch apart, e.g. the
-        `independent` schedule: the loss log, the CALM metrics and the report then differed from one
-        process's); the other ranks keep their own (they write none of those)."""
-        parts = self.ranks.gather_bytes(json.dumps(ready.votes).encode())
-        if parts is None:
-            return ready.truth
-        votes: Counter = Counter()
-        for part in parts:
-            for class_name, fragment, tokens in json.loads(part):
-                votes[class_name, fragment] += tokens
-        return vote(votes)
-
     def _stepping(self, ready: ReadyBatch, index: int) -> StepResult | None:
         """Step `index`, in the worker thread, where the steps run one after another: the last loss it
         stands in for a non-finite one is the worker's own; None, learning nothing, when `stop()` came
@@ -434,8 +420,7 @@ class PrequentialLoop:
         if len(self._queue) <= self._refill_at and not self._bursting:  # in bursts: _run_ahead asks
             self._event_loop.call_soon_threadsafe(self._changed.set)
         started = time.perf_counter()
-        truth = ready.truth if self.ranks is None else self._global_truth(ready)
-        result = prequential_step(self.strategy, ready.batch, truth, index, self._stepped_loss)
+        result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         self._step_s = time.perf_counter() - started
@@ -476,11 +461,12 @@ class PrequentialLoop:
         while True:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
+            votes = json.dumps(self._queue[0].votes).encode() if has_batch else b""
             agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
                                           self.checkpoint_wanted(), self._records_read(),
                                           has_batch or self._more(), self.total_records,
                                           time.monotonic() - self._reported_at >= self.lag_every_s,
-                                          self._idle())
+                                          self._idle(), votes)
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
@@ -497,6 +483,8 @@ class PrequentialLoop:
                 await self._report()
             if agreed.go:
                 self.checkpoint_agreed, self.waiting_since = agreed.checkpoint, None
+                if agreed.votes is not None:  # rank 0: the global batch's truth (_global_truth)
+                    self._queue[0] = dataclasses.replace(self._queue[0], truth=_global_truth(agreed.votes))
                 return self._queue[0]
 
     async def _report(self) -> None:
@@ -868,6 +856,18 @@ def _rejected(batcher, record) -> tuple[str, str] | None:
         return "extra_stream", f"more than {getattr(batcher, 'streams', '?')} stream ids"
     rejects = getattr(batcher, "rejects", None)
     return rejects(record) if rejects else None
+
+
+def _global_truth(parts: list[bytes]) -> BatchTruth | None:
+    """Rank 0's truth of the global batch, voted from every rank's votes for its part (Ranks.agree). Its
+    own rows' alone gave rank 0's streams' class and fragment, which differ from the others' where the
+    streams switch apart (the `independent` schedule): the loss log, the CALM metrics and the report
+    then differed from one process's. The other ranks keep their own (they write none of those)."""
+    votes: Counter = Counter()
+    for part in parts:
+        for class_name, fragment, tokens in json.loads(part):
+            votes[class_name, fragment] += tokens
+    return vote(votes)
 
 
 def _ready_to_plain(ready: ReadyBatch) -> dict:

@@ -619,7 +619,7 @@ class PeerWithout:
         self.reports = []  # what rank 0 sent
 
     def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None, report=False,
-              idle=False):
+              idle=False, votes=b""):
         if self.stuck.is_set() and not self.freed.is_set():
             self.freed.wait(30)
         return Agreement(False, stop_reason, False, report)
