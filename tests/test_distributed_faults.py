@@ -65,3 +65,37 @@ def test_a_rank_with_a_non_finite_loss_skips_with_the_others(tmp_path, strategy)
     # both ranks skip the second batch, learn the others, and stay one model
     assert all(report["skipped"] == [False, True, False, False] for report in reports)
     assert reports[0]["checksum"] == pytest.approx(reports[1]["checksum"], abs=1e-9)
+
+
+AGREE = """
+import json, sys
+sys.path.insert(0, {root!r})
+from streamer import distributed
+
+ranks = distributed.start("cpu", timeout_s=30)
+said = []
+for size in (40, 2000, 0):  # fits the agreement; gathered apart (over VOTES_BYTES); rank 1 has no batch
+    votes = (str(ranks.rank) * (size if ranks.rank == 0 else 7)).encode() if size or ranks.rank == 0 else b""
+    agreed = ranks.agree(bool(votes), None, False, records=3, votes=votes)
+    said.append([agreed.go, None if agreed.votes is None else [len(part) for part in agreed.votes]])
+sys.stdout.write(json.dumps({{"rank": ranks.rank, "said": said}}) + "\\n")
+sys.stdout.flush()
+distributed.stop()
+"""
+
+
+def test_every_ranks_votes_reach_rank_0_with_the_agreement_and_long_ones_apart(tmp_path):
+    """The global batch's truth: each rank sends its votes in the step's agreement (one all-gather); votes
+    longer than VOTES_BYTES are gathered apart by every rank alike (each sees every length), so neither
+    rank waits on a collective the other skips; only rank 0 keeps them, and only when all step."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE.format(root=str(ROOT)))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--log-dir", str(tmp_path / "torchrun-logs"), str(script)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                     key=lambda report: report["rank"])
+    assert reports == [{"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]]},
+                       {"rank": 1, "said": [[True, None], [True, None], [False, None]]}]
