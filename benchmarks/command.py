@@ -1,8 +1,8 @@
 """What the benchmarks' command lines share.
 
 Option types that refuse a bad value with argparse's one line (not a traceback from deep inside a
-run): `at_least_one`, `counts` (comma-separated, each at least 1), `seconds` (finite, over 0) and
-`fraction` (0 <= x < 1).
+run): `at_least_one` (the CLI's positive_int), `counts` (comma-separated, each at least 1), `seconds`
+(finite, over 0) and `fraction` (0 <= x < 1).
 
 `ended_by_signals`: a benchmark stopped by a signal ends as Ctrl-C ends it, through its `finally`
 blocks (its child processes stopped and reaped, the broker stopped, scratch files removed), then one
@@ -23,44 +23,37 @@ import math
 import signal
 import sys
 
+from streamer.cli.flags import positive_float, positive_int
+
+at_least_one = positive_int  # (the name the benchmarks use)
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def counts(text: str) -> list[int]:
     """Comma-separated whole numbers, each at least 1 (`5,10,30`)."""
-    values = [at_least_one(part.strip()) for part in text.split(",") if part.strip()]
+    values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"no numbers in {text!r}")
     return values
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds over 0, got {text}")
+    """A finite number of seconds over 0."""
+    value = positive_float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text}")
     return value
 
 
 def fraction(text: str) -> float:
+    """At least 0 and below 1 (a dropout)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:  # (nan too)
+        raise argparse.ArgumentTypeError(f"expected at least 0 and below 1, got {text}")
     return value
 
 

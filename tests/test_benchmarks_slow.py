@@ -34,20 +34,13 @@ def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
     assert re.search(r"^memory/baseline: \d\.\d{3} \(lower of lstm", out, re.M), out
 
 
-def test_throughput_refuses_no_processes():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--processes", "0"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--processes must be at least 1" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 @pytest.mark.parametrize("script, flags, said", [
-    ("throughput.py", ["--processes", "0"], "argument --processes: must be at least 1, got 0"),
-    ("throughput.py", ["--slice", "nan"], "argument --slice: must be a finite number of seconds over 0, got nan"),
-    ("experts.py", ["--experts", "5,x"], "argument --experts: not a whole number: 'x'"),
+    ("throughput.py", ["--processes", "0"], "argument --processes: expected a positive integer, got 0"),
+    ("throughput.py", ["--slice", "nan"], "argument --slice: expected a positive number, got nan"),
+    ("experts.py", ["--experts", "5,x"], "argument --experts: expected a positive integer, got 'x'"),
     ("experts.py", ["--strategies", "poe,lstm"], "argument --strategies: takes poe, moe, ensemble, comma-separated; "
                                                   "got 'poe,lstm'"),
-    ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: must be at least 0 and below 1, got 1.5"),
+    ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: expected at least 0 and below 1, got 1.5"),
     ("scaling.py", ["--batches", "1"], "--batches 1: at least 10 (a rate is taken over the span between batches)"),
 ])
 def test_a_bad_value_for_a_benchmark_is_one_line(script, flags, said):

@@ -50,17 +50,22 @@ distributed.stop()
 """
 
 
-@pytest.mark.parametrize("strategy", ["agem", "naive"])
-def test_a_rank_with_a_non_finite_loss_skips_with_the_others(tmp_path, strategy):
+def two_ranks_run(tmp_path: Path, text: str) -> list[dict]:
+    """`text` as a script run by two gloo ranks under torchrun; the JSON line each rank printed, by rank."""
     script = tmp_path / "rank.py"
-    script.write_text(RANK.format(root=str(ROOT), strategy=strategy))
+    script.write_text(text)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "--log-dir", str(tmp_path / "torchrun-logs"), str(script)],
                           capture_output=True, text=True, timeout=180, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    reports = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-                     key=lambda report: report["rank"])
+    return sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                  key=lambda report: report["rank"])
+
+
+@pytest.mark.parametrize("strategy", ["agem", "naive"])
+def test_a_rank_with_a_non_finite_loss_skips_with_the_others(tmp_path, strategy):
+    reports = two_ranks_run(tmp_path, RANK.format(root=str(ROOT), strategy=strategy))
     assert [report["rank"] for report in reports] == [0, 1]
     # both ranks skip the second batch, learn the others, and stay one model
     assert all(report["skipped"] == [False, True, False, False] for report in reports)
@@ -88,14 +93,6 @@ def test_every_ranks_votes_reach_rank_0_with_the_agreement_and_long_ones_apart(t
     """The global batch's truth: each rank sends its votes in the step's agreement (one all-gather); votes
     longer than VOTES_BYTES are gathered apart by every rank alike (each sees every length), so neither
     rank waits on a collective the other skips; only rank 0 keeps them, and only when all step."""
-    script = tmp_path / "agree.py"
-    script.write_text(AGREE.format(root=str(ROOT)))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "--log-dir", str(tmp_path / "torchrun-logs"), str(script)],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    reports = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-                     key=lambda report: report["rank"])
+    reports = two_ranks_run(tmp_path, AGREE.format(root=str(ROOT)))
     assert reports == [{"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]]},
                        {"rank": 1, "said": [[True, None], [True, None], [False, None]]}]
