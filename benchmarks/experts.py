@@ -43,6 +43,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -59,7 +60,8 @@ from torch.nn import functional as F  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.models.experts import choose_kernel  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
-from benchmarks.command import at_least_one, counts  # noqa: E402
+from benchmarks.command import at_least_one, counts, ended_by_signals  # noqa: E402
+from streamer.broker import die_with_parent  # noqa: E402
 from streamer.strategies.experts import (MoE, Ensemble, GateAdam, PoE, moe_gate_gradient, moe_log_probs,  # noqa: E402
                                          poe_gate_gradient, poe_log_probs)
 
@@ -247,7 +249,8 @@ def _child(args, strategy: str, variant: str, n: int, hidden: int, **overrides) 
     forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items() if name not in (
         "only", "repeats", "strategies", "experts", "hidden", "separate", "no_memory", "json")]
     child = subprocess.run([sys.executable, __file__, *forwarded, f"--strategies={strategy}", f"--experts={n}",
-                            f"--hidden={hidden}", "--only", variant], check=True, capture_output=True, text=True)
+                            f"--hidden={hidden}", "--only", variant], check=True, capture_output=True, text=True,
+                           preexec_fn=die_with_parent(os.getpid()))  # killed with this process
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
@@ -352,7 +355,8 @@ def main() -> None:
     if args.only:
         print(json.dumps(measure(args, args.strategies[0], args.only, args.experts[0], args.hidden[0])))
         return
-    rows = sweep(args)
+    with ended_by_signals("experts"):
+        rows = sweep(args)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     print_table(args, rows, matmul_gflops(torch.device(args.device), 1024, 1024, 1024))

@@ -238,8 +238,8 @@ def part(outlast_rank_0_s: float = 0.0) -> None:
     rank then waits that long, for the agent to stop it once rank 0 has ended (on another machine,
     whose agent does not, it ends after the wait)."""
     try:
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        if dist.is_available() and dist.is_initialized():  # (nccl: on this rank's own GPU)
+            dist.barrier(device_ids=[torch.cuda.current_device()] if dist.get_backend() == "nccl" else None)
     except RuntimeError:  # a rank is gone: its end is torchrun's to report
         pass
     stop()

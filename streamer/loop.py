@@ -881,7 +881,9 @@ def _ready_to_plain(ready: ReadyBatch) -> dict:
 def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
     batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
     truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
-    votes = tuple(tuple(each) for each in saved.get("votes", ()))  # (a checkpoint from before 2026-11-29: none)
+    votes = tuple(tuple(each) for each in saved.get("votes", ()))
+    if not votes and truth is not None:  # a checkpoint from before 2026-11-29: its truth as the batch's one vote
+        votes = ((truth.class_name, truth.fragment, batch.tokens),)
     return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]}, votes)
 
 

@@ -76,6 +76,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("script, flags, started", [
     ("throughput.py", ["--models", "lstm", "--hidden", "32", "--rounds", "400"], 7),  # the broker, 3 paths x 2
     ("scaling.py", ["--parts", "length", "--batches", "200"], 4),  # the broker, 2 producers, the 1x learner
+    ("experts.py", ["--separate", "--experts", "30", "--hidden", "550", "--min-seconds", "60"], 1),  # a variant
 ])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum):

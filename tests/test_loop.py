@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import torch
 
-from producers.wire import Record
+from producers.wire import Record, Truth
 from streamer import checkpoint
 from streamer.batching import Batcher
 from streamer.consumer import Fetched
@@ -1077,3 +1077,20 @@ def test_records_still_to_read_again_keep_a_finite_run_from_ending():
     for seed in range(20):
         read_with_skips({0: order}, 3, 10, 2, seed=seed, watch=check)
     assert True in checked
+
+
+def test_a_queued_batch_from_a_checkpoint_without_votes_votes_for_its_own_truth():
+    """The global batch's truth (ranks) is voted from each rank's part; a checkpoint written before the
+    votes were kept held a queued batch's truth alone: it then counts as that part's one vote, where no
+    vote at all made rank 0 log the first resumed batches with no class (a false switch and back)."""
+    from monitor.results import BatchTruth
+
+    batch = Batcher(2, 3)
+    for stream, text in (("0", "abcdefgh"), ("1", "ijklmnop")):
+        batch.add(Record(stream, text, Truth("en", 4, position=0, produced=0.0)))
+    saved = loop_module._ready_to_plain(batch.pop())
+    assert saved["votes"] == [["en", 4, 6]]
+    del saved["votes"]  # as before 2026-11-29
+    ready = loop_module._ready_from_plain(saved, batch)
+    assert ready.truth == BatchTruth("en", 4) and ready.votes == (("en", 4, ready.batch.tokens),)
+    assert loop_module._global_truth([json.dumps(ready.votes).encode()] * 2) == BatchTruth("en", 4)

@@ -204,12 +204,14 @@ def run(args) -> int:
             distributed.stop()
         raise
     status = rank_status(summary.stop_reason) if ranks is not None else 0
-    if leader:
-        print_run_report(summary, config.from_fragment)
-    if ranks is not None:  # rank 0's report is whole before any rank ends (see distributed.part)
-        from streamer import distributed
+    try:
+        if leader:
+            print_run_report(summary, config.from_fragment)
+    finally:
+        if ranks is not None:  # rank 0's report is whole before any rank ends (see distributed.part)
+            from streamer import distributed
 
-        distributed.part(outlast_rank_0_s=10.0 if not leader and status == 2 else 0.0)
+            distributed.part(outlast_rank_0_s=10.0 if not leader and status == 2 else 0.0)
     if not leader:
         return status
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
