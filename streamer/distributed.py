@@ -96,7 +96,7 @@ class Ranks:
     def agree(self, has_batch: bool, stop_reason: str | None, checkpoint: bool, records: int = 0,
               more: bool = True, total_records: int | None = None, report: bool = False,
               idle: bool = False, votes: bytes = b"") -> Agreement:
-        """One round (one all-reduce): all ranks step when every one has a batch and none stops; when
+        """One round (one all-gather): all ranks step when every one has a batch and none stops; when
         one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` and `report` are
         everyone's. The stream ends for all when the ranks' `records` (batched) add up to
         `total_records` and one rank has no `more` (a whole batch cut or to cut): a global batch needs a
