@@ -1,7 +1,7 @@
 """What the benchmarks' command lines share.
 
 Option types that refuse a bad value with argparse's one line (not a traceback from deep inside a
-run): `at_least_one` (the CLI's positive_int), `counts` (comma-separated, each at least 1), `seconds`
+run): the CLI's `positive_int`, and `counts` (comma-separated, each at least 1), `seconds`
 (finite, over 0) and `fraction` (0 <= x < 1).
 
 `ended_by_signals`: a benchmark stopped by a signal ends as Ctrl-C ends it, through its `finally`
@@ -24,8 +24,6 @@ import signal
 import sys
 
 from streamer.cli.flags import positive_float, positive_int
-
-at_least_one = positive_int  # (the name the benchmarks use)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -60,7 +60,8 @@ from torch.nn import functional as F  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.models.experts import choose_kernel  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
-from benchmarks.command import at_least_one, counts, ended_by_signals  # noqa: E402
+from benchmarks.command import counts, ended_by_signals  # noqa: E402
+from streamer.cli.flags import positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
 from streamer.strategies.experts import (MoE, Ensemble, GateAdam, PoE, moe_gate_gradient, moe_log_probs,  # noqa: E402
                                          poe_gate_gradient, poe_log_probs)
@@ -318,17 +319,17 @@ def main() -> None:
                    help="comma-separated: " + ", ".join(STRATEGIES) + " (default all)")
     p.add_argument("--experts", type=counts, default="5,10,30", help="comma-separated expert counts")
     p.add_argument("--hidden", type=counts, default="32,200,550", help="comma-separated hidden sizes")
-    p.add_argument("--embedding", type=at_least_one, default=200)
-    p.add_argument("--vocab", type=at_least_one, default=256)
-    p.add_argument("--layers", type=at_least_one, default=2)
-    p.add_argument("--streams", type=at_least_one, default=10, help="b")
-    p.add_argument("--window", type=at_least_one, default=20, help="w")
+    p.add_argument("--embedding", type=positive_int, default=200)
+    p.add_argument("--vocab", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=2)
+    p.add_argument("--streams", type=positive_int, default=10, help="b")
+    p.add_argument("--window", type=positive_int, default=20, help="w")
     p.add_argument("--gate-steps", type=int, default=100, help="poe's and moe's gate steps per batch")
-    p.add_argument("--iterations", type=at_least_one, default=3, help="timed steps per variant, at least")
+    p.add_argument("--iterations", type=positive_int, default=3, help="timed steps per variant, at least")
     p.add_argument("--min-seconds", type=float, default=1.0,
                    help="time at least this many seconds of steps per variant (more steps for small sizes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    p.add_argument("--repeats", type=at_least_one, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="timings per variant and size (with --separate: child processes); "
                         "the fastest (CPU time) counts")
     p.add_argument("--threads", type=int, default=1,

@@ -48,7 +48,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from benchmarks.command import at_least_one, fraction  # noqa: E402
+from benchmarks.command import fraction  # noqa: E402
+from streamer.cli.flags import positive_int  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.step import prequential_step  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
@@ -229,16 +230,16 @@ def fractions(text: str) -> list[float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=at_least_one, default=60,
+    parser.add_argument("--batches", type=positive_int, default=60,
                         help="timed batches per model (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches first (default %(default)s)")
     parser.add_argument("--dropouts", type=fractions, default="0,0.2",
                         help="dropout values, comma-separated (default %(default)s)")
     parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated (default: all)")
-    parser.add_argument("--streams", type=at_least_one, default=10)
-    parser.add_argument("--window", type=at_least_one, default=20)
-    parser.add_argument("--embedding", type=at_least_one, default=200)
-    parser.add_argument("--vocab", type=at_least_one, default=256)
+    parser.add_argument("--streams", type=positive_int, default=10)
+    parser.add_argument("--window", type=positive_int, default=20)
+    parser.add_argument("--embedding", type=positive_int, default=200)
+    parser.add_argument("--vocab", type=positive_int, default=256)
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error(f"--warmup must be at least 0, got {args.warmup}")

@@ -78,7 +78,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.command import at_least_one, ended_by_signals, seconds  # noqa: E402
+from benchmarks.command import ended_by_signals, seconds  # noqa: E402
+from streamer.cli.flags import positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
@@ -401,17 +402,17 @@ def show(model: str, label: str, slice_s: float, args, result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", type=int, help="pin the benchmark to the first N CPUs it may use (default: all)")
-    parser.add_argument("--processes", type=at_least_one, default=2,
+    parser.add_argument("--processes", type=positive_int, default=2,
                         help="processes per path, their slices interleaved and their batches pooled (default 2)")
-    parser.add_argument("--rounds", type=at_least_one, default=16, help="rounds of one slice per process (default 16)")
+    parser.add_argument("--rounds", type=positive_int, default=16, help="rounds of one slice per process (default 16)")
     parser.add_argument("--slice", type=seconds, default=0.5, help="seconds a path runs per round, lstm (default 0.5)")
     parser.add_argument("--poe-slice", type=seconds, default=0.5, help="the same for poe (default 0.5)")
-    parser.add_argument("--hidden", type=at_least_one, default=256, help="LSTM hidden size, both models (default 256)")
-    parser.add_argument("--experts", type=at_least_one, default=10, help="poe's experts (default 10)")
-    parser.add_argument("--gate-steps", type=at_least_one, default=10, help="poe's gate steps per batch (default 10)")
+    parser.add_argument("--hidden", type=positive_int, default=256, help="LSTM hidden size, both models (default 256)")
+    parser.add_argument("--experts", type=positive_int, default=10, help="poe's experts (default 10)")
+    parser.add_argument("--gate-steps", type=positive_int, default=10, help="poe's gate steps per batch (default 10)")
     parser.add_argument("--models", default="lstm,poe", help="comma-separated: lstm, poe (default both)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=at_least_one,
+    parser.add_argument("--threads", type=positive_int,
                         help="torch threads of memory and kafka (default: the policy's)")
     # one path, in a child process
     parser.add_argument("--measure", choices=PATHS, dest="path", help=argparse.SUPPRESS)

@@ -197,8 +197,9 @@ def _panels() -> list[dict]:
         _panel("timeseries", "Records read again", [(_m("records_read_again_total"), per_run)],
                unit=RECORDS, width=24, height=6,
                description="Records the consumer read more than once (each read after the first), the run's "
-               "total (after a crash, as every counter, since the learner's restart). A stream that held more than --keep-windows windows while the learning waited for another "
-               "had its further records left in Kafka (memory stays bounded); the counter grows as they are read "
+               "total (after a crash, as every counter, since the learner's restart). A stream that held more "
+               "than --keep-windows windows while the learning waited for another had its further records left "
+               "in Kafka (memory stays bounded); the counter grows as they are read "
                "again, once it has room. A flat line at 0: no stream was ever that far ahead."),
         _row("Drift detector"),
         _panel("timeseries", "Switches: true vs detected",

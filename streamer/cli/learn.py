@@ -198,9 +198,7 @@ def run(args) -> int:
                 raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
                                 f"same command continues from the last checkpoint in {run_dir}") from None
     except BaseException:
-        if ranks is not None:
-            from streamer import distributed
-
+        if ranks is not None:  # (distributed: imported where the ranks started)
             distributed.stop()
         raise
     status = rank_status(summary.stop_reason) if ranks is not None else 0
@@ -209,8 +207,6 @@ def run(args) -> int:
             print_run_report(summary, config.from_fragment)
     finally:
         if ranks is not None:  # rank 0's report is whole before any rank ends (see distributed.part)
-            from streamer import distributed
-
             distributed.part(outlast_rank_0_s=10.0 if not leader and status == 2 else 0.0)
     if not leader:
         return status
