@@ -199,7 +199,8 @@ class Reader:
         self._last = now  # a dropped read starts the next interval afresh
         if now is None or last is None or not 0.5 * self.every_s < now[2] - last[2] < 1.5 * self.every_s:
             return None
-        return (now[0] - last[0]) / self.tick - (now[1] - last[1]), now[2] - last[2]
+        # other work is never below none: the CPUs' ticks (10 ms) and this process's own clock differ in grain
+        return max(0.0, (now[0] - last[0]) / self.tick - (now[1] - last[1])), now[2] - last[2]
 
 
 class SpinGovernor:
