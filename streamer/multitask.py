@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,11 +41,16 @@ class ShuffledNaive(Naive):
     def __init__(self, model: nn.Module, lr: float, *, clip: float = 1.0, steps: int = 1, carry_state: bool = False):
         super().__init__(model, lr=lr, clip=clip, steps=steps)
         self.carry_state = carry_state
+        self._zero: tuple[Batch, Any] | None = None  # (batch, its zero state): predict's and learn's
 
     def _start_state(self, batch: Batch):
+        """The carried state, or a zero one: the same object for predict and learn of one batch, so that
+        with dropout 0 learn reuses predict's forward (OnlineTrainer.take) instead of running another."""
         if self.carry_state:
             return super()._start_state(batch)
-        return self.model.initial_state(batch.inputs.shape[0], self._device())
+        if self._zero is None or self._zero[0] is not batch:
+            self._zero = (batch, self.model.initial_state(batch.inputs.shape[0], self._device()))
+        return self._zero[1]
 
 
 def shuffled_order(n: int, seed: int) -> list[int]:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from streamer.models import LSTMLanguageModel
+from streamer.multitask import ShuffledNaive
 from streamer.step import run
 from streamer.strategies.base import Batch
 from streamer.strategies.catalog import STRATEGY_CATALOG, strategy_class
@@ -161,3 +162,20 @@ def test_adam_is_fused_and_updates_as_the_per_tensor_loop():
     for mine, theirs in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     assert int(fused.state_dict()["state"][0]["step"]) == 10
+
+
+def test_multitask_zero_state_learner_runs_one_forward_per_batch(tiny_stream):
+    """`streamer multitask`'s learner starts each batch from a zero state: predict and learn take the
+    same one, so learn reuses predict's forward (it ran two a batch, and a graph was built for nothing)."""
+    _, batches = tiny_stream
+    counts, losses = {}, {}
+    for shared in (True, False):
+        torch.manual_seed(0)
+        strategy = ShuffledNaive(LSTMLanguageModel(TINY), lr=2e-3)
+        calls = [0]
+        strategy.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        losses[shared] = [(r.loss, r.train_loss) for r in _run(strategy, batches[:HEAD], shared)]
+        counts[shared] = calls[0]
+    assert counts == {True: HEAD, False: 2 * HEAD}
+    assert [t for _, t in losses[True]] == [t for _, t in losses[False]]
+    assert [s for s, _ in losses[True]] == pytest.approx([s for s, _ in losses[False]], abs=1e-5)
