@@ -25,8 +25,12 @@ machine's load touches all of them alike):
   forward" of the bound for dropout > 0.
 
 Columns, medians over the timed batches in ms (each column its own median, so they need not add
-up): score (streamer: predict; reference: forward and loss), update (backward, clip, optimizer),
-gate (the plastic gate's fitting), overhead (the rest of the step: streamer's one device read and
+up): score (streamer: predict; reference: forward and loss), train fwd (streamer's training-mode
+forward inside learn, the model's or the experts' own forward timed by hooks: 0 when predict's
+forward serves the update, one forward with dropout > 0 and in `separate`; the reference's score is
+its training forward), update (the rest of learn: backward, clip, optimizer; streamer's PoE also
+its experts' combination, which the reference counts in score), gate (the plastic gate's fitting),
+overhead (the rest of the step: streamer's one device read and
 StepResult; the reference's carry and .item()), total (wall) and cpu (this thread's CPU time, the
 steadier figure on a shared machine). The last lines give streamer/reference per model and dropout,
 wall and CPU, each the median over the batches of the two variants' ratio on the same batch, against
@@ -58,7 +62,7 @@ from streamer.strategies.naive import Naive  # noqa: E402
 
 MODELS = {"lstm-200": (1, 200), "lstm-742": (1, 742), "poe-10x200": (10, 200)}  # (experts, hidden); 1: naive
 LR, CLIP, GATE_STEPS, GATE_LR = 1e-3, 1.0, 10, 1e-3
-PARTS = ("score", "update", "gate", "overhead", "total", "cpu")
+PARTS = ("score", "train fwd", "update", "gate", "overhead", "total", "cpu")
 
 
 class ReferenceLM(nn.Module):
@@ -135,7 +139,8 @@ class Reference:
 
 
 class Streamer:
-    """prequential_step on the strategy `streamer learn` builds; the gate's fitting timed by a wrapper."""
+    """prequential_step on the strategy `streamer learn` builds; the gate's fitting timed by a wrapper,
+    the model's forwards inside learn by hooks."""
 
     def __init__(self, n: int, config: LSTMConfig, shared: bool):
         model = LSTMLanguageModel(config)
@@ -155,15 +160,38 @@ class Streamer:
             gate.train = timed_fit
         self.strategy._trainer.shares_forward &= shared
         self.index = 0
-        self.gate_s = 0.0
+        self.gate_s = self.forward_s = 0.0
+        self.learning = False
+        self._forward_started = 0.0
+        learn = self.strategy.learn
+
+        def flagged_learn(batch):
+            self.learning = True
+            try:
+                return learn(batch)
+            finally:
+                self.learning = False
+
+        self.strategy.learn = flagged_learn
+        forwarded = self.strategy.model.experts if n > 1 else self.strategy.model  # runs the LSTM(s)
+        forwarded.register_forward_pre_hook(self._forward_begins)
+        forwarded.register_forward_hook(self._forward_ends)
+
+    def _forward_begins(self, *_):
+        self._forward_started = time.perf_counter()
+
+    def _forward_ends(self, *_):
+        if self.learning:
+            self.forward_s += time.perf_counter() - self._forward_started
 
     def step(self, batch: Batch) -> dict[str, float]:
-        self.gate_s = 0.0
+        self.gate_s = self.forward_s = 0.0
         started = time.perf_counter()
         result = prequential_step(self.strategy, batch, None, self.index)
         total = time.perf_counter() - started
         self.index += 1
-        return {"score": result.predict_s, "update": result.learn_s - self.gate_s, "gate": self.gate_s,
+        return {"score": result.predict_s, "train fwd": self.forward_s,
+                "update": result.learn_s - self.forward_s - self.gate_s, "gate": self.gate_s,
                 "overhead": total - result.predict_s - result.learn_s}
 
 

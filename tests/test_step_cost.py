@@ -179,3 +179,18 @@ def test_multitask_zero_state_learner_runs_one_forward_per_batch(tiny_stream):
     assert counts == {True: HEAD, False: 2 * HEAD}
     assert [t for _, t in losses[True]] == [t for _, t in losses[False]]
     assert [s for s, _ in losses[True]] == pytest.approx([s for s, _ in losses[False]], abs=1e-5)
+
+
+def test_step_cost_benchmark_puts_the_second_forward_in_its_own_column():
+    """benchmarks/step_cost.py's "update" is backward, clip and optimizer alone: the training forward
+    that learn runs (dropout > 0, or `separate`) is its "train fwd" column (it was counted as update)."""
+    from argparse import Namespace
+
+    from benchmarks.step_cost import measure
+
+    args = Namespace(embedding=16, vocab=64, streams=2, window=6, warmup=1, batches=3)
+    shared, _ = measure(args, "lstm-200", 0.0)
+    assert shared["streamer"]["shared"] and shared["streamer"]["train fwd"] == 0
+    assert shared["separate"]["train fwd"] > 0 and shared["reference"]["train fwd"] == 0
+    dropped, _ = measure(args, "lstm-200", 0.2)
+    assert not dropped["streamer"]["shared"] and dropped["streamer"]["train fwd"] > 0
