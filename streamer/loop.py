@@ -160,6 +160,10 @@ class PrequentialLoop:
         self.burst, self.burst_span_s = max(1, burst), burst_span_s
         self._step_s = math.inf  # the worker's last step, wall seconds (none yet: no burst)
         self.busy_s = 0.0  # the worker's seconds in steps in this process (the console's compute time)
+        # Ranks: when the last step ended (perf_counter), while the time since counts as stepping together
+        # (_stepping): None once this rank or another waited for records, or a checkpoint came between
+        self._lockstep_from: float | None = None
+        self._checkpoint_between = False
         self._results = asyncio.Event()  # the worker's wake-up: results are waiting
         self._handed = -1  # the index of the last step handed to the worker
         self._halting = False  # stop() was called: the worker begins no further step
@@ -420,11 +424,15 @@ class PrequentialLoop:
         if len(self._queue) <= self._refill_at and not self._bursting:  # in bursts: _run_ahead asks
             self._event_loop.call_soon_threadsafe(self._changed.set)
         started = time.perf_counter()
+        if self._lockstep_from is not None:  # ranks, every one with its batch: the agreement and hand-over
+            self.busy_s += started - self._lockstep_from  # are the price of stepping together, not idle
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
-        self._step_s = time.perf_counter() - started
+        ended = time.perf_counter()
+        self._step_s = ended - started
         self.busy_s += self._step_s
+        self._lockstep_from = ended if self.ranks is not None else None
         return result
 
     @contextlib.asynccontextmanager
@@ -457,7 +465,9 @@ class PrequentialLoop:
                 self._fetcher.result()  # re-raise a failure of the fetch side
 
     async def _agreed(self) -> ReadyBatch | None:
-        """The next batch once every rank has its own (all step), None once any rank stops (all stop)."""
+        """The next batch once every rank has its own (all step), None once any rank stops (all stop). The
+        time since the last step counts as the step's (busy_s) only where no rank waited for records."""
+        lockstep = bool(self._queue)
         while True:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
@@ -468,6 +478,7 @@ class PrequentialLoop:
                                           time.monotonic() - self._reported_at >= self.lag_every_s,
                                           self._idle(), votes)
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
+            lockstep = lockstep and has_batch and not others_wait
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
@@ -483,6 +494,9 @@ class PrequentialLoop:
                 await self._report()
             if agreed.go:
                 self.checkpoint_agreed, self.waiting_since = agreed.checkpoint, None
+                if not lockstep or self._checkpoint_between:  # (a checkpoint's time is the clock's own activity)
+                    self._lockstep_from = None
+                self._checkpoint_between = agreed.checkpoint  # taken after this step, before the next agreement
                 if agreed.votes is not None:  # rank 0: the global batch's truth (_global_truth)
                     self._queue[0] = dataclasses.replace(self._queue[0], truth=_global_truth(agreed.votes))
                 return self._queue[0]

@@ -1094,3 +1094,56 @@ def test_a_queued_batch_from_a_checkpoint_without_votes_votes_for_its_own_truth(
     ready = loop_module._ready_from_plain(saved, batch)
     assert ready.truth == BatchTruth("en", 4) and ready.votes == (("en", 4, ready.batch.tokens),)
     assert loop_module._global_truth([json.dumps(ready.votes).encode()] * 2) == BatchTruth("en", 4)
+
+
+class PeerInStep:
+    """Rank 0's side of the per-step agreement with a rank that always has its batch: each agreement takes
+    `agree_s` (the all-gather waits for the other rank's step and hand-over); while `waits` lasts, every
+    other agreement first says the other rank waits for its records (no step: this rank waits)."""
+
+    rank = 0
+
+    def __init__(self, agree_s: float, waits: bool = False):
+        self.agree_s, self.waits, self._asked = agree_s, waits, 0
+
+    def agree(self, has_batch, stop_reason, checkpoint, records=0, more=True, total_records=None, report=False,
+              idle=False, votes=b""):
+        time.sleep(self.agree_s)
+        self._asked += 1
+        if stop_reason is not None or not (has_batch or more):
+            return Agreement(False, stop_reason or "end_of_stream", False)
+        others_wait = self.waits and self._asked % 2
+        return Agreement(has_batch and not others_wait, None, False, votes=[votes] if has_batch else None)
+
+    def gather_bytes(self, data):
+        return [data]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_under_ranks_the_agreement_between_two_steps_is_compute_unless_a_rank_waited_for_records(stream):
+    """The console's compute time is the worker's (busy_s), the rest of a consuming run's time idle. Under
+    ranks the steps run in lockstep: the agreement and hand-over between two steps with every rank's batch
+    queued are the price of stepping together, not waiting for records (a backlogged --nproc 2 run said
+    idle 1.2 s of 5.5). A gap in which the other rank waited for its records stays out of busy_s."""
+    records, _ = stream
+    records = records[:60]
+    busy = {}
+    for waits in (False, True):
+        loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=PeerInStep(0.04, waits),
+                               total_records=len(records))
+        stepped = []
+        loop_module_prequential = loop_module.prequential_step
+
+        def timed_step(*args, **kwargs):
+            started = time.perf_counter()
+            result = loop_module_prequential(*args, **kwargs)
+            stepped.append(time.perf_counter() - started)
+            return result
+        with mock.patch.object(loop_module, "prequential_step", timed_step):
+            results, _ = learn(loop)
+        assert len(results) >= 8 and loop.stop_reason == "end_of_stream"
+        busy[waits] = (loop.busy_s - sum(stepped), len(results))
+    between, steps = busy[False]
+    assert between >= 0.9 * 0.04 * (steps - 1)  # every gap after the first step: its agreement at least
+    waited, steps = busy[True]
+    assert waited <= 0.5 * 0.04 * (steps - 1)  # the agreements that waited are not counted, nor what followed
