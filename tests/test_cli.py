@@ -344,3 +344,22 @@ def test_a_probe_split_too_large_names_the_flag(tmp_path):
     with pytest.raises(UserError, match="--probe-tokens 0"):
         prepare_and_say(corpus, Schedule(n_fragments=2, mean_tokens=200, probe_tokens=10**6), tmp_path / "m2.json",
                         log=print)
+
+
+def test_a_from_fragment_past_the_manifests_last_is_one_line(tmp_path):
+    """--from-fragment 99 on an 8-fragment stream scored nothing: an empty table titled 'fragments >= 99'."""
+    from streamer.cli import parse
+    from streamer.cli.configs import learn_config
+    from streamer.cli.errors import UserError
+
+    manifest = {"n_fragments": 8, "streams": 4, "window": 20}
+
+    def start(*flags):
+        args = parse(["learn", "--topic", "t", *flags])
+        return learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, manifest=manifest,
+                            log=lambda line: None).from_fragment
+
+    assert (start(), start("--from-fragment", "all"), start("--from-fragment", "7")) == (4, 0, 7)
+    with pytest.raises(UserError, match=r"^--from-fragment 8 is past the stream's last fragment: its manifest "
+                                        r"has 8 \(0 to 7\); give one of those, 'half' or 'all'$"):
+        start("--from-fragment", "8")

@@ -40,12 +40,17 @@ def silent(line: str) -> None:
 
 
 def from_fragment(spec: str | int, n_fragments: int | None, log=say) -> int:
-    """--from-fragment as a fragment index; 'half' without N (no manifest) is the whole stream, said once."""
+    """--from-fragment as a fragment index; 'half' without N (no manifest) is the whole stream, said once;
+    an index past the manifest's last fragment is a UserError (its span would score nothing)."""
     if spec == "half" and not n_fragments:
         log("--from-fragment half: no manifest gives the number of fragments N, so the whole stream is scored "
             "(fragments >= 0); --manifest or --from-fragment N to choose")
         return 0
-    return span_start(spec, n_fragments)
+    start = span_start(spec, n_fragments)
+    if n_fragments and start >= n_fragments:
+        raise UserError(f"--from-fragment {start} is past the stream's last fragment: its manifest has "
+                        f"{n_fragments} (0 to {n_fragments - 1}); give one of those, 'half' or 'all'")
+    return start
 
 
 def stream_shape(args, manifest: dict | None, where: str = "the manifest") -> dict[str, int]:
