@@ -308,13 +308,16 @@ def unique_name(name: str, used: set[str]) -> str:
 
 
 def write_comparison(runs: Sequence[tuple[Mapping, Sequence[Mapping]]], out_dir: str | os.PathLike,
-                     *, horizon: int = AFTER_SWITCH_HORIZON) -> dict:
+                     *, horizon: int = AFTER_SWITCH_HORIZON, left_out: Mapping[str, str] | None = None,
+                     incomplete: str | None = None) -> dict:
     """Write ``table1.md``, ``forgetting.md``, ``after_switch.png``, ``probe_matrix_<run>.png``
     (runs whose report has ``"probe_matrix"``) and ``comparison.json`` into ``out_dir``.
 
-    ``runs`` is a list of (report, loss-log records). Returns what ``comparison.json``
-    holds (before the JSON-safe conversion): the per-strategy summary, the forgetting
-    summary, the after-switch curves, the files written and the figures skipped, with why.
+    ``runs`` is a list of (report, loss-log records). ``left_out`` names the runs of the plan that
+    are not in it, with why (listed under Table 1); ``incomplete`` says why the comparison ended
+    before its plan (the first line of Table 1). Returns what ``comparison.json`` holds (before the
+    JSON-safe conversion): the per-strategy summary, the forgetting summary, the after-switch
+    curves, the files written, the figures skipped, with why, ``left_out`` and ``incomplete``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -324,7 +327,11 @@ def write_comparison(runs: Sequence[tuple[Mapping, Sequence[Mapping]]], out_dir:
     files: list[str] = []
     skipped: dict[str, str] = {}
 
-    (out / "table1.md").write_text(table1_markdown(summary), encoding="utf-8")
+    left_out = dict(left_out or {})
+    table1 = (f"**Incomplete: {incomplete}; {len(left_out)} planned run(s) are not in this table.**\n\n"
+              if incomplete else "") + table1_markdown(summary)
+    table1 += "".join(f"- skipped {name}: {reason}\n" for name, reason in left_out.items())
+    (out / "table1.md").write_text(table1, encoding="utf-8")
     (out / "forgetting.md").write_text(forgetting_table_markdown(reports), encoding="utf-8")
     files += ["table1.md", "forgetting.md"]
 
@@ -365,6 +372,8 @@ def write_comparison(runs: Sequence[tuple[Mapping, Sequence[Mapping]]], out_dir:
         },
         "files": files + ["comparison.json"],
         "skipped": skipped,
+        "left_out": left_out,
+        "incomplete": incomplete,
     }
     text = json.dumps(json_safe(comparison), indent=2, allow_nan=False)
     (out / "comparison.json").write_text(text + "\n", encoding="utf-8")

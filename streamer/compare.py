@@ -76,6 +76,7 @@ class CompareConfig:
     flags: Mapping[str, object] = field(default_factory=dict)  # the command line, recorded in plan.json
     jobs: int = 1  # runs at a time; above 1, each in its own process
     job_threads: int = 1  # torch threads of each job process (jobs > 1)
+    thread_line: str = ""  # this process's thread policy, said when the runs are its own (sequential)
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
             summary = _learn(run, manifest, progress, log)
         except KeyboardInterrupt:  # still the report of what was learned
             if (run_dir / "losses.jsonl").exists() and (run_dir / "losses.jsonl").stat().st_size:
-                write_report(run_dir)
+                write_report(run_dir, k=run.k, from_fragment=config.span)
                 print(f"streamer: interrupted; report of the batches learned so far in {run_dir}", file=sys.stderr)
             raise
         if _is_oracle(item.name):
@@ -307,27 +308,38 @@ def _streams(config: CompareConfig, log: Log) -> dict[int, tuple[dict, list]]:
         records, manifest = prepare_stream(config.corpus, dataclasses.replace(config.schedule, seed=seed),
                                            manifest_path, probe_examples=config.probe_examples,
                                            utterances=config.utterances)
+        own = "" if config.learn.model_name == "lstm-char" else f"; {config.learn.model_name} cuts its own from its tokens"
         log(f"seed {seed}: {manifest['n_fragments']} fragments of {', '.join(manifest['classes'])}, "
-            f"{manifest['total_batches']} batches of {config.learn.streams}x{config.learn.window}")
+            f"{manifest['total_batches']} batches of {config.learn.streams}x{config.learn.window} bytes{own}")
         streams[seed] = (manifest, records)
     return streams
 
 
-def _tables(config: CompareConfig, run_dirs: list[Path], skipped: dict[str, str], log: Log) -> None:
+def _tables(config: CompareConfig, run_dirs: list[Path], skipped: dict[str, str], log: Log,
+            incomplete: str | None = None) -> None:
+    """Table 1, the forgetting table and the figures of the runs that finished; `skipped` (run: why) and
+    `incomplete` (why the comparison ended before its plan) are said in table1.md and comparison.json."""
     from monitor.compare import load_runs, write_comparison
 
     out = config.out
-    comparison = write_comparison(load_runs(run_dirs, k=config.learn.k, from_fragment=config.span), out)
-    if skipped:
-        with (out / "table1.md").open("a", encoding="utf-8") as handle:
-            handle.writelines(f"- skipped {name}: {reason}\n" for name, reason in skipped.items())
+    comparison = write_comparison(load_runs(run_dirs, k=config.learn.k, from_fragment=config.span), out,
+                                  left_out=skipped, incomplete=incomplete)
     log("")
     log((out / "table1.md").read_text())
     log((out / "forgetting.md").read_text())
     for name, reason in comparison.get("skipped", {}).items():
         log(f"figure {name} not drawn: {reason}")
-    log(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json, plan.json "
-        f"and one directory per run")
+    log(f"written to {out}: {', '.join(comparison['files'])}, plan.json and one directory per run")
+
+
+def _unfinished(planned: list[Planned], seeds, run_dirs: list[Path], skipped: dict[str, str], why: str) -> None:
+    """The planned runs neither finished nor noted, noted in `skipped` as not run to their end, `why`."""
+    finished = {path.name for path in run_dirs}
+    for seed in seeds:
+        for item in planned:
+            key = f"{item.name} (seed {seed})"
+            if f"{item.name}-seed{seed}" not in finished and key not in skipped:
+                skipped[key] = f"not run to its end: {why}"
 
 
 def _fatal_errors() -> tuple[type[BaseException], ...]:
@@ -428,6 +440,8 @@ def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
         nonlocal config
         config = dataclasses.replace(config, bootstrap_servers=bootstrap)
         runs = [(item, seed) for seed in config.seeds for item in planned]
+        if (config.jobs == 1 or len(runs) == 1) and config.thread_line:  # the runs are this process's
+            log(config.thread_line)
         for seed in config.seeds:
             topic = f"compare-{stamp}-seed{seed}"
             if bootstrap and any(item.name != MULTITASK for item in planned):
@@ -441,8 +455,10 @@ def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
                 except RunSkipped as exc:
                     _skipped(item.name, seed, str(exc), skipped, log)
                 except Exception as exc:  # noqa: BLE001  (with `all`, one strategy's failure ends only its runs)
-                    if not config.chosen_by_all or isinstance(exc, fatal):
+                    if isinstance(exc, fatal):
                         raise
+                    if not config.chosen_by_all:  # one line naming the run, as from a job (_run_parallel)
+                        raise CompareError(f"{item.name} seed {seed}: {one_line(exc, 200)}") from None
                     _failed(item.name, seed, one_line(exc, 200), skipped, log)
         if config.jobs > 1 and len(runs) > 1:
             _run_parallel(config, runs, streams, f"compare-{stamp}-seed", run_dirs, skipped, log)
@@ -454,9 +470,13 @@ def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
             with EmbeddedBroker() as broker:
                 log(f"embedded broker on {broker.bootstrap_servers}")
                 run_all(broker.bootstrap_servers)
-    except BaseException:  # interrupted or failed: still the tables of the runs that finished
+    except BaseException as exc:  # interrupted or failed: still the tables of the runs that finished, said so
         if run_dirs:
-            _tables(config, run_dirs, skipped, log)
+            said = str(exc) if isinstance(exc, fatal) else one_line(exc, 200)  # (what the command's line says)
+            why = ("the comparison was interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else f"the comparison ended at an error ({said})")
+            _unfinished(planned, config.seeds, run_dirs, skipped, why)
+            _tables(config, run_dirs, skipped, log, incomplete=why)
         raise
     _tables(config, run_dirs, skipped, log)
     log(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f}s")

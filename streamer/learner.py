@@ -98,7 +98,8 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
                 model_kind=built.kind, model_details=built.details, started=started, run_started=run_started,
-                oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)))  # told the class
+                oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)),  # told the class
+                torch_threads=torch.get_num_threads())  # this process's (a rank's own): float sums can follow it
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 

@@ -104,7 +104,7 @@ def _write_config(config, device, strategy, built, n: int) -> None:
     parameters = sum(p.numel() for p in strategy.model.parameters())
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=parameters,
                 model_kind=built.kind, model_details=built.details, started=time.time(),
-                reference=True, oracle=False, learner=repr(strategy),
+                reference=True, oracle=False, learner=repr(strategy), torch_threads=torch.get_num_threads(),
                 order=f"i.i.d.: the stream's {n} batches in a permutation seeded by seed {config.seed}")
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 

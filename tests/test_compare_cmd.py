@@ -67,7 +67,8 @@ def test_two_strategies_two_seeds_through_the_broker(broker, tmp_path, capfd):
         for name in ("naive", "multitask"):
             run = out / f"{name}-seed{seed}"
             assert (run / "results.json").is_file() and not (run / "checkpoint.pt").exists()
-            assert json.loads((run / "config.json").read_text())["seed"] == seed
+            config = json.loads((run / "config.json").read_text())
+            assert config["seed"] == seed and config["torch_threads"] == 1  # each job's own thread
     assert truths[0] != truths[1]  # one stream per seed
 
     table = (out / "table1.md").read_text()
@@ -436,7 +437,8 @@ def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned
     out = tmp_path / "out"
     command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "naive,replay",
                "--bootstrap-servers", broker.bootstrap_servers, "--jobs", "2", "--out", str(out), "--no-probe",
-               *TINY[:TINY.index("--probe-tokens")], "--fragments", "30", "--lambda", "2000"]
+               *TINY[:TINY.index("--probe-tokens")], "--fragments", "30", "--lambda", "2000", "--from-fragment", "all",
+               "-k", "4"]
     logs = [out / f"{name}-seed0" / "losses.jsonl" for name in ("naive", "replay")]
     returncode, err = stopped(command, tmp_path, lambda: all(log.exists() and log.stat().st_size for log in logs),
                               lambda compare: os.killpg(compare.pid, signal.SIGTERM))
@@ -445,7 +447,10 @@ def test_sigterm_stops_the_parallel_runs_each_with_the_report_of_what_it_learned
     for log in logs:
         learned = len(log.read_text().splitlines())
         assert 0 < learned < total and f"report of the batches learned so far in {log.parent}" in err, err
-        assert json.loads((log.parent / "results.json").read_text())["run"] == str(log.parent)
+        results = json.loads((log.parent / "results.json").read_text())
+        assert results["run"] == str(log.parent)
+        # the comparison's span and k (the report of an interrupted run took the defaults: fragments >= 15)
+        assert results["span"]["from_fragment"] == 0 and results["metrics"]["k"] == 4
     assert "Traceback" not in err and "Unclosed" not in err and len(err.strip().splitlines()) == 3, err
 
 
@@ -531,3 +536,39 @@ def test_an_out_in_use_is_one_line_and_an_interrupted_final_report_keeps_the_che
     said = f"interrupted while writing the report of {run_dir}, learned whole: `streamer report {run_dir}` writes it"
     assert said in capfd.readouterr().err
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "losses.jsonl").stat().st_size
+
+
+def test_a_failed_run_is_one_line_at_any_jobs_and_the_tables_of_those_before_say_they_are_incomplete(
+        broker, tmp_path):
+    """--jobs 1 printed a failed run's traceback (exit 1) where --jobs 2 said one line; and the tables of
+    the runs that finished before read as a whole comparison: nothing said which planned runs are not in
+    them. The thread policy's line is said once the flags hold, by a command whose runs are its own."""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "replay-seed0").write_text("a file where the run's directory goes")
+    command = [sys.executable, "-m", "streamer", "compare", "--corpus", str(corpus), "--strategies", "naive,replay",
+               "--seeds", "0,1", "--bootstrap-servers", broker.bootstrap_servers, "--out", str(out), "--jobs", "1",
+               "--no-probe", *TINY[:TINY.index("--probe-tokens")]]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
+    assert failed.stderr.startswith("streamer compare: error: replay seed 0: FileExistsError: "), failed.stderr
+    assert failed.stdout.count("torch threads: 1 ") == 1
+    why = f"the comparison ended at an error ({failed.stderr.split('error: ')[1].strip()})"
+    table = (out / "table1.md").read_text()
+    assert table.startswith(f"**Incomplete: {why}; 3 planned run(s) are not in this table.**")
+    assert "| naive | 1 | " in table
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["incomplete"] == why and comparison["left_out"] == {
+        name: f"not run to its end: {why}" for name in ("replay (seed 0)", "naive (seed 1)", "replay (seed 1)")}
+    written = re.search(r"written to \S+: (.*), plan.json and one directory per run", failed.stdout).group(1)
+    assert written.split(", ") == comparison["files"] and all((out / name).is_file() for name in comparison["files"])
+
+    wrong = subprocess.run([*command[:5], "naive,nope"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert wrong.returncode == 2 and wrong.stdout == "" and wrong.stderr.count("\n") == 1, wrong
+
+
+def test_compare_takes_the_broker_timeout_its_runs_errors_name():
+    """A lost broker's line says --broker-timeout; compare refused that flag (unrecognized arguments)."""
+    assert compare_config(parse_flags(["compare", "--broker-timeout", "5"])).learn.broker_timeout_s == 5

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from streamer.cli.configs import model_config, schedule, stream_options
 from streamer.cli.errors import UserError
-from streamer.cli.flags import (DEFAULT_CORPUS, add_detector_flag, add_model_flags, add_span_flag, add_stream_flags,
-                                default_of, positive_float, positive_int, seeds)
+from streamer.cli.flags import (DEFAULT_CORPUS, add_broker_timeout_flag, add_detector_flag, add_model_flags,
+                                add_span_flag, add_stream_flags, default_of, positive_float, positive_int, seeds)
 from streamer.cli.runs import ensure_corpus, sigterm_as_interrupt
 from streamer.cli.security_flags import add_security_flags
 from streamer.config import LearnConfig
@@ -31,7 +31,10 @@ def add_parser(sub) -> None:
                    help="a corpus name (built on first use) or a path of your own data (default %(default)s)")
     p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
     add_stream_flags(p)
-    add_model_flags(p, strategy=False)
+    add_model_flags(p, strategy=False, threads_help=(
+        "torch threads of each run: with runs side by side (--jobs above 1) 1 each by default; with --jobs 1 "
+        "the CPUs this process may use, less one for the event loop when there are more than 2; "
+        "OMP_NUM_THREADS when set"))
     add_security_flags(p)
     g = p.add_argument_group("runs")
     g.add_argument("--max-batches", type=positive_int, help="stop each run after this many batches (default: no limit)")
@@ -45,6 +48,7 @@ def add_parser(sub) -> None:
     g.add_argument("--no-probe", action="store_true", help="do not score the probe split (default: scored)")
     g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),
                    help="seconds between checkpoints of each run (default %(default)s)")
+    add_broker_timeout_flag(g)
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoint.pt (deleted after its report by default)")
     g.add_argument("--jobs", type=positive_int, metavar="N",
@@ -89,8 +93,9 @@ def compare_config(args):
         seeds=tuple(args.seeds or (args.seed,)), params=args.params, span=args.from_fragment,
         probe_examples=options["probe_examples"], utterances=options["utterances"],
         keep_checkpoints=args.keep_checkpoints, bootstrap_servers=args.bootstrap_servers,
-        flags={k: v for k, v in vars(args).items() if k != "strategy_tables"},
-        jobs=args.jobs or max(1, available_cpus() // threads), job_threads=threads)
+        flags={k: v for k, v in vars(args).items() if k not in ("strategy_tables", "thread_line")},
+        jobs=args.jobs or max(1, available_cpus() // threads), job_threads=threads,
+        thread_line=getattr(args, "thread_line", ""))
 
 
 def run(args) -> int:

@@ -83,7 +83,7 @@ def model_config(args, **changes) -> LearnConfig:
         fields["clip"] = args.clip
     if getattr(args, "max_record_bytes", None) is not None:  # learn and demo (--max-record-bytes)
         fields["max_record_bytes"] = args.max_record_bytes
-    if getattr(args, "broker_timeout", None) is not None:  # learn and demo (--broker-timeout)
+    if getattr(args, "broker_timeout", None) is not None:  # learn, demo and compare (--broker-timeout)
         fields["broker_timeout_s"] = args.broker_timeout
     if getattr(args, "security_protocol", None) is not None:  # the Kafka security flags (security_flags.py)
         from streamer.cli.security_flags import kafka_security

@@ -205,8 +205,8 @@ def _model_help() -> str:
     return "the model (default %(default)s). " + models.replace("%", "%%")
 
 
-def add_model_flags(p, strategy: bool = True) -> None:
-    """The model, its sizes and options, and (learn, demo) the strategy."""
+def add_model_flags(p, strategy: bool = True, threads_help: str | None = None) -> None:
+    """The model, its sizes and options, and (learn, demo) the strategy; `threads_help`: compare's own."""
     g = p.add_argument_group("model and strategy")
     if strategy:
         described = "; ".join(f"{name}: {text}" if text else name for name, text in strategy_descriptions().items())
@@ -243,15 +243,15 @@ def add_model_flags(p, strategy: bool = True) -> None:
                    help="size the hidden layers so the strategy's model has about N parameters "
                         "(models sized by --hidden only; overrides --hidden; default: --hidden decides)")
     g.add_argument("--threads", type=positive_int, metavar="N",
-                   help="torch threads (default: the CPUs this process may use, less one for the event loop "
-                        "when there are more than 2; OMP_NUM_THREADS when set)")
+                   help=threads_help or "torch threads (default: the CPUs this process may use, less one for the "
+                                        "event loop when there are more than 2; OMP_NUM_THREADS when set)")
     g.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML file: flag defaults (top-level keys), [strategy.<name>] hyperparameters, "
                         "[model] options; the command line wins (default: none)")
 
 
 def add_broker_timeout_flag(g, producing: bool = False) -> None:
-    """--broker-timeout: learn, demo (through add_run_flags) and produce (`producing`)."""
+    """--broker-timeout: learn, demo (through add_run_flags), compare and produce (`producing`)."""
     what = "mid-run (a send waits for it)" if producing else "mid-run (the learner keeps its model and waits)"
     g.add_argument("--broker-timeout", type=positive_float, default=default_of(LearnConfig, "broker_timeout_s"),
                    metavar="SECONDS",

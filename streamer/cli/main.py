@@ -115,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in THREADED and not launcher:
             from streamer.threads import apply_thread_policy
 
-            print(apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed).describe(), flush=True)
+            policy = apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed)
+            if args.command == "compare":  # said once its flags hold and it knows its runs are its own
+                args.thread_line = policy.describe()  # (with jobs side by side, each has its own threads)
+            else:
+                print(policy.describe(), flush=True)
         return COMMANDS[args.command](args) or 0
     except KeyboardInterrupt:
         print("streamer: interrupted", file=sys.stderr)
