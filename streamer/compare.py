@@ -308,7 +308,8 @@ def _streams(config: CompareConfig, log: Log) -> dict[int, tuple[dict, list]]:
         records, manifest = prepare_stream(config.corpus, dataclasses.replace(config.schedule, seed=seed),
                                            manifest_path, probe_examples=config.probe_examples,
                                            utterances=config.utterances)
-        own = "" if config.learn.model_name == "lstm-char" else f"; {config.learn.model_name} cuts its own from its tokens"
+        model = config.learn.model_name
+        own = "" if model == "lstm-char" else f"; {model} cuts its own from its tokens"
         log(f"seed {seed}: {manifest['n_fragments']} fragments of {', '.join(manifest['classes'])}, "
             f"{manifest['total_batches']} batches of {config.learn.streams}x{config.learn.window} bytes{own}")
         streams[seed] = (manifest, records)
