@@ -197,7 +197,8 @@ def run_jobs(function: Callable, tasks: Sequence[tuple], jobs: int, threads: int
                             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 with contextlib.suppress(OSError):  # a child that ended unread: its sentinel or outcome says how
                     ours.send((function, tasks[index]))  # once held: the child reads it after its imports
-            ready = set(connection_wait([end for pair in running.values() for end in (pair[0].sentinel, pair[1])]))
+            ready = set(connection_wait([*(end for pair in running.values() for end in (pair[0].sentinel, pair[1])),
+                                         *(process.sentinel for process in ending)]))  # (reaped as they end)
             for index in [i for i, (process, conn) in running.items() if process.sentinel in ready or conn in ready]:
                 process, conn = running.pop(index)
                 outcome = _received(conn)

@@ -572,3 +572,26 @@ def test_a_failed_run_is_one_line_at_any_jobs_and_the_tables_of_those_before_say
 def test_compare_takes_the_broker_timeout_its_runs_errors_name():
     """A lost broker's line says --broker-timeout; compare refused that flag (unrecognized arguments)."""
     assert compare_config(parse_flags(["compare", "--broker-timeout", "5"])).learn.broker_timeout_s == 5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_job_that_has_ended_is_reaped_while_the_others_run(tmp_path):
+    """A job that had sent its outcome stayed a zombie (`[python] <defunct>` in ps) until another job's
+    outcome woke the parent: its end is waited for too."""
+    from streamer.jobs import run_jobs
+
+    release, seen = tmp_path / "release", {}
+
+    def state_later(pid: int) -> None:
+        time.sleep(2.0)  # job 0 ends 0.3 s after its outcome
+        stat = Path(f"/proc/{pid}/stat")
+        seen["state"] = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "reaped"
+        release.touch()  # job 1 ends now
+
+    def on_outcome(index, outcome):
+        if index == 0:
+            (job,) = [p for p in multiprocessing.active_children() if p.name == "streamer-job-0"]
+            threading.Thread(target=state_later, args=(job.pid,), daemon=True).start()
+    outcomes = run_jobs(job_for_the_test, [("slow exit", "0.3"), ("after", str(release))], jobs=2,
+                        on_outcome=on_outcome)
+    assert [o.value[0] for o in outcomes] == ["slow exit", "after"] and seen == {"state": "reaped"}
