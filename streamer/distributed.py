@@ -105,7 +105,8 @@ class Ranks:
         model, whose streams' token counts differ, waited for ever at the stream's end). All stop as idle when
         every rank is `idle` (no record read for --idle-timeout) and one has no batch: the learner as a
         whole has read nothing for that long and cannot cut its next global batch (one rank's quiet
-        partitions alone do not stop the others, whose records still arrive). Rank 0 also gets every
+        partitions alone do not stop the others, whose records still arrive), unless the stream has ended:
+        its end is said as such however long ago its records were read. Rank 0 also gets every
         rank's `votes` (what its part of the next batch says of the batch's class: the global batch's truth)
         in the same collective, an all-gather: a gather of its own at each step cost the ranks 13% of their
         tokens/s on 2 CPUs. Blocking: call it in the worker thread."""
@@ -119,8 +120,8 @@ class Ranks:
         waiting, wanted, reported, records, exhausted, idle_ranks, *stops = gathered[:, :len(counts)].sum(0).tolist()
         if total_records and records >= total_records and exhausted:
             stops[STOP_REASONS.index("end_of_stream")] += 1
-        if waiting and idle_ranks == self.world:
-            stops[STOP_REASONS.index("idle")] += 1
+        elif waiting and idle_ranks == self.world:  # (the stream's end is not idle, however long its records
+            stops[STOP_REASONS.index("idle")] += 1  # were all read before)
         if any(stops):
             stop = STOP_REASONS[max(i for i, count in enumerate(stops) if count)]
             return Agreement(False, stop, False, bool(reported))

@@ -613,14 +613,15 @@ class PrequentialLoop:
             self.stop_reason = self.stop_reason or "max_batches"
         if self.total_batches and self.step >= self.total_batches:
             self.stop_reason = self.stop_reason or "end_of_stream"
+        if (self.ranks is None  # ranks: agreed (their records add up to it)
+                and self.total_records and self._records_read() >= self.total_records and not self._queue
+                and not self._more()):  # every record read and batched: what remains is less than a batch
+            self.stop_reason = self.stop_reason or "end_of_stream"  # (before idle: a word model's end, whose
+            # records were all read more than idle_timeout_s before its learning ended, said idle)
         if self.max_seconds and now - self._started >= self.max_seconds:
             self.stop_reason = self.stop_reason or "time_limit"
         if self.ranks is None and not self._queue and self._idle(now):  # ranks: agreed (every rank idle)
             self.stop_reason = self.stop_reason or "idle"
-        if (self.ranks is None  # ranks: agreed (their records add up to it)
-                and self.total_records and self._records_read() >= self.total_records and not self._queue
-                and not self._more()):  # every record read and batched: what remains is less than a batch
-            self.stop_reason = self.stop_reason or "end_of_stream"
 
     def _idle(self, now: float | None = None) -> bool:
         """No record read for `idle_timeout_s` (this process's own partitions)."""

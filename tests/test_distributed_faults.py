@@ -83,16 +83,23 @@ for size in (40, 2000, 0):  # fits the agreement; gathered apart (over VOTES_BYT
     votes = (str(ranks.rank) * (size if ranks.rank == 0 else 7)).encode() if size or ranks.rank == 0 else b""
     agreed = ranks.agree(bool(votes), None, False, records=3, votes=votes)
     said.append([agreed.go, None if agreed.votes is None else [len(part) for part in agreed.votes]])
-sys.stdout.write(json.dumps({{"rank": ranks.rank, "said": said}}) + "\\n")
+# every rank idle, rank 1 without a batch: the stream's end where the records add up to it, else idle
+ends = [ranks.agree(ranks.rank == 0, None, False, records=3, more=False, total_records=total, idle=True).stop_reason
+        for total in (6, 100)]
+sys.stdout.write(json.dumps({{"rank": ranks.rank, "said": said, "ends": ends}}) + "\\n")
 sys.stdout.flush()
 distributed.stop()
 """
 
 
+ENDS = ["end_of_stream", "idle"]  # (the stream's end said idle when its records were read long before)
+
+
 def test_every_ranks_votes_reach_rank_0_with_the_agreement_and_long_ones_apart(tmp_path):
     """The global batch's truth: each rank sends its votes in the step's agreement (one all-gather); votes
     longer than VOTES_BYTES are gathered apart by every rank alike (each sees every length), so neither
-    rank waits on a collective the other skips; only rank 0 keeps them, and only when all step."""
+    rank waits on a collective the other skips; only rank 0 keeps them, and only when all step. The
+    stream's end, agreed where every rank is also idle, is the stream's end."""
     reports = two_ranks_run(tmp_path, AGREE.format(root=str(ROOT)))
-    assert reports == [{"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]]},
-                       {"rank": 1, "said": [[True, None], [True, None], [False, None]]}]
+    assert reports == [{"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]], "ends": ENDS},
+                       {"rank": 1, "said": [[True, None], [True, None], [False, None]], "ends": ENDS}]

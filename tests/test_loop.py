@@ -1147,3 +1147,23 @@ def test_under_ranks_the_agreement_between_two_steps_is_compute_unless_a_rank_wa
     assert between >= 0.9 * 0.04 * (steps - 1)  # every gap after the first step: its agreement at least
     waited, steps = busy[True]
     assert waited <= 0.5 * 0.04 * (steps - 1)  # the agreements that waited are not counted, nor what followed
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_word_models_stream_end_is_its_end_however_long_ago_its_last_record_was_read(stream):
+    """A word-level model's stream ends by its records (total_records; the manifest's byte batches are not
+    its batches). Every record is read in the first fetches; when learning them outlasted --idle-timeout,
+    the run said it stopped 'idle' (poe on lstm-word under compare --jobs 2), not at the stream's end."""
+    records, _ = stream
+    records = records[:40]
+    real_step = loop_module.prequential_step
+
+    def slow_step(*args, **kwargs):
+        time.sleep(0.1)  # a model slower than its stream: the learning outlasts the idle timeout
+        return real_step(*args, **kwargs)
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=1000), total_records=len(records),
+                           idle_timeout_s=0.5)
+    with mock.patch.object(loop_module, "prequential_step", slow_step):
+        results, _ = learn(loop)
+    assert len(results) * 0.1 > 0.5 and loop.records == len(records)
+    assert loop.stop_reason == "end_of_stream"
