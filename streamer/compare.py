@@ -428,6 +428,11 @@ def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
     from streamer.broker import EmbeddedBroker
 
     streams = _streams(config, log)
+    for manifest, _ in streams.values():  # before any run: a span past the stream's end scores nothing
+        try:
+            span_start(config.span, manifest["n_fragments"])
+        except ValueError as exc:
+            raise CompareError(str(exc)) from None
     planned, skipped = plan(config, streams[config.seeds[0]][0], log)
     (config.out / "plan.json").write_text(json.dumps({
         "strategies": [{"name": p.name, "options": dict(p.options), "hidden": p.hidden} for p in planned],

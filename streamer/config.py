@@ -75,14 +75,19 @@ class LearnConfig:
 
 
 def span_start(span: str | int, n_fragments: int | None) -> int:
-    """The first fragment of a span: 'all' is 0, 'half' the paper's N/2 (needs N), an int itself."""
+    """The first fragment of a span: 'all' is 0, 'half' the paper's N/2 (needs N), an int itself; an int
+    past the last of N fragments is a ValueError (its span would score nothing)."""
     if span == "all":
         return 0
     if span == "half":
         if not n_fragments:
             raise ValueError("the span 'half' needs the number of fragments N (a manifest)")
         return n_fragments // 2
-    return int(span)
+    start = int(span)
+    if n_fragments and start >= n_fragments:
+        raise ValueError(f"--from-fragment {start} is past the stream's last fragment: its manifest has "
+                         f"{n_fragments} (0 to {n_fragments - 1}); give one of those, 'half' or 'all'")
+    return start
 
 
 @dataclass(frozen=True)

@@ -595,3 +595,15 @@ def test_a_job_that_has_ended_is_reaped_while_the_others_run(tmp_path):
     outcomes = run_jobs(job_for_the_test, [("slow exit", "0.3"), ("after", str(release))], jobs=2,
                         on_outcome=on_outcome)
     assert [o.value[0] for o in outcomes] == ["slow exit", "after"] and seen == {"state": "reaped"}
+
+
+def test_a_from_fragment_past_the_streams_last_is_one_line_before_any_run(tmp_path):
+    """--from-fragment 99 on a 4-fragment stream learned every run to write an all-n/a Table 1."""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    args = parse_flags(["compare", "--corpus", str(corpus), "--strategies", "naive", "--out", str(out), *TINY,
+                        "--from-fragment", "99"])
+    with pytest.raises(CompareError, match=r"^--from-fragment 99 is past the stream's last fragment: its manifest "
+                                           r"has 4 \(0 to 3\); give one of those, 'half' or 'all'$"):
+        run_compare_command(args)
+    assert not (out / "naive-seed0").exists()

@@ -46,11 +46,10 @@ def from_fragment(spec: str | int, n_fragments: int | None, log=say) -> int:
         log("--from-fragment half: no manifest gives the number of fragments N, so the whole stream is scored "
             "(fragments >= 0); --manifest or --from-fragment N to choose")
         return 0
-    start = span_start(spec, n_fragments)
-    if n_fragments and start >= n_fragments:
-        raise UserError(f"--from-fragment {start} is past the stream's last fragment: its manifest has "
-                        f"{n_fragments} (0 to {n_fragments - 1}); give one of those, 'half' or 'all'")
-    return start
+    try:
+        return span_start(spec, n_fragments)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def stream_shape(args, manifest: dict | None, where: str = "the manifest") -> dict[str, int]:
