@@ -51,6 +51,7 @@ class Agreement:
     checkpoint: bool  # rank 0 asks for a checkpoint after this step
     report: bool = False  # rank 0 asks every rank for its report (gather_bytes) after this round
     votes: list[bytes] | None = None  # rank 0, when all step: every rank's `votes` for its part of the batch
+    waited: bool = False  # some rank said it waited for its batch before this round
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Ranks:
 
     def agree(self, has_batch: bool, stop_reason: str | None, checkpoint: bool, records: int = 0,
               more: bool = True, total_records: int | None = None, report: bool = False,
-              idle: bool = False, votes: bytes = b"") -> Agreement:
+              idle: bool = False, votes: bytes = b"", waited: bool = False) -> Agreement:
         """One round (one all-gather): all ranks step when every one has a batch and none stops; when
         one stops, all stop (the reason latest in STOP_REASONS); rank 0's `checkpoint` and `report` are
         everyone's. The stream ends for all when the ranks' `records` (batched) add up to
@@ -114,10 +115,11 @@ class Ranks:
         if stop_reason is not None:
             stops[STOP_REASONS.index(stop_reason if stop_reason in STOP_REASONS else "signal")] = 1
         counts = [0 if has_batch else 1, int(checkpoint and self.leader), int(report and self.leader),
-                  records, int(not more), int(idle), *stops]
+                  records, int(not more), int(idle), int(waited), *stops]
         gathered = self._gather_with(counts, votes)
         # GPU sync point (nccl): the agreement is read on the host, once per step.
-        waiting, wanted, reported, records, exhausted, idle_ranks, *stops = gathered[:, :len(counts)].sum(0).tolist()
+        waiting, wanted, reported, records, exhausted, idle_ranks, waited_ranks, *stops = \
+            gathered[:, :len(counts)].sum(0).tolist()
         if total_records and records >= total_records and exhausted:
             stops[STOP_REASONS.index("end_of_stream")] += 1
         elif waiting and idle_ranks == self.world:  # (the stream's end is not idle, however long its records
@@ -126,7 +128,7 @@ class Ranks:
             stop = STOP_REASONS[max(i for i, count in enumerate(stops) if count)]
             return Agreement(False, stop, False, bool(reported))
         shared = self._votes_of(gathered, len(counts), votes) if not waiting else None
-        return Agreement(not waiting, None, bool(wanted) and not waiting, bool(reported), shared)
+        return Agreement(not waiting, None, bool(wanted) and not waiting, bool(reported), shared, bool(waited_ranks))
 
     def _gather_with(self, counts: list[int], votes: bytes) -> torch.Tensor:
         """Every rank's `counts` and `votes` (up to VOTES_BYTES; its length either way), one all-gather:

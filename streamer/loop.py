@@ -466,7 +466,9 @@ class PrequentialLoop:
 
     async def _agreed(self) -> ReadyBatch | None:
         """The next batch once every rank has its own (all step), None once any rank stops (all stop). The
-        time since the last step counts as the step's (busy_s) only where no rank waited for records."""
+        time since the last step counts as the step's (busy_s) only where no rank waited for records: each
+        says in the agreement whether it had to (its queue empty when it came here, or a round without a
+        step), as a rank that waits for its records before it agrees holds the others in the all-gather."""
         lockstep = bool(self._queue)
         while True:
             await self._ready_or_stopped(self.agree_every_s)
@@ -476,9 +478,9 @@ class PrequentialLoop:
                                           self.checkpoint_wanted(), self._records_read(),
                                           has_batch or self._more(), self.total_records,
                                           time.monotonic() - self._reported_at >= self.lag_every_s,
-                                          self._idle(), votes)
+                                          self._idle(), votes, not (lockstep and has_batch))
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
-            lockstep = lockstep and has_batch and not others_wait
+            lockstep = lockstep and has_batch and not others_wait and not agreed.waited
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:

@@ -86,7 +86,8 @@ for size in (40, 2000, 0):  # fits the agreement; gathered apart (over VOTES_BYT
 # every rank idle, rank 1 without a batch: the stream's end where the records add up to it, else idle
 ends = [ranks.agree(ranks.rank == 0, None, False, records=3, more=False, total_records=total, idle=True).stop_reason
         for total in (6, 100)]
-sys.stdout.write(json.dumps({{"rank": ranks.rank, "said": said, "ends": ends}}) + "\\n")
+waited = [ranks.agree(True, None, False, records=3, waited=ranks.rank == 1 and one).waited for one in (True, False)]
+sys.stdout.write(json.dumps({{"rank": ranks.rank, "said": said, "ends": ends, "waited": waited}}) + "\\n")
 sys.stdout.flush()
 distributed.stop()
 """
@@ -99,7 +100,9 @@ def test_every_ranks_votes_reach_rank_0_with_the_agreement_and_long_ones_apart(t
     """The global batch's truth: each rank sends its votes in the step's agreement (one all-gather); votes
     longer than VOTES_BYTES are gathered apart by every rank alike (each sees every length), so neither
     rank waits on a collective the other skips; only rank 0 keeps them, and only when all step. The
-    stream's end, agreed where every rank is also idle, is the stream's end."""
+    stream's end, agreed where every rank is also idle, is the stream's end. One rank's word that it
+    waited for its batch reaches every rank."""
     reports = two_ranks_run(tmp_path, AGREE.format(root=str(ROOT)))
-    assert reports == [{"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]], "ends": ENDS},
-                       {"rank": 1, "said": [[True, None], [True, None], [False, None]], "ends": ENDS}]
+    assert reports == [
+        {"rank": 0, "said": [[True, [40, 7]], [True, [2000, 7]], [False, None]], "ends": ENDS, "waited": [True, False]},
+        {"rank": 1, "said": [[True, None], [True, None], [False, None]], "ends": ENDS, "waited": [True, False]}]
