@@ -226,11 +226,17 @@ def test_a_pinned_rank_and_the_threads_it_starts_run_on_its_share_alone():
     assert done.returncode == 0 and json.loads(done.stdout) == [share] * 4, done.stderr
 
 
-def test_the_cli_says_the_policy_before_the_command_runs(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "streamer.cli", "compare", "--strategies", "nosuch", "--threads", "1"],
+def test_the_cli_says_the_policy_before_the_command_runs_and_compare_once_its_flags_hold(tmp_path):
+    """learn says its threads first; compare only once its flags are checked (a bad --strategies was two
+    lines) and only where its runs are its own (--jobs 1: each job says its own, side by side)."""
+    done = subprocess.run([sys.executable, "-m", "streamer.cli", "learn", "--topic", "t", "--threads", "1", "--no-view",
+                           "--bootstrap-servers", "127.0.0.1:1", "--broker-timeout", "0.5", "--run-dir", "r"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[0].startswith("torch threads: 1 (") and "--threads" in done.stdout
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = subprocess.run([sys.executable, "-m", "streamer.cli", "compare", "--strategies", "nosuch", "--threads", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout == "" and done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_openmp_spins_long_and_governed_or_briefly_unless_the_user_chose(monkeypatch):
