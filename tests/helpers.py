@@ -1,6 +1,8 @@
 """Shared builders for tests: an in-memory stream through the real batcher."""
 
 import dataclasses
+import time
+from pathlib import Path
 
 import torch
 
@@ -38,3 +40,19 @@ def permute_classes(records, mapping):
     """Swap the class header of every record by `mapping` (evaluation data only)."""
     return [dataclasses.replace(r, truth=dataclasses.replace(r.truth, class_name=mapping[r.truth.class_name]))
             for r in records]
+
+
+def until_stopped(pid: int, within_s: float = 5.0) -> None:
+    """Until every thread of `pid` is stopped (state T in /proc) after a SIGSTOP: the stop is asynchronous,
+    and on a loaded machine a thread may run on for a while (a frozen broker answered a commit after its
+    SIGSTOP in 5 of 10 tries beside 3 busy loops on 2 CPUs). Without /proc, waits `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            states = [stat.read_text().rsplit(")", 1)[1].split()[0]
+                      for stat in Path(f"/proc/{pid}/task").glob("*/stat")]
+        except OSError:  # a thread ended as it was read: ask again
+            states = []
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.005)

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +29,7 @@ from streamer.broker import EmbeddedBroker
 from streamer.consumer import KafkaSource
 from streamer.learner import run as run_learner
 from streamer.step import run
-from tests.helpers import TINY, batches_from_records, naive, small_stream
+from tests.helpers import TINY, batches_from_records, naive, small_stream, until_stopped
 
 CORPUS = {"en": "hello world, how are you today " * 300, "fr": "bonjour le monde, ça va bien " * 300,
           "cs": "ahoj světe, jak se dnes máš " * 300}
@@ -362,20 +361,6 @@ def test_a_lag_read_with_a_held_partition_does_not_wait_for_a_broker_that_is_awa
     assert lag == {0: 0, 1: 0} and took < 0.5, (lag, took)
 
 
-async def _every_thread_stopped(pid: int, within_s: float = 5.0) -> None:
-    """Until every thread of `pid` is stopped (state T in /proc; without /proc, `within_s`)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            states = [stat.read_text().rsplit(")", 1)[1].split()[0]
-                      for stat in Path(f"/proc/{pid}/task").glob("*/stat")]
-        except OSError:  # a thread ended as it was read: ask again
-            states = []
-        if states and all(state in "Tt" for state in states):
-            return
-        await asyncio.sleep(0.01)
-
-
 def test_a_commit_given_up_on_a_frozen_broker_leaves_no_traceback_when_its_request_fails_later():
     """aiokafka sends a commit from a shielded task, which the commit's timeout does not cancel: with the
     broker frozen (SIGSTOP) the request failed once the consumer closed, and asyncio printed "Task
@@ -395,7 +380,7 @@ def test_a_commit_given_up_on_a_frozen_broker_leaves_no_traceback_when_its_reque
                 async for fetched in source.fetch():
                     pass
                 os.kill(own.pid, signal.SIGSTOP)
-                await _every_thread_stopped(own.pid)  # (the stop is asynchronous: a loaded machine's threads may lag)
+                until_stopped(own.pid)  # (the stop is asynchronous: a loaded machine's threads may lag)
                 committed = await source.commit({("frozen", 0): 10})
             finally:
                 await source.stop()

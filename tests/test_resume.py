@@ -16,6 +16,7 @@ import pytest
 
 from streamer import checkpoint
 from tests.conftest import write_corpus
+from tests.helpers import until_stopped
 
 STREAMER = [sys.executable, "-m", "streamer.cli"]
 TOPIC = "resume"
@@ -71,6 +72,7 @@ def kill_after_checkpoint(command, cwd: Path, run_dir: Path, at_least: int, time
             time.sleep(0.02)
         time.sleep(0.1)  # a few batches past the checkpoint, to be learned again after the restart
         process.send_signal(signal.SIGSTOP)  # frozen: the log and the checkpoint are read as they stand
+        until_stopped(process.pid)
         lines, step = read_lines(run_dir / "losses.jsonl"), checkpoint_step(run_dir / "checkpoint.pt")
     finally:
         process.kill()
