@@ -42,17 +42,22 @@ def permute_classes(records, mapping):
             for r in records]
 
 
+def stat_fields(path) -> list[str] | None:
+    """The fields of a /proc stat file after the command's name (state first, then the parent's pid, ...);
+    None once the process or thread is gone."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def until_stopped(pid: int, within_s: float = 5.0) -> None:
     """Until every thread of `pid` is stopped (state T in /proc) after a SIGSTOP: the stop is asynchronous,
     and on a loaded machine a thread may run on for a while (a frozen broker answered a commit after its
     SIGSTOP in 5 of 10 tries beside 3 busy loops on 2 CPUs). Without /proc, waits `within_s`."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        try:
-            states = [stat.read_text().rsplit(")", 1)[1].split()[0]
-                      for stat in Path(f"/proc/{pid}/task").glob("*/stat")]
-        except OSError:  # a thread ended as it was read: ask again
-            states = []
+        states = [fields[0] for stat in Path(f"/proc/{pid}/task").glob("*/stat") if (fields := stat_fields(stat))]
         if states and all(state in "Tt" for state in states):
             return
         time.sleep(0.005)

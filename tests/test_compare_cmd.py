@@ -22,6 +22,7 @@ from streamer.cli.compare import run as run_compare_command
 from streamer.compare import CompareError, plan, strategy_names
 from streamer.strategies import STRATEGIES
 from tests.conftest import write_corpus
+from tests.helpers import stat_fields
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +231,8 @@ def spawned_children(parent: int | None = None) -> list[int]:
     found, parent = [], parent or os.getpid()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent and running(int(stat.parent.name)):
+            fields = stat_fields(stat)
+            if fields and int(fields[1]) == parent and running(int(stat.parent.name)):
                 if b"spawn_main" in (stat.parent / "cmdline").read_bytes():
                     found.append(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
@@ -365,10 +367,8 @@ def catches(pid: int, signum: int) -> bool:
 
 def running(pid: int) -> bool:
     """Whether `pid` is a process that has not ended (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return fields is not None and fields[0] != "Z"
 
 
 def test_strategies_all_skips_what_cannot_run_and_names_why(tmp_path, monkeypatch, capsys):
@@ -584,8 +584,8 @@ def test_a_job_that_has_ended_is_reaped_while_the_others_run(tmp_path):
 
     def state_later(pid: int) -> None:
         time.sleep(2.0)  # job 0 ends 0.3 s after its outcome
-        stat = Path(f"/proc/{pid}/stat")
-        seen["state"] = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "reaped"
+        fields = stat_fields(f"/proc/{pid}/stat")
+        seen["state"] = fields[0] if fields else "reaped"
         release.touch()  # job 1 ends now
 
     def on_outcome(index, outcome):
