@@ -583,8 +583,9 @@ def test_a_job_that_has_ended_is_reaped_while_the_others_run(tmp_path):
     release, seen = tmp_path / "release", {}
 
     def state_later(pid: int) -> None:
-        time.sleep(2.0)  # job 0 ends 0.3 s after its outcome
-        fields = stat_fields(f"/proc/{pid}/stat")
+        deadline = time.monotonic() + 60  # job 0 ends 0.3 s after its outcome (seconds on a loaded machine)
+        while (fields := stat_fields(f"/proc/{pid}/stat")) and time.monotonic() < deadline:
+            time.sleep(0.1)  # running, ending, or a zombie (which stays one until job 1 ends)
         seen["state"] = fields[0] if fields else "reaped"
         release.touch()  # job 1 ends now
 
