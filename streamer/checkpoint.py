@@ -39,6 +39,7 @@ import os
 import random
 import time
 import zipfile
+import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -106,6 +107,8 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
         # (torch.save's archive, as every checkpoint is)
         raise CheckpointError(f"{path} is not a streamer checkpoint ({os.path.getsize(path):,} bytes, not a "
                               "torch.save archive: cut short, or another file)")
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        _verified(path)
     try:  # pickle writes b"" (an empty carry-over buffer) as a call of `bytes`: harmless, so allowed
         with torch.serialization.safe_globals([bytes]):
             state = torch.load(path, map_location=map_location, weights_only=True)
@@ -124,6 +127,20 @@ def load(path: str | os.PathLike, map_location=None) -> dict:
         raise CheckpointError(f"{path} has format version {state['format_version']}; "
                               f"this streamer reads up to {FORMAT_VERSION}")
     return state
+
+
+def _verified(path: str | os.PathLike) -> None:
+    """Every part of the archive checked against the CRC-32 the writer stored with it: torch.load checks
+    none, so a flipped byte in the weights loaded as NaN, and every later update was skipped (one read of
+    the file, at a resume: 10 ms for 11 MB)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        damaged = f"? ({type(exc).__name__})"
+    if damaged is not None:
+        raise CheckpointError(f"{path} is damaged: its part {damaged} fails its CRC-32 check (a disk or copy "
+                              "error); put back a good copy")
 
 
 def on_device(state, device: torch.device):

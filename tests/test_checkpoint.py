@@ -112,6 +112,24 @@ def test_a_checkpoint_cut_short_or_another_file_is_one_line_naming_it(tmp_path):
         resume_state(run_dir, {})
 
 
+def test_a_checkpoint_with_a_flipped_byte_in_its_weights_is_refused_naming_the_damaged_part(tmp_path):
+    """torch.load checks no CRC: a byte flipped in the weights (a disk or copy error) loaded as NaN, the
+    learner skipped every later update and exited 0. The archive's CRC-32 of each part is checked."""
+    path = tmp_path / "checkpoint.pt"
+    weights = torch.arange(1000.0)
+    checkpoint.save(path, {"step": 3, "weights": weights})
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(weights.numpy().tobytes()) + 2000
+    data[at:at + 8] = b"\xff" * 8  # four floats become NaN
+    path.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=f"{path} is damaged: its part \\S*data/\\d+ fails its "
+                                                         "CRC-32 check"):
+        checkpoint.load(path)
+    from streamer.resume import resume_state
+    with pytest.raises(ValueError, match="cannot resume from .* is damaged: .* use --fresh"):
+        resume_state(tmp_path, {})
+
+
 def test_save_is_atomic_and_leaves_no_partial_file(tmp_path):
     path = tmp_path / "run" / "checkpoint.pt"
     checkpoint.save(path, {"step": 1})
