@@ -184,7 +184,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                               security=config.metrics_security)
             log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
             _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
-        before = (loop.step, loop.tokens)  # the checkpoint's: the summary's rate counts this start's own
+        before = (loop.step, loop.tokens, loop.skipped)  # the checkpoint's: the summary counts this start's own
         with view, _StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
             tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view, log=log,
@@ -216,7 +216,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
                       broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
-                      batches_before=before[0])
+                      batches_before=before[0], skipped=loop.skipped - before[2])
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:

@@ -217,6 +217,20 @@ def test_the_summary_line_of_a_resumed_run_counts_its_own_batches_and_tokens():
                                             "4.0s computing (200 tokens/s)")
 
 
+def test_the_summary_line_says_how_many_updates_were_skipped():
+    """A model gone non-finite (a damaged checkpoint's NaN weights) skipped every update and the run
+    ended with exit 0 and a line that looked like any other: only a Prometheus counter knew."""
+    from pathlib import Path
+
+    from streamer.cli.report import summary_line
+    from streamer.config import RunSummary
+
+    line = summary_line(RunSummary(50, 1000, 6.0, "end_of_stream", {}, Path("r"), skipped=50))
+    assert line.endswith("stopped: end_of_stream; 50 of its updates skipped (a non-finite loss or gradients: "
+                         "nothing learned from those batches)")
+    assert "skipped" not in summary_line(RunSummary(50, 1000, 6.0, "end_of_stream", {}, Path("r")))
+
+
 def test_the_summary_line_says_each_cause_of_waiting_apart():
     """The time a run waited for its topic to be created is not the consumer group's joining."""
     from pathlib import Path

@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
 
 def summary_line(summary: RunSummary) -> str:
     """One line: batches and tokens (this start's; a resumed run's total beside them), compute time (and
-    its tokens/s) apart from waiting (for the topic, joining the group, idle, broker lost), the stop reason, dead letters
-    and the probes' share of wall time."""
+    its tokens/s) apart from waiting (for the topic, joining the group, idle, broker lost), the stop reason, dead letters,
+    updates skipped and the probes' share of wall time."""
     wall = max(summary.seconds, 1e-9)
     if summary.compute_seconds is None:  # not measured: the wall-clock rate
         timing = f"in {summary.seconds:.1f}s ({summary.tokens / wall:,.0f} tokens/s)"
@@ -47,6 +47,8 @@ def summary_line(summary: RunSummary) -> str:
                if summary.batches_before else "")
     return (f"{summary.batches} batches{resumed}, {summary.tokens} tokens {timing}; stopped: {summary.stop_reason}"
             + (f"; dead letters {summary.dead_letters}" if summary.dead_letters else "")
+            + (f"; {summary.skipped} of its updates skipped (a non-finite loss or gradients: nothing learned from "
+               "those batches)" if summary.skipped else "")
             + (f"; {summary.probes} probe evaluations took {summary.probe_seconds:.1f}s "
                f"({summary.probe_seconds / wall:.0%} of wall)" if summary.probes else ""))
 
