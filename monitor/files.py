@@ -13,5 +13,9 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a hidden file beside it (one per process), renamed over `path`."""
     path = Path(path)
     staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(text, encoding="utf-8")
+    try:
+        staging.write_text(text, encoding="utf-8")
+    except BaseException:  # a full disk: no empty hidden file left behind
+        staging.unlink(missing_ok=True)
+        raise
     staging.replace(path)

@@ -14,6 +14,7 @@ live one, one line at a time; ``iter_loss_log`` holds one line at a time (the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -125,8 +126,14 @@ class LossLogWriter:
         size = len(line.encode("utf-8"))
         if self._size and self._size + size > self.max_bytes:
             self._rotate()
-        self._file.write(line)
-        self._file.flush()  # the OS has the line even if this process dies next
+        try:
+            self._file.write(line)
+            self._file.flush()  # the OS has the line even if this process dies next
+        except OSError as exc:  # a full disk: the file is named, and closing does not try the line again
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._size += size
 
     def _rotate(self) -> None:

@@ -33,6 +33,7 @@ tensors and plain values only, never a pickled object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import io
 import os
@@ -66,10 +67,11 @@ def save(path: str | os.PathLike, state: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        torch.save({"format_version": FORMAT_VERSION, **state}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        _written(partial, {"format_version": FORMAT_VERSION, **state}, name=path)
+    except BaseException:  # a full disk: the previous checkpoint stays, and no half of this one
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:  # the rename itself survives a power cut
@@ -77,6 +79,42 @@ def save(path: str | os.PathLike, state: dict) -> Path:
     finally:
         os.close(directory)
     return path
+
+
+class _Writes:
+    """The file torch.save writes through, keeping the first error of a write: torch's archive writer
+    reports a write the disk refused (full, a quota, a size limit) only as "unexpected pos"."""
+
+    def __init__(self, handle):
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _written(partial: Path, state: dict, name: Path) -> None:
+    """`state` saved to `partial`, flushed and fsynced; a write the disk refused is the OSError beneath,
+    naming `name` (the checkpoint the user knows), not torch's RuntimeError."""
+    writes = _Writes(open(partial, "wb"))
+    try:
+        torch.save(state, writes)
+        writes.handle.flush()
+        os.fsync(writes.handle.fileno())
+        writes.handle.close()
+    except (RuntimeError, OSError) as exc:
+        error = writes.error or (exc if isinstance(exc, OSError) else None)
+        with contextlib.suppress(OSError):  # (its buffer's flush fails again)
+            writes.handle.close()
+        if error is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(name)) from None
 
 
 def copied(state, _memo: dict | None = None):

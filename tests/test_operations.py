@@ -91,6 +91,20 @@ def test_rotation_keeps_the_order_and_drops_the_oldest(tmp_path, caplog):
     assert loss_log_files(path) == [path] and len(read_loss_log(path)) == 3
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_is_one_error_naming_the_loss_log():
+    """A write the disk refused raised an OSError without a file name, and the with-block's close tried
+    the line again and raised a second one over it."""
+    import errno
+
+    with pytest.raises(OSError) as raised, LossLogWriter("/dev/full", append=True) as log:
+        log.write({"batch": 0, "loss": 1.0, "domain": 0, "domain_name": "en", "sequence": 0})
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, "/dev/full")
+    from streamer.cli.errors import storage_error
+    assert storage_error(raised.value) == "/dev/full: No space left on device (errno ENOSPC)"
+    assert storage_error(OSError(errno.ENOENT, "No such file or directory", "x")) is None  # (a bug's: traceback)
+
+
 def test_trim_across_rotated_files(tmp_path):
     path = tmp_path / "losses.jsonl"
     size = len(json.dumps(line(0)).encode()) + 1

@@ -6,6 +6,7 @@ not learned again. Real processes through the embedded broker; the default group
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,3 +165,44 @@ def test_a_resumed_learners_first_scrape_holds_its_restored_counters(broker, str
         process.kill()
     assert process.returncode == 0 and "resuming from the checkpoint at batch 30" in output, output[-3000:]
     assert "counters start at 0" not in output and scraped is not None and scraped >= 30, (scraped, output[-2000:])
+
+
+def test_a_file_too_large_or_a_full_disk_is_one_line_and_the_same_command_continues(broker, stream):
+    """A disk that refuses a write (full, a quota; here the file-size limit, whose EFBIG takes the same
+    path) ended the learner with chained tracebacks (torch's "unexpected pos" for the checkpoint) and exit 1,
+    leaving checkpoint.pt.partial behind. Now: one line naming the file, exit 2, nothing half-written, and
+    the same command continues the run, each batch once."""
+    import resource
+
+    root, manifest = stream
+    total = json.loads(manifest.read_text())["total_batches"]
+    run_dir = root / "full-disk"
+    command = learn_command(broker, manifest, "naive", "--group", "full-disk", "--run-dir", str(run_dir))
+    first = subprocess.run([*command, "--max-batches", "200"], cwd=root, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # the loss log may grow 86 lines; the checkpoint (over 90 kB, more than the log) is refused at its next write
+    limit = (run_dir / "losses.jsonl").stat().st_size + 20_000
+    assert (run_dir / "checkpoint.pt").stat().st_size > limit
+
+    def limited() -> None:  # a write past `limit` bytes fails with EFBIG (not SIGXFSZ's kill)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    full = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limited)
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    (line,) = full.stderr.splitlines()
+    assert re.fullmatch(rf"streamer learn: error: {re.escape(str(run_dir))}/\S+: File too large \(errno EFBIG\); "
+                        rf"once it can be written, the same command continues from the last checkpoint in "
+                        rf"{re.escape(str(run_dir))}", line), line
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".partial") or re.match(r"\..*\.\d+$", p.name)]
+    step = checkpoint_step(run_dir / "checkpoint.pt")
+    assert step == 200 and "checkpoint.pt: File too large" in line
+
+    again = subprocess.run([*command, "--max-batches", "300"], cwd=root, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and f"resuming from the checkpoint at batch {step}" in again.stdout, again.stderr
+    got = [json.loads(line)["batch"] for line in read_lines(run_dir / "losses.jsonl")]
+    assert got == list(range(300))  # each batch once, in order
+    print(f"the refused write: {line}; resumed at {step} of {total}")

@@ -3,7 +3,13 @@ that a signal caused."""
 
 from __future__ import annotations
 
-__all__ = ["UserError", "caused_by"]
+import errno
+
+__all__ = ["UserError", "caused_by", "storage_error"]
+
+# what a disk or its permissions refuse: the user's to fix (space, a writable place), never the code's
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                            errno.EIO})
 
 
 class UserError(Exception):
@@ -22,3 +28,12 @@ def caused_by(exc: BaseException | None, kind: type[BaseException]) -> BaseExcep
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """One line for a file the disk refused (full, read-only, no permission, failing): the file and the
+    system's words; None for any other error (a bug keeps its traceback)."""
+    if not isinstance(exc, OSError) or exc.errno not in STORAGE_ERRNOS:
+        return None
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc} (errno {errno.errorcode.get(exc.errno, exc.errno)})"

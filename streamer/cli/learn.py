@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from streamer.cli.configs import learn_config, say, silent
-from streamer.cli.errors import UserError, caused_by
+from streamer.cli.errors import UserError, caused_by, storage_error
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flags, add_run_flags, default_of,
                                 positive_float, positive_int)
 from streamer.cli.report import print_run_report
@@ -188,6 +188,11 @@ def run(args) -> int:
                     config, manifest=manifest, resume=state, from_beginning=args.fresh)))
             except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
                 raise UserError(str(exc)) from None
+            except OSError as exc:  # a full disk, a run directory turned read-only: one line, not a traceback
+                if (line := storage_error(exc)) is None:
+                    raise
+                raise UserError(f"{line}; once it can be written, the same command continues from the last "
+                                f"checkpoint in {run_dir}") from None
             except SourceError as exc:
                 if exc.every_rank and not leader:  # rank 0 says the same line
                     raise SystemExit(2) from None

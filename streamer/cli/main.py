@@ -11,7 +11,7 @@ import sys
 
 from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, produce, report, status
 from streamer.cli.checks import check_args
-from streamer.cli.errors import UserError, caused_by
+from streamer.cli.errors import UserError, caused_by, storage_error
 from streamer.cli.flags import Parser
 from streamer.cli.rank_process import label_rank_lines, stop_with_the_agent
 from streamer.cli.runs import sigterm_before_learning
@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except known as exc:
         print(f"streamer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if (line := storage_error(exc)) is None:
+            raise
+        print(f"streamer {args.command}: error: {line}", file=sys.stderr)
         return 2
     except Exception as exc:
         if caused_by(exc, KeyboardInterrupt) is None:
