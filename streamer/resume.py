@@ -23,6 +23,9 @@ __all__ = ["IDENTITY_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differi
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
 IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
                  "streams", "window")
+# What a producer's manifest says of the stream, where the run and the restart both have one: another
+# production on the topic (its manifest written over the old one) is another stream's truth
+STREAM_KEYS = ("total_batches", "total_records", "n_fragments", "classes")
 
 
 class RunDirBusy(RuntimeError):
@@ -83,6 +86,13 @@ def resume_state(run_dir: Path, config) -> dict | None:
         shown = ", ".join(f"{key} {state['config'][key]!r} -> {checkpoint.plain(config).get(key)!r}" for key in differ)
         raise ValueError(f"{path} is a run of another configuration ({shown}); "
                          f"use --fresh to start over or another --run-dir")
+    saved, current = state.get("config", {}), checkpoint.plain(config)
+    other = [key for key in STREAM_KEYS if saved.get(key) not in (None, []) and current.get(key) not in (None, [])
+             and saved[key] != current[key]]  # (None, no classes: no manifest, a topic's records as they come)
+    if other:
+        shown = ", ".join(f"{key} {saved[key]!r} -> {current[key]!r}" for key in other)
+        raise ValueError(f"{path} learned another stream than the manifest describes ({shown}); give the run's "
+                         f"manifest (a copy: {Path(run_dir) / 'manifest.json'}), or --fresh to start over")
     return state
 
 

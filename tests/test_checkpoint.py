@@ -4,6 +4,7 @@ strategy; files are written atomically and hold only tensors and plain values.""
 import asyncio
 import fractions
 import random
+import re
 
 import numpy as np
 import pytest
@@ -128,6 +129,25 @@ def test_a_checkpoint_with_a_flipped_byte_in_its_weights_is_refused_naming_the_d
     from streamer.resume import resume_state
     with pytest.raises(ValueError, match="cannot resume from .* is damaged: .* use --fresh"):
         resume_state(tmp_path, {})
+
+
+def test_a_run_is_not_resumed_on_another_streams_manifest(tmp_path):
+    """A second production on the topic writes its manifest over the first's; the restart took it, wrote
+    the other stream's length into the run and stopped at once with end_of_stream 'batch 500/324'."""
+    from streamer.config import LearnConfig
+    from streamer.resume import resume_state
+
+    stream = {"total_batches": 3636, "total_records": 11493, "n_fragments": 20, "classes": ["cs", "en"]}
+    config = LearnConfig("127.0.0.1:9092", "t", run_dir=tmp_path, run_name="r").with_manifest(stream)
+    checkpoint.save(tmp_path / "checkpoint.pt", {"step": 500, "config": checkpoint.plain(config)})
+    assert resume_state(tmp_path, config)["step"] == 500
+    assert resume_state(tmp_path, config.with_manifest(None))["step"] == 500  # no manifest now: the topic's
+    other = config.with_manifest({**stream, "total_batches": 324, "n_fragments": 10})
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'checkpoint.pt'} learned another stream than the "
+                                                   "manifest describes (total_batches 3636 -> 324, n_fragments 20 -> "
+                                                   f"10); give the run's manifest (a copy: {tmp_path / 'manifest.json'}"
+                                                   "), or --fresh to start over")):
+        resume_state(tmp_path, other)
 
 
 def test_save_is_atomic_and_leaves_no_partial_file(tmp_path):
