@@ -136,6 +136,11 @@ class LossLogWriter:
             raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._size += size
 
+    def sync(self) -> None:
+        """The lines written so far on disk (fsync), not only in the OS's cache."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+
     def _rotate(self) -> None:
         """The live file becomes the newest rotated one; the oldest go while past the total cap."""
         self._file.close()
@@ -156,6 +161,8 @@ class LossLogWriter:
 
     def close(self) -> None:
         if self._file is not None:
+            self._file.flush()
+            self.sync()  # (a run's last checkpoint comes after)
             self._file.close()
             self._file = None
 

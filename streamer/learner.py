@@ -357,8 +357,10 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
     publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir, log))
     try:
         async with loop:
-            if run_dir is not None:
-                trim_logs(run_dir, loop.step)
+            if run_dir is not None and (kept := trim_logs(run_dir, loop.step)[0]) < loop.step:
+                (log or print)(f"losses.jsonl holds {kept} of the checkpoint's {loop.step} batches: batches {kept} "
+                               f"to {loop.step - 1} are missing from the loss log (cut, or lost in a crash of the "
+                               "machine), so a report from it leaves them out; the model learned them")
             loss_log = _NoLossLog() if run_dir is None else LossLogWriter(run_dir / "losses.jsonl", append=resumed)
             with loss_log as losses:
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
@@ -366,6 +368,7 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
                 async for result in loop:
                     losses.write(monitor.observe(result))
                     if checkpointer.due():
+                        losses.sync()  # on disk before a checkpoint past its lines (a power cut keeps both)
                         checkpointer.start()  # copied here, written in the background
                     if probes and (row := await probes.before_next(loop)):
                         monitor.probed(row)
@@ -391,6 +394,9 @@ class _NoLossLog:
         pass
 
     def write(self, line) -> None:
+        pass
+
+    def sync(self) -> None:
         pass
 
 

@@ -419,6 +419,8 @@ def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a
     assert sum(len(r.text.encode()) for r in late if r.stream == "0") > 1000  # (all of it, before)
     assert any(line.startswith("partition 0: stream 0 holds more than 4 windows") for line in lines), lines
     assert saved["loop"]["read_again"] > 0
+    log_path = config.run_dir / "losses.jsonl"  # a crash of the machine lost its last 3 lines: said, not hidden
+    log_path.write_text("".join(log_path.read_text().splitlines(keepends=True)[:7]))
 
     metrics = create_metrics()
     summary = asyncio.run(run_learner(config, monitor=LiveMonitor(run="far-ahead", strategy="naive", metrics=metrics),
@@ -432,7 +434,10 @@ def test_a_stream_far_ahead_stays_in_kafka_while_a_batch_waits_for_another_and_a
     assert again < 3 * len(records)  # (603 for 324 records; with fetches of up to 2,000 while reading again 2,950)
     log = read_loss_log(config.run_dir / "losses.jsonl")
     expected = [r.loss for r in run(naive(seed=0), batches_from_records(records, 3, 10))]
-    assert [line["loss"] for line in log] == pytest.approx(expected, rel=1e-6)
+    assert [line["loss"] for line in log] == pytest.approx(expected[:7] + expected[10:], rel=1e-6)
+    assert ("losses.jsonl holds 7 of the checkpoint's 10 batches: batches 7 to 9 are missing from the loss log "
+            "(cut, or lost in a crash of the machine), so a report from it leaves them out; the model learned "
+            "them") in lines
 
 
 def test_poison_among_records_read_again_is_dead_lettered_once_and_no_record_is_lost(broker, tmp_path):
