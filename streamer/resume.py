@@ -18,7 +18,7 @@ from monitor.losslog import trim_loss_log
 from streamer import checkpoint
 
 __all__ = ["IDENTITY_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
-           "set_aside"]
+           "check_set_aside", "set_aside"]
 
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
 IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
@@ -117,11 +117,27 @@ def trim_logs(run_dir: Path, step: int) -> tuple[int, int]:
     return losses, probes
 
 
+# what a learner writes first (config.json) or soon (the rest): a directory holding none of them is not a run's
+RUN_FILES = ("config.json", "checkpoint.pt", "losses.jsonl", "manifest.json", "status.json")
+
+
+def check_set_aside(run_dir: Path) -> None:
+    """ValueError (one line) when --fresh must not move `run_dir`'s files: it holds files, none a run's
+    (`--run-dir .` in a project folder would have moved all of it)."""
+    run_dir = Path(run_dir).resolve()
+    others = [p.name for p in run_dir.iterdir() if p.name != ".lock"] if run_dir.is_dir() else []
+    if others and not any(name in RUN_FILES for name in others):
+        shown = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(f"--fresh: {run_dir} holds {len(others)} file(s) ({shown}) but no run's "
+                         f"({', '.join(RUN_FILES)}); not moving them: give an empty or new --run-dir")
+
+
 def set_aside(run_dir: Path) -> Path | None:
     """--fresh: move an existing run directory's files to a sibling `<name>.replaced-<time>`; returns it."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # (`--run-dir .` has no name of its own)
     if not run_dir.is_dir() or not any(p.name != ".lock" for p in run_dir.iterdir()):
         return None
+    check_set_aside(run_dir)
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     aside.mkdir(parents=True)
     for entry in run_dir.iterdir():

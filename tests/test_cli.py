@@ -363,3 +363,37 @@ def test_a_from_fragment_past_the_manifests_last_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"^--from-fragment 8 is past the stream's last fragment: its manifest "
                                         r"has 8 \(0 to 7\); give one of those, 'half' or 'all'$"):
         start("--from-fragment", "8")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA to provoke the error")
+def test_fresh_moves_the_old_run_only_once_the_model_is_built_and_never_a_folder_of_other_files(tmp_path):
+    """--fresh moved the old run aside before the model was built: a flag the model refused (here --device
+    cuda) left the run moved and the plain command refused (the group's offsets, no checkpoint).
+    `--run-dir .` was a traceback (an empty name), and a folder of the user's own files would have been
+    moved whole. A bad --metrics-host with port 0 (the demo's) was a traceback after the move."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "losses.jsonl").write_text("")
+    learn = ["learn", "--bootstrap-servers", "127.0.0.1:9", "--broker-timeout", "1", "--streams", "2", "--window",
+             "5", *TINY_FLAGS]
+    line = _one_clean_line(streamer(*learn, "--run-dir", "run", "--fresh", "--device", "cuda", cwd=tmp_path))
+    assert "--device cuda" in line
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.json", "losses.jsonl"]  # where it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    line = _one_clean_line(streamer(*learn, "--run-dir", ".", "--fresh", cwd=folder))
+    assert line.endswith(f"--fresh: {folder} holds 1 file(s) (notes.txt) but no run's (config.json, checkpoint.pt, "
+                         "losses.jsonl, manifest.json, status.json); not moving them: give an empty or new --run-dir")
+    assert (folder / "notes.txt").read_text() == "mine"
+
+    moved = _one_clean_line(streamer(*learn, "--run-dir", ".", "--fresh", cwd=run))  # the run's own folder
+    assert "127.0.0.1:9" in moved  # (moved, then the broker is unreachable)
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert {"config.json", "losses.jsonl"} <= {p.name for p in aside.iterdir()}
+
+    line = _one_clean_line(streamer(*learn, "--metrics-host", "999.1.1.1", "--metrics-port", "0", cwd=tmp_path))
+    assert line.startswith("streamer learn: error: --metrics-port 0: cannot bind 999.1.1.1:0 (")

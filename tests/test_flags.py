@@ -75,6 +75,10 @@ CASES = {
     "topic-manifest": (["produce", "--topic", "t" * 245, "--no-truth-topic"], ["default manifest", "--manifest"]),
     "topic-run-dir": (["learn", "--topic", "t" * 130], ["runs/<topic>-<group>", "--run-dir"]),
     "group-run-dir": (["learn", "--group", "team/a"], ["'team/a'", "--run-dir"]),
+    # refused by the model once built (after --fresh had moved the run aside), or taken as 0 without a word
+    "dropout-range": (["learn", "--dropout", "2"], ["--dropout", "a probability in 0..1, got 2.0"]),
+    "probe-every-negative": (["learn", "--probe-every", "-1"], ["--probe-every", "an integer >= 0, got -1"]),
+    "compare-probe-every": (["compare", "--probe-every", "-1"], ["--probe-every", "an integer >= 0, got -1"]),
 }
 
 

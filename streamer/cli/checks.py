@@ -89,18 +89,16 @@ def check_port(port: int | None, host: str, flag: str) -> None:
         return
     if not 0 <= port <= 65535:
         raise UserError(f"{flag} {port}: expected a port in 0..65535")
-    if port == 0:
-        return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
-        except OSError as exc:
+            sock.bind((host, port))  # (0: any free port; the host is checked all the same)
+        except OSError as exc:  # (socket.gaierror too: a host that resolves to nothing)
             if exc.errno == errno.EADDRINUSE:
                 raise UserError(f"{flag} {port}: port {port} on {host} is in use (choose another, or 0 for a free one)"
                                 ) from None
-            raise UserError(f"{flag} {port}: cannot bind {host}:{port} ({exc.strerror})") from None
+            raise UserError(f"{flag} {port}: cannot bind {host}:{port} ({exc.strerror or exc})") from None
 
 
 def check_bootstrap(servers: str | None, flag: str = "--bootstrap-servers") -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from streamer.cli.configs import model_config, schedule, stream_options
 from streamer.cli.errors import UserError
 from streamer.cli.flags import (DEFAULT_CORPUS, add_broker_timeout_flag, add_detector_flag, add_model_flags,
-                                add_span_flag, add_stream_flags, default_of, positive_float, positive_int, seeds)
+                                add_span_flag, add_stream_flags, default_of, non_negative_int, positive_float,
+                                positive_int, seeds)
 from streamer.cli.runs import ensure_corpus, sigterm_as_interrupt
 from streamer.cli.security_flags import add_security_flags
 from streamer.config import LearnConfig
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
     g.add_argument("-k", type=positive_int, default=default_of(LearnConfig, "k"),
                    help="batches after a switch for ppl@sw (default %(default)s)")
     add_detector_flag(g, "drift detector scored against the true switches")
-    g.add_argument("--probe-every", type=int, default=default_of(LearnConfig, "probe_every"),
+    g.add_argument("--probe-every", type=non_negative_int, default=default_of(LearnConfig, "probe_every"),
                    help="score each class's probe split every N batches (0: only at switches; default %(default)s)")
     g.add_argument("--no-probe", action="store_true", help="do not score the probe split (default: scored)")
     g.add_argument("--checkpoint-every", type=positive_float, default=default_of(LearnConfig, "checkpoint_every_s"),

@@ -76,7 +76,7 @@ def model_config(args, **changes) -> LearnConfig:
         window=args.window or LearnConfig.window,
         model=LSTMConfig(embedding=args.embedding, hidden=args.hidden, layers=args.layers, dropout=args.dropout),
         lr=args.lr, seed=args.seed, device=args.device, max_batches=args.max_batches, minutes=args.minutes,
-        checkpoint_every_s=args.checkpoint_every, probe_every=max(0, args.probe_every), detector=args.detector,
+        checkpoint_every_s=args.checkpoint_every, probe_every=args.probe_every, detector=args.detector,
         probe=not args.no_probe)
     if getattr(args, "clip", None) is not None:  # --clip, or --set clip=X (checks.route_trainer_keys)
         fields["clip"] = args.clip

@@ -69,21 +69,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive(kind: type, what: str):
-    """An argparse type: `kind` parsed from text, and greater than zero."""
+def _checked(kind: type, what: str, holds=lambda value: value > 0):
+    """An argparse type: `kind` parsed from text, for which `holds(value)` (default: greater than zero)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not value > 0:
+        if not holds(value):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         return value
     return parse
 
 
-positive_int = _positive(int, "a positive integer")
-positive_float = _positive(float, "a positive number")
+positive_int = _checked(int, "a positive integer")
+positive_float = _checked(float, "a positive number")
+non_negative_int = _checked(int, "an integer >= 0", lambda value: value >= 0)
+probability = _checked(float, "a probability in 0..1", lambda value: 0 <= value <= 1)
 
 
 def port(text: str) -> int:
@@ -226,7 +228,7 @@ def add_model_flags(p, strategy: bool = True, threads_help: str | None = None) -
                    help="byte embedding size, dimensions (default %(default)s)")
     g.add_argument("--layers", type=positive_int, default=default_of(LSTMConfig, "layers"),
                    help="LSTM layers (default %(default)s)")
-    g.add_argument("--dropout", type=float, default=default_of(LSTMConfig, "dropout"),
+    g.add_argument("--dropout", type=probability, default=default_of(LSTMConfig, "dropout"),
                    help="dropout probability between the LSTM layers, 0..1 (default %(default)s)")
     lrs = ", ".join(f"{name} {info.default_lr:g}" for name, info in MODEL_CATALOG.items())
     g.add_argument("--lr", type=positive_float,
@@ -279,7 +281,7 @@ def add_run_flags(p, minutes: float | None = None, metrics_port: int | None = No
     add_span_flag(g, "the span of the live CALM metrics and the final tables")
     g.add_argument("--no-view", action="store_true", help="plain log lines instead of the live terminal view")
     add_detector_flag(g, "drift detector that finds switches in the loss without labels")
-    g.add_argument("--probe-every", type=int, default=default_of(LearnConfig, "probe_every"),
+    g.add_argument("--probe-every", type=non_negative_int, default=default_of(LearnConfig, "probe_every"),
                    help="score each class's held-out probe split every N batches (0: only at switches; "
                         "default %(default)s)")
     g.add_argument("--no-probe", action="store_true",

@@ -178,14 +178,13 @@ def run(args) -> int:
             if not leader:
                 config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
             config = _resumed_settings(config, state, leader)
-            if manifest is not None and leader:
-                (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
             from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
             from streamer.consumer import SourceError
 
             try:
                 summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
-                    config, manifest=manifest, resume=state, from_beginning=args.fresh)))
+                    config, manifest=manifest, resume=state, from_beginning=args.fresh,
+                    before_run=(lambda: _set_aside_and_write(run_dir, manifest, args.fresh)) if leader else None)))
             except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
                 raise UserError(str(exc)) from None
             except OSError as exc:  # a full disk, a run directory turned read-only: one line, not a traceback
@@ -510,13 +509,28 @@ def _rank_0s_stream(config: LearnConfig, stream: dict) -> LearnConfig:
         from_fragment=stream["from_fragment"], model=dataclasses.replace(config.model, hidden=stream["hidden"]))
 
 
+def _set_aside_and_write(run_dir: Path, manifest: dict | None, fresh: bool) -> None:
+    """Once the model is built (a flag it refuses leaves the old run where it was): --fresh moves the old
+    run's files aside, then the run's copy of its manifest is written."""
+    from streamer.resume import set_aside
+
+    if fresh and (aside := set_aside(run_dir)):
+        print(f"--fresh: the old run moved to {aside}", flush=True)
+    if manifest is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
 def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
-    from streamer.resume import resume_state, set_aside
+    from streamer.resume import check_set_aside, resume_state
 
     where = f"topic {config.topic}, group {config.group_id}, run dir {config.run_dir}"
-    if fresh:
-        aside = set_aside(config.run_dir)
-        print(f"{where}: starting fresh (--fresh" + (f"; the old run moved to {aside})" if aside else ")"), flush=True)
+    if fresh:  # the old run's files move once the model is built (_set_aside_and_write): a bad flag keeps them
+        try:
+            check_set_aside(config.run_dir)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        print(f"{where}: starting fresh (--fresh)", flush=True)
         return None
     try:
         state = resume_state(config.run_dir, config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -129,9 +130,11 @@ def default_run_dir(strategy: str) -> Path:
 
 
 async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None, producer=None,
-                           resume: dict | None = None, from_beginning: bool = False) -> RunSummary:
+                           resume: dict | None = None, from_beginning: bool = False,
+                           before_run: Callable[[], None] | None = None) -> RunSummary:
     """The learner (and optionally `producer()`, a coroutine factory) under the live view; SIGTERM and
-    SIGINT stop it cleanly (streamer.learner.run's stop_signals). `resume`: a checkpoint to continue."""
+    SIGINT stop it cleanly (streamer.learner.run's stop_signals). `resume`: a checkpoint to continue.
+    `before_run()`: called once the strategy is built, before the learner starts (--fresh's move)."""
     from rich.console import Console
 
     from streamer import learner
@@ -140,6 +143,8 @@ async def learn_under_view(config: LearnConfig, *, manifest: dict | None = None,
         prepared = in_passing(learner.build_strategy, config, learner.resolve_device(config.device), manifest)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if before_run is not None:
+        before_run()
     return await learner.run(config, manifest=manifest, prepared=prepared, producer=producer, console=Console(),
                              log=lambda message: print(message, flush=True), resume=resume,
                              from_beginning=from_beginning, stop_signals=(signal.SIGINT, signal.SIGTERM))
