@@ -397,3 +397,20 @@ def test_fresh_moves_the_old_run_only_once_the_model_is_built_and_never_a_folder
 
     line = _one_clean_line(streamer(*learn, "--metrics-host", "999.1.1.1", "--metrics-port", "0", cwd=tmp_path))
     assert line.startswith("streamer learn: error: --metrics-port 0: cannot bind 999.1.1.1:0 (")
+
+
+def test_a_classifier_on_a_stream_of_running_text_is_one_line(tmp_path):
+    """--model hf-classifier on a text topic dead-lettered every record (no label) and waited for more."""
+    from streamer.cli import parse
+    from streamer.cli.configs import learn_config
+    from streamer.cli.errors import UserError
+
+    def config(level):
+        args = parse(["learn", "--topic", "t", "--model", "hf-classifier"])
+        return learn_config(args, bootstrap="x:1", topic="t", group="g", run_dir=tmp_path, log=lambda line: None,
+                            manifest={"n_fragments": 8, "streams": 4, "window": 1, "level": level})
+
+    with pytest.raises(UserError, match=r"^--model hf-classifier learns labelled utterances, and the manifest is of "
+                                        r"running text \(level byte\): produce an utterance corpus"):
+        config("byte")
+    assert config("utterance").model_name == "hf-classifier"

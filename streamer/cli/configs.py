@@ -103,6 +103,11 @@ def learn_config(args, *, bootstrap: str, topic: str, group: str, run_dir: Path,
     """`learn` and `demo`: the run's config, with what the manifest fixes (a contradicting flag is a
     UserError naming both values) and sized to --params; `log` says what was chosen for the user."""
     where = f"the manifest {manifest_path}" if manifest_path else "the manifest"
+    level = (manifest or {}).get("level")
+    if args.model_name == "hf-classifier" and level not in (None, "utterance"):  # (it dead-lettered every record)
+        raise UserError(f"--model hf-classifier learns labelled utterances, and {where} is of running text "
+                        f"(level {level}): produce an utterance corpus (intents-multilingual, multiwoz-domains, your "
+                        "JSONL/CSV) without --as-text, or learn this one with lstm-char, lstm-word or hf-causal")
     config = model_config(
         args, **stream_shape(args, manifest, where), bootstrap_servers=bootstrap, topic=topic, group_id=group,
         run_dir=run_dir, run_name=run_dir.name,
