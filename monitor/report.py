@@ -131,10 +131,14 @@ def _resolve(spec: str | int, max_sequence, config: Mapping) -> int:
     if spec == "all":
         return 0
     if isinstance(spec, str) and spec.isdigit():
-        return int(spec)
-    if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
-        return spec
-    raise ValueError(f'from_fragment must be "half", "all" or a non-negative int, got {spec!r}')
+        spec = int(spec)
+    if not (isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0):
+        raise ValueError(f'from_fragment must be "half", "all" or a non-negative int, got {spec!r}')
+    expected = _expected_fragments(max_sequence(), config)
+    if expected and spec >= expected:  # (its tables were empty, titled "fragments >= 99 of 40")
+        raise ValueError(f"--from-fragment {spec} is past the stream's last fragment: it has {expected} "
+                         f"(0 to {expected - 1}); give one of those, 'half' or 'all'")
+    return spec
 
 
 def build_report(path: str | os.PathLike, *, k: int = 10, from_fragment: str | int = "half") -> dict:

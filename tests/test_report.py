@@ -305,3 +305,16 @@ def test_a_last_line_torn_by_a_crash_is_left_out_with_a_note_and_a_bad_line_else
         log.write("\n")  # now a whole line that is not JSON: a damaged log, not a crash's
     with pytest.raises(ValueError, match=r"losses.jsonl:17: not JSON"):
         build_report(run, k=2)
+
+
+def test_a_from_fragment_past_the_runs_last_is_one_line(tmp_path, capsys):
+    """`report --from-fragment 99` on a 10-fragment run printed empty tables titled 'fragments >= 99 of 10'
+    (learn refuses the same value)."""
+    from streamer.cli import main
+
+    run = make_run(tmp_path, {"n_fragments": 10, "strategy": "naive"})
+    assert main(["report", str(run), "--from-fragment", "9"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(run), "--from-fragment", "10"]) == 2
+    assert capsys.readouterr().err == ("streamer report: error: --from-fragment 10 is past the stream's last "
+                                       "fragment: it has 10 (0 to 9); give one of those, 'half' or 'all'\n")
