@@ -119,6 +119,7 @@ class KafkaSource:
         self.max_record_bytes = max_record_bytes
         self.dead_letter_timeout_s = dead_letter_timeout_s
         self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
+        self._reasons_said: set[str] = set()  # the reasons whose first dead letter was said in a line
         self._log = log or _stderr
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
@@ -458,11 +459,18 @@ class KafkaSource:
         """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
         that could not be decoded (its copy, made then). Not at the read: a record read again after a
         rewind (streamer.batching.OffsetTracker.admit) is passed over, and its copy is not sent again."""
+        source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
+        if reason not in self._reasons_said:  # the first of each reason in a line: a topic of records without
+            self._reasons_said.add(reason)  # keys went silently to the DLQ, the run learning nothing
+            self._log(f"record {source} dead-lettered ({reason}" + (f": {detail[:200]})" if detail else ")")
+                      + (f", a copy sent to {self.topic}.dlq" if self._producer is not None else "")
+                      + f"; later {reason} records this process reads are only counted (streamer_dead_letter_total). "
+                      "A record is key = its stream id 0..b-1, value = UTF-8 text, the truth in four optional headers "
+                      "(README: How a stream looks)")
         if fetched.record is None:
             if fetched.copy is not None:
                 await self._send(fetched.copy)
             return
-        source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
         await self._send(dead_letter_copy(*encode(fetched.record), reason=reason, detail=detail, source=source))
 
     async def _send(self, copy: tuple) -> None:

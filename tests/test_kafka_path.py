@@ -9,6 +9,7 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import signal
 import time
 from types import SimpleNamespace
@@ -186,7 +187,9 @@ def test_the_lag_of_a_caught_up_learner_is_0_past_a_commit_marker_it_never_sees(
     assert asyncio.run(source.lag({("txn", 0): 5})) == {0: 0} and log.highwater(log.tp) == 6
 
 
-def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stream, tmp_path):
+def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stream, tmp_path, capsys):
+    """Each is counted and copied to the DLQ; the first of each reason is said in one line (a topic of records
+    without keys went to the DLQ in silence, the run learning nothing)."""
     records, manifest = stream
 
     async def produce_bad_then_good():
@@ -194,6 +197,7 @@ def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stre
         await producer.start()
         await producer.send_and_wait("dirty", key=b"0", value=b"\xff\xfe broken")
         await producer.send_and_wait("dirty", key=None, value=b"no key")
+        await producer.send_and_wait("dirty", key=None, value=b"no key again")
         await producer.send_and_wait("dirty", key=b"0", value=b"x", headers=[("streamer.class", b"en")])
         await producer.send_and_wait("dirty", key=b"99", value=b"a fourth stream")
         await producer.stop()
@@ -202,7 +206,15 @@ def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stre
     summary, monitor = _learn(_config(broker, "dirty", tmp_path, manifest))
 
     assert summary.batches == manifest["total_batches"]
-    assert monitor.dead_letters == {"bad_utf8": 1, "missing_key": 1, "bad_headers": 1, "extra_stream": 1}
+    assert monitor.dead_letters == {"bad_utf8": 1, "missing_key": 2, "bad_headers": 1, "extra_stream": 1}
+    said = [line for line in capsys.readouterr().out.splitlines() if " dead-lettered (" in line]
+    assert sorted(re.search(r"dead-lettered \((\w+)", line).group(1) for line in said) == [
+        "bad_headers", "bad_utf8", "extra_stream", "missing_key"]
+    assert re.fullmatch(r"record dirty:\d+:\d+" + re.escape(
+        " dead-lettered (missing_key), a copy sent to dirty.dlq; later missing_key records this process reads are "
+        "only counted "
+        "(streamer_dead_letter_total). A record is key = its stream id 0..b-1, value = UTF-8 text, the truth in four "
+        "optional headers (README: How a stream looks)"), next(line for line in said if "(missing_key" in line))
 
     async def dead_letters():
         consumer = AIOKafkaConsumer("dirty.dlq", bootstrap_servers=broker.bootstrap_servers,
@@ -213,7 +225,8 @@ def test_bad_records_are_dead_lettered_counted_and_learning_goes_on(broker, stre
             return [dict(m.headers)["streamer.reason"].decode() for ms in batch.values() for m in ms]
         finally:
             await consumer.stop()
-    assert sorted(asyncio.run(dead_letters())) == ["bad_headers", "bad_utf8", "extra_stream", "missing_key"]
+    assert sorted(asyncio.run(dead_letters())) == ["bad_headers", "bad_utf8", "extra_stream", "missing_key",
+                                                   "missing_key"]
 
 
 def test_an_independent_schedule_is_learned_through_kafka_without_changes_to_the_learner(broker, tmp_path):
