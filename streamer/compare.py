@@ -419,6 +419,13 @@ def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
     started = time.monotonic()
     try:  # two comparisons writing one --out wrote one loss log at once (a traceback: 'not JSON')
         with RunDirLock(config.out, holder="a running comparison", other="another --out"):
+            held = sorted(p.name for p in config.out.iterdir() if p.name in ("plan.json", "comparison.json", "table1.md")
+                          or (p / "losses.jsonl").exists() or (p / "checkpoint.pt").exists())
+            if held:  # an earlier comparison's runs and figures stayed beside the new tables
+                raise CompareError(f"--out {config.out} holds an earlier comparison ({', '.join(held[:4])}"
+                                   + (", ...)" if len(held) > 4 else ")") + ": the new tables would sit among "
+                                   "its runs; give a new --out (the default, runs/compare-<time>, always is) or move "
+                                   "it away")
             return _compare(config, started, log)
     except RunDirBusy as exc:
         raise CompareError(str(exc)) from None

@@ -608,3 +608,19 @@ def test_a_from_fragment_past_the_streams_last_is_one_line_before_any_run(tmp_pa
                                            r"has 4 \(0 to 3\); give one of those, 'half' or 'all'$"):
         run_compare_command(args)
     assert not (out / "naive-seed0").exists()
+
+
+def test_an_out_that_holds_files_is_one_line_before_any_run(tmp_path):
+    """A second comparison into one --out wrote over the runs it shared with the first and left the
+    others (their folders, their figures) beside its new tables."""
+    corpus = write_corpus(tmp_path / "corpus", lines=200)
+    out = tmp_path / "out"
+    (out / "replay-seed0").mkdir(parents=True)
+    (out / "replay-seed0" / "losses.jsonl").write_text("")
+    (out / "table1.md").write_text("an earlier comparison's")
+    (out / "notes.txt").write_text("the user's")
+    args = parse_flags(["compare", "--corpus", str(corpus), "--strategies", "naive", "--out", str(out), *TINY])
+    with pytest.raises(CompareError, match=rf"^--out {re.escape(str(out))} holds an earlier comparison \(replay-seed0, "
+                                           r"table1.md\): the new tables would sit among its runs; give a new --out"):
+        run_compare_command(args)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "notes.txt", "replay-seed0", "table1.md"]
