@@ -261,3 +261,12 @@ def test_a_collective_that_lost_its_peer_is_told_from_other_runtime_errors():
     assert _a_peer_is_gone(gloo) and _a_peer_is_gone(dist.DistNetworkError("recv failed"))
     assert not _a_peer_is_gone(RuntimeError("CUDA out of memory"))  # a fault of its own stays a traceback
     assert _last_words(gloo).startswith("Connection closed by peer [127.0.0.1]:25805.")
+
+
+def test_cache_is_taken_before_and_after_the_data_and_weights_subcommands():
+    """`data list --cache D` was refused (unrecognized arguments) while `produce --cache D` worked."""
+    for argv, cache in ((["data", "list", "--cache", "/x"], "/x"), (["data", "--cache", "/y", "list"], "/y"),
+                        (["data", "list"], None), (["weights", "build", "smollm2-135m", "--cache", "/z"], "/z"),
+                        (["data", "--cache", "/y", "info", "calm-multilingual", "--cache", "/w"], "/w")):
+        got = parse(argv).cache
+        assert (None if got is None else str(got)) == cache, argv

