@@ -128,8 +128,11 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     device = resolve_device(config.device)
     strategy, built = prepared or in_passing(build_strategy, config, device, manifest)  # as restore, below
     if leader:
-        write_run_config(config, device, sum(p.numel() for p in strategy.model.parameters()), built,
-                         resumed=resume is not None)
+        params = sum(p.numel() for p in strategy.model.parameters())
+        write_run_config(config, device, params, built, resumed=resume is not None)
+        log(f"model {config.model_name}, strategy {config.strategy}: {params:,} parameters on {device}"
+            + (f" (--device auto: {'a CUDA device' if device.type == 'cuda' else 'no CUDA device'} here)"
+               if config.device == "auto" else ""))
     batcher = built.make_batcher(config.streams // (ranks.world if ranks else 1), config.window, device)
     if ranks is not None:
         batcher.first_stream = ranks.first_stream(config.streams)

@@ -181,6 +181,8 @@ def test_a_file_too_large_or_a_full_disk_is_one_line_and_the_same_command_contin
     first = subprocess.run([*command, "--max-batches", "200"], cwd=root, env=ENV, capture_output=True, text=True,
                            timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"^model lstm-char, strategy naive: [\d,]+ parameters on (cpu|cuda\S*) \(--device auto: "
+                     r"(no|a) CUDA device here\)$", first.stdout, re.M), first.stdout  # said, not only in config.json
     # the loss log may grow 86 lines; the checkpoint (over 90 kB, more than the log) is refused at its next write
     limit = (run_dir / "losses.jsonl").stat().st_size + 20_000
     assert (run_dir / "checkpoint.pt").stat().st_size > limit
