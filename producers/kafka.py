@@ -14,7 +14,8 @@ from typing import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (ClusterAuthorizationFailedError, KafkaConnectionError, KafkaError, TopicAlreadyExistsError,
+                             TopicAuthorizationFailedError, for_code)
 
 from producers.security import is_refusal, refusal_reason
 from producers.wire import Record, encode, stream_id
@@ -35,10 +36,15 @@ def refused(bootstrap_servers: str, client_options: Mapping | None, exc: Excepti
             "check --security-protocol, --sasl-mechanism, --sasl-username and the password")
 
 
+# create_topics' answers for a topic that may exist already (a user allowed to write a topic, not to create one)
+_MAY_EXIST = (TopicAlreadyExistsError.errno, TopicAuthorizationFailedError.errno, ClusterAuthorizationFailedError.errno)
+
+
 async def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1,
                        client_options: Mapping | None = None, *, broker_timeout_s: float = 60.0,
-                       log: Callable[[str], None] | None = None) -> None:
-    """Create `topic` unless it exists. `client_options`: aiokafka's security keyword arguments
+                       log: Callable[[str], None] | None = None) -> int:
+    """Create `topic` unless it exists; its partition count (that of a topic that existed, which may differ
+    from `partitions`). `client_options`: aiokafka's security keyword arguments
     (producers.security.KafkaSecurity.client_kwargs), the same for every client. A broker that does
     not answer is retried for `broker_timeout_s` (said once through `log`), then ProduceError."""
     def connect():
@@ -46,10 +52,19 @@ async def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1,
                                    **(client_options or {}))
     admin = await _started(connect, "close", bootstrap_servers, client_options, broker_timeout_s, log)
     try:
-        await asyncio.wait_for(admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)]),
-                               broker_timeout_s)
-    except TopicAlreadyExistsError:
-        pass
+        created = await asyncio.wait_for(admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                                                       replication_factor=1)]), broker_timeout_s)
+        errors = [t["error_code"] for t in created.to_object()["topic_errors"] if t["error_code"]]
+        if not errors:
+            return partitions
+        if errors[0] not in _MAY_EXIST:  # (aiokafka returns the error codes, never raises them)
+            raise for_code(errors[0])()
+        # asked only of a topic that may exist: Tansu creates a topic whose metadata is asked for
+        described = await asyncio.wait_for(admin.describe_topics([topic]), broker_timeout_s)
+        found = [t for t in described if t["topic"] == topic and not t["error_code"] and t["partitions"]]
+        if not found:
+            raise for_code(errors[0])()
+        return len(found[0]["partitions"])
     except (KafkaError, asyncio.TimeoutError) as exc:
         raise ProduceError(f"Kafka at {bootstrap_servers} did not create topic {topic} ({type(exc).__name__})") from None
     finally:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from streamer.cli.checks import check_writable
 from streamer.cli.configs import schedule, stream_options
+from streamer.cli.errors import UserError
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
                                 add_stream_flags, positive_float, positive_int)
 from streamer.cli.runs import corpus_dir, default_manifest_path, prepare_and_say
@@ -26,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--topic", default=DEFAULT_TOPIC,
                    help="the topic to write, created when missing (default %(default)s)")
     p.add_argument("--partitions", type=positive_int, default=1,
-                   help="partitions of the topic when it is created (default %(default)s)")
+                   help="partitions of the topic: created with this many when missing; a topic that exists must have "
+                        "as many, else nothing is sent (default %(default)s)")
     p.add_argument("--rate", type=positive_float,
                    help="pace in records per second (default: as fast as the broker takes them)")
     p.add_argument("--token-rate", type=positive_float,
@@ -60,8 +62,11 @@ def run(args) -> int:
     check_writable(manifest_path)  # (nor does a manifest that cannot be written)
     # the broker reached and the topic there before the manifest is written: an unreachable broker left a
     # manifest of a topic never written, which `learn --topic` then found
-    asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,
-                             broker_timeout_s=args.broker_timeout, log=lambda line: print(line, flush=True)))
+    partitions = asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,
+                                          broker_timeout_s=args.broker_timeout, log=lambda line: print(line, flush=True)))
+    if partitions != args.partitions:  # fewer: records for a partition it lacks; more: streams hashed together
+        raise UserError(f"topic {args.topic} exists with {partitions} partition{'s' * (partitions != 1)}, but "
+                        f"--partitions is {args.partitions}: give --partitions {partitions}, or a new --topic")
     write_manifest(manifest, manifest_path)
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
