@@ -20,7 +20,7 @@ from aiokafka.errors import (ClusterAuthorizationFailedError, KafkaConnectionErr
 from producers.security import is_refusal, refusal_reason
 from producers.wire import Record, encode, stream_id
 
-__all__ = ["ProduceError", "closed_quietly", "ensure_topic", "produce"]
+__all__ = ["ProduceError", "closed_quietly", "ensure_topic", "produce", "started_client"]
 
 
 class ProduceError(RuntimeError):
@@ -50,7 +50,7 @@ async def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1,
     def connect():
         return AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000,
                                    **(client_options or {}))
-    admin = await _started(connect, "close", bootstrap_servers, client_options, broker_timeout_s, log)
+    admin = await started_client(connect, "close", bootstrap_servers, client_options, broker_timeout_s, log)
     try:
         created = await asyncio.wait_for(admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                                                        replication_factor=1)]), broker_timeout_s)
@@ -71,7 +71,7 @@ async def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1,
         await closed_quietly(admin.close())
 
 
-async def _started(make, closer: str, bootstrap_servers: str, client_options, timeout_s: float, log):
+async def started_client(make, closer: str, bootstrap_servers: str, client_options, timeout_s: float, log):
     """A client made by `make()` and started, retried with backoff (0.5 s doubling to 5 s) until
     `timeout_s` has passed without an answer; then ProduceError naming the address."""
     deadline, delay, said = time.monotonic() + timeout_s, 0.5, False
@@ -172,24 +172,30 @@ async def produce(
     client_options: Mapping | None = None,
     broker_timeout_s: float = 60.0,
     log: Callable[[str], None] | None = None,
+    after: Mapping[str, int] | None = None,
+    announced: Mapping[str, int] | None = None,
 ) -> int:
     """Send records in order (key = stream id; with `partitions` > 1, stream id i to partition
     i % partitions); `rate` caps records per second and
     `token_rate` bytes of text per second. With `truth_topic`, each fragment's start on
     each stream is also announced there (JSON), so a remote monitor can read the ground
     truth without touching the model's input. `broker_timeout_s`: see the module's docstring;
-    `log`: where the one line "retrying" goes."""
+    `log`: where the one line "retrying" goes. To resume a production (producers.held): `after`, per
+    stream, the position of the last record the topic holds (that record and those before it are not
+    sent again); `announced`, per stream, the last fragment the truth topic holds. Returns the records sent."""
     await ensure_topic(bootstrap_servers, topic, partitions, client_options, broker_timeout_s=broker_timeout_s, log=log)
     if truth_topic:
         await ensure_topic(bootstrap_servers, truth_topic, 1, client_options, broker_timeout_s=broker_timeout_s, log=log)
     request_timeout_ms = max(1000, int(broker_timeout_s * 1000))  # a batch not taken by then fails its sends
-    producer = await _started(lambda: AIOKafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=5, acks="all",
-                                                       request_timeout_ms=request_timeout_ms, **(client_options or {})),
-                              "stop", bootstrap_servers, client_options, broker_timeout_s, log)
+    producer = await started_client(
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=5, acks="all",
+                                 request_timeout_ms=request_timeout_ms, **(client_options or {})),
+        "stop", bootstrap_servers, client_options, broker_timeout_s, log)
     sender = _Sender(producer, bootstrap_servers, broker_timeout_s)
     sent = sent_bytes = 0
     started = time.monotonic()
     fragment_of: dict[str, int] = {}
+    held, announced = after or {}, dict(announced or {})
     try:
         for record in records:
             if record.truth is not None:
@@ -197,8 +203,11 @@ async def produce(
                     record, truth=dataclasses.replace(record.truth, produced=time.time()))
                 if truth_topic and fragment_of.get(record.stream) != record.truth.fragment:
                     fragment_of[record.stream] = record.truth.fragment
-                    await sender.send(truth_topic, key=record.stream.encode(), value=json.dumps({
-                        "stream": record.stream, **dataclasses.asdict(record.truth)}).encode())
+                    if record.truth.fragment > announced.get(record.stream, -1):
+                        await sender.send(truth_topic, key=record.stream.encode(), value=json.dumps({
+                            "stream": record.stream, **dataclasses.asdict(record.truth)}).encode())
+                if record.truth.position <= held.get(record.stream, -1):
+                    continue  # on the topic already
             key, value, headers = encode(record)
             await sender.send(topic, value=value, key=key, headers=headers, partition=_partition(record, partitions))
             sent = sender.sent = sent + 1

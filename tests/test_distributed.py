@@ -223,7 +223,7 @@ def test_rank_0_says_every_ranks_records_lag_and_dead_letters(broker, stream):
             await producer.stop()
 
     asyncio.run(poison())
-    produced = run(produce(broker, root, topic, root / "poison.manifest.json"), root)
+    produced = run(produce(broker, root, topic, root / "poison.manifest.json", "--append"), root)  # after the poison
     assert produced.returncode == 0, produced.stderr[-3000:]
     flags = without(learn_flags(broker, root / "poison.manifest.json", run_dir, "--nproc", "2"), "--topic")
     result = run([*STREAMER, *flags, "--topic", topic], root)

@@ -28,4 +28,88 @@ def test_a_topic_with_another_partition_count_is_refused_before_anything_is_writ
         assert main(produce_args(broker, tiny_corpus, topic, manifest, "--partitions", str(asked))) == 2
         line = one_error_line(capsys)
         assert f"topic {topic} exists with {existing} partition" in line and f"--partitions is {asked}" in line
-        assert not manifest.exists()
+        assert not manifest.exists() and topic_contents(broker, topic) == {}
+
+
+def topic_contents(broker, topic) -> dict[str, list[tuple[int, str]]]:
+    """Per stream (key), the (position, text) of its records in order, as read back."""
+    from producers.held import read_topic
+    from producers.wire import decode
+
+    got: dict[str, list[tuple[int, str]]] = {}
+
+    def each(message):
+        record = decode(message.key, message.value, message.headers)
+        got.setdefault(record.stream, []).append((record.truth.position, record.text))
+    asyncio.run(read_topic(broker.bootstrap_servers, topic, each))
+    return got
+
+
+def announcements(broker, topic) -> dict[str, list[int]]:
+    """Per stream, the fragments announced on the truth topic, in order."""
+    from producers.held import read_topic
+
+    got: dict[str, list[int]] = {}
+
+    def each(message):
+        said = json.loads(message.value)
+        got.setdefault(said["stream"], []).append(said["fragment"])
+    asyncio.run(read_topic(broker.bootstrap_servers, topic, each))
+    return got
+
+
+def test_producing_again_onto_a_topic_that_holds_records_is_refused_in_one_line(broker, tiny_corpus, tmp_path,
+                                                                                capsys):
+    assert main(produce_args(broker, tiny_corpus, "again", tmp_path / "first.json")) == 0
+    before = topic_contents(broker, "again")
+    count = sum(map(len, before.values()))
+    capsys.readouterr()
+    assert main(produce_args(broker, tiny_corpus, "again", tmp_path / "second.json")) == 2
+    line = one_error_line(capsys)
+    assert f"topic again holds {count} records" in line and "--resume" in line and "--append" in line
+    assert not (tmp_path / "second.json").exists()
+    assert topic_contents(broker, "again") == before
+    assert all(len(set(fragments)) == len(fragments) for fragments in announcements(broker, "again.truth").values())
+
+
+def test_resume_sends_what_an_interrupted_production_lacks_and_the_topic_equals_an_uninterrupted_one(
+        broker, tiny_corpus, tmp_path, capsys):
+    """The first records of a production (and their announcements) on the topic, as a producer stopped
+    midway leaves it; `--resume` with the same flags ends with what one uninterrupted run writes."""
+    from producers.kafka import produce
+    from producers.stream import prepare_stream
+    from streamer.cli.configs import schedule, stream_options
+    from streamer.cli.main import parse
+
+    flags = ("--partitions", "3")
+    assert main(produce_args(broker, tiny_corpus, "whole", tmp_path / "whole.json", *flags)) == 0
+    args = parse(produce_args(broker, tiny_corpus, "cut", tmp_path / "cut.json", *flags))
+    records, _ = prepare_stream(tiny_corpus, schedule(args), **stream_options(args))
+    asyncio.run(produce(records[:len(records) * 2 // 5], broker.bootstrap_servers, "cut", partitions=3,
+                        truth_topic="cut.truth"))
+    assert main(produce_args(broker, tiny_corpus, "cut", tmp_path / "cut.json", *flags)) == 2  # not without --resume
+    capsys.readouterr()
+    assert main(produce_args(broker, tiny_corpus, "cut", tmp_path / "cut.json", *flags, "--resume")) == 0
+    assert "resuming: topic cut holds" in capsys.readouterr().out
+    assert topic_contents(broker, "cut") == topic_contents(broker, "whole")
+    assert announcements(broker, "cut.truth") == announcements(broker, "whole.truth")
+    whole, cut = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("whole", "cut"))
+    assert cut == whole
+
+    assert main(produce_args(broker, tiny_corpus, "cut", tmp_path / "cut.json", *flags, "--resume")) == 0
+    assert "(the whole stream): nothing left to send" in capsys.readouterr().out
+    assert topic_contents(broker, "cut") == topic_contents(broker, "whole")
+
+
+def test_resume_refuses_a_topic_of_another_production(broker, tiny_corpus, tmp_path, capsys):
+    assert main(produce_args(broker, tiny_corpus, "other", tmp_path / "m.json", "--seed", "1")) == 0
+    capsys.readouterr()
+    assert main(produce_args(broker, tiny_corpus, "other", tmp_path / "m2.json", "--resume")) == 2
+    assert "cannot resume: topic other" in one_error_line(capsys)
+
+
+def test_append_writes_a_second_copy_after_what_the_topic_holds(broker, tiny_corpus, tmp_path):
+    assert main(produce_args(broker, tiny_corpus, "twice", tmp_path / "m.json")) == 0
+    once = topic_contents(broker, "twice")
+    assert main(produce_args(broker, tiny_corpus, "twice", tmp_path / "m.json", "--append")) == 0
+    assert topic_contents(broker, "twice") == {stream: held * 2 for stream, held in once.items()}

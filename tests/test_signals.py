@@ -26,11 +26,11 @@ STREAMER = [sys.executable, "-m", "streamer.cli"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def produce(broker, corpus: Path, topic: str, manifest: Path, fragments: int = 6, mean_tokens: int = 2500):
+def produce(broker, corpus: Path, topic: str, manifest: Path, fragments: int = 6, mean_tokens: int = 2500, *extra):
     result = subprocess.run([*STREAMER, "produce", "--corpus", str(corpus), "--bootstrap-servers",
                              broker.bootstrap_servers, "--topic", topic, "--fragments", str(fragments),
                              "--lambda", str(mean_tokens), "--streams", "3", "--window", "10", "--seed", "0",
-                             "--manifest", str(manifest)], capture_output=True, text=True, timeout=120)
+                             "--manifest", str(manifest), *extra], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
 
@@ -115,7 +115,7 @@ def test_without_a_manifest_it_learns_records_as_they_arrive_and_sigterm_while_i
     first = wait_for_lines(run_dir / "losses.jsonl", process, 1)
     time.sleep(3)  # the first wave is learned; the learner waits for more
     first = line_count(run_dir / "losses.jsonl")
-    produce(broker, corpus, "arriving", tmp_path / "second.json", fragments=2, mean_tokens=600)
+    produce(broker, corpus, "arriving", tmp_path / "second.json", 2, 600, "--append")  # more of the same
     second = wait_for_lines(run_dir / "losses.jsonl", process, first + 10)
     time.sleep(3)  # idle again
     said, reader = timed_lines(process)

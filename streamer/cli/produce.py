@@ -36,6 +36,15 @@ def add_parser(sub) -> None:
     p.add_argument("--realtime-factor", type=positive_float, default=1.0,
                    help="speed of the replay relative to --rate / --token-rate (2 = twice as fast; default 1)")
     p.add_argument("--loop", action="store_true", help="replay forever (positions and fragments continue), for a daemon")
+    held = p.add_mutually_exclusive_group()
+    held.add_argument("--resume", action="store_true",
+                      help="onto a topic that holds the start of this production (the same flags; stopped by a "
+                           "signal or a lost broker): send only the records and truth announcements it lacks, so "
+                           "the topic ends as one uninterrupted production would leave it (default: a topic that "
+                           "holds records is refused)")
+    held.add_argument("--append", action="store_true",
+                      help="onto a topic that holds records: write this whole stream after them, a second copy "
+                           "if it is the same (default: a topic that holds records is refused)")
     p.add_argument("--no-truth-topic", action="store_true",
                    help="do not announce fragments on the <topic>.truth sidecar topic")
     p.add_argument("--manifest", type=Path,
@@ -51,7 +60,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from producers.kafka import ensure_topic, produce
+    from producers.kafka import produce
     from producers.stream import looped, write_manifest
 
     kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
@@ -60,28 +69,58 @@ def run(args) -> int:
     records, manifest = prepare_and_say(corpus, schedule(args), None,  # (the data's errors create nothing)
                                         log=lambda note: print(note, flush=True), **stream_options(args))
     check_writable(manifest_path)  # (nor does a manifest that cannot be written)
+    truth_topic = None if args.no_truth_topic else f"{args.topic}.truth"
     # the broker reached and the topic there before the manifest is written: an unreachable broker left a
     # manifest of a topic never written, which `learn --topic` then found
-    partitions = asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,
-                                          broker_timeout_s=args.broker_timeout, log=lambda line: print(line, flush=True)))
-    if partitions != args.partitions:  # fewer: records for a partition it lacks; more: streams hashed together
-        raise UserError(f"topic {args.topic} exists with {partitions} partition{'s' * (partitions != 1)}, but "
-                        f"--partitions is {args.partitions}: give --partitions {partitions}, or a new --topic")
-    write_manifest(manifest, manifest_path)
+    held, resume = _topic_as_asked(args, records, truth_topic, kafka_options)
+    write_manifest(manifest, manifest_path)  # --resume: the same manifest as the interrupted production's
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
     console = Console()
     stream = looped(records, manifest) if args.loop else records
+    left = None if args.loop else len(records) - (held.records if resume else 0)
     with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mb]:.2f} MB"),
                   console=console, disable=not console.is_terminal) as progress:
-        task = progress.add_task("produce", total=None if args.loop else len(records), mb=0.0)
+        task = progress.add_task("produce", total=left, mb=0.0)
         sent = asyncio.run(produce(  # producers.stream.produce_stream's, with --broker-timeout
             stream, args.bootstrap_servers, args.topic,
             rate=args.rate and args.rate * args.realtime_factor,
             token_rate=args.token_rate and args.token_rate * args.realtime_factor,
-            partitions=args.partitions, truth_topic=None if args.no_truth_topic else f"{args.topic}.truth",
+            partitions=args.partitions, truth_topic=truth_topic,
             client_options=kafka_options, broker_timeout_s=args.broker_timeout,
-            log=lambda line: print(line, flush=True),
+            log=lambda line: print(line, flush=True), **resume,
             progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
-    print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}")
+    print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}"
+          + (f" ({held.records} were there already)" if resume else ""))
     return 0
+
+
+def _topic_as_asked(args, records, truth_topic: str | None, kafka_options):
+    """(what the topic holds, produce's keyword arguments that resume it): the topic created or found
+    with --partitions partitions, and holding no records unless --resume or --append says what to do."""
+    from producers.held import held_by, resume_positions
+    from producers.kafka import ensure_topic
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    partitions = asyncio.run(ensure_topic(args.bootstrap_servers, args.topic, args.partitions, kafka_options,
+                                          broker_timeout_s=args.broker_timeout, log=say))
+    if partitions != args.partitions:  # fewer: records for a partition it lacks; more: streams hashed together
+        raise UserError(f"topic {args.topic} exists with {partitions} partition{'s' * (partitions != 1)}, but "
+                        f"--partitions is {args.partitions}: give --partitions {partitions}, or a new --topic")
+    held = asyncio.run(held_by(args.bootstrap_servers, args.topic, truth_topic, kafka_options,
+                               broker_timeout_s=args.broker_timeout, log=say))
+    if not (held.records or held.announcements) or args.append:
+        return held, {}
+    if not args.resume:
+        truth = f" and {truth_topic} {held.announcements} announcements" if held.announcements else ""
+        raise UserError(f"topic {args.topic} holds {held.records} records{truth} already; producing again would "
+                        f"add a second copy: --resume continues the production it holds (the same flags), "
+                        f"--append adds this one after it, or give a new --topic")
+    after = resume_positions(records, held, args.topic, loop=args.loop)
+    whole = not args.loop and held.records == len(records)
+    say(f"resuming: topic {args.topic} holds {held.records} of the stream's {len(records)} records"
+        + (" (the whole stream): nothing left to send" if whole
+           else "; sending those after them"))
+    return held, {"after": after, "announced": held.announced}
