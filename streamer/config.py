@@ -67,10 +67,13 @@ class LearnConfig:
         return self.lr if self.lr is not None else default_lr(self.model_name)
 
     def with_manifest(self, manifest: dict | None) -> "LearnConfig":
-        """This config with what the producer's manifest knows of the stream (its length, classes, N)."""
+        """This config with what the producer's manifest knows of the stream (its length, classes, N); a
+        looped stream's ("loop": true, `produce --loop`) has no end, its totals being one lap's."""
         manifest = manifest or {}
+        ends = not manifest.get("loop")
         return dataclasses.replace(
-            self, total_batches=manifest.get("total_batches"), total_records=manifest.get("total_records"),
+            self, total_batches=manifest.get("total_batches") if ends else None,
+            total_records=manifest.get("total_records") if ends else None,
             classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"))
 
 

@@ -475,7 +475,7 @@ def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[in
     counts_bytes = built.kind == "lm" and isinstance(built.encode("a"), (bytes, bytearray))
     total = config.total_batches if counts_bytes else None
     shown = (config.max_batches or config.total_batches) if counts_bytes else config.max_batches
-    if built.kind == "classifier" and manifest and manifest.get("level") == "utterance":
+    if built.kind == "classifier" and manifest and manifest.get("level") == "utterance" and not manifest.get("loop"):
         total = manifest["total_records"] // config.streams
         shown = config.max_batches or total
     return total, shown

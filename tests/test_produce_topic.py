@@ -113,3 +113,46 @@ def test_append_writes_a_second_copy_after_what_the_topic_holds(broker, tiny_cor
     once = topic_contents(broker, "twice")
     assert main(produce_args(broker, tiny_corpus, "twice", tmp_path / "m.json", "--append")) == 0
     assert topic_contents(broker, "twice") == {stream: held * 2 for stream, held in once.items()}
+
+
+def test_a_looped_production_says_so_and_learn_goes_on_past_one_lap(broker, tiny_corpus, tmp_path):
+    """`produce --loop`'s manifest says "loop": a learner given it learns on past the lap's total_batches
+    until it is stopped (it stopped at the end of one lap: `[stopped: end_of_stream]` with lag left)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.learners import STREAMER
+
+    manifest, losses = tmp_path / "loop.json", tmp_path / "run" / "losses.jsonl"
+    producer = subprocess.Popen([*STREAMER, *produce_args(broker, tiny_corpus, "looped", manifest, "--loop",
+                                                          "--fragments", "2", "--rate", "3000")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    learner = None
+    try:
+        deadline = time.monotonic() + 60
+        while not manifest.exists() and producer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        written = json.loads(manifest.read_text())
+        assert written["loop"] is True and written["total_batches"] > 0  # a lap's figures stay
+        lap = written["total_batches"]
+        learner = subprocess.Popen(
+            [*STREAMER, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", "looped",
+             "--manifest", str(manifest), "--hidden", "16", "--embedding", "8", "--no-view", "--no-probe",
+             "--run-dir", str(tmp_path / "run")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.monotonic() + 240
+        while learner.poll() is None and time.monotonic() < deadline:
+            if losses.exists() and len(losses.read_text().splitlines()) > lap + 10:
+                break
+            time.sleep(0.2)
+        assert learner.poll() is None, learner.communicate()[0][-2000:]  # still learning, past one lap
+        learner.send_signal(signal.SIGTERM)
+        output = learner.communicate(timeout=120)[0]
+        assert learner.returncode == 0 and "[stopped: signal]" in output, output[-2000:]
+    finally:
+        for process in (learner, producer):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.communicate()

@@ -35,7 +35,9 @@ def add_parser(sub) -> None:
                    help="pace in bytes of text per second (default: no limit)")
     p.add_argument("--realtime-factor", type=positive_float, default=1.0,
                    help="speed of the replay relative to --rate / --token-rate (2 = twice as fast; default 1)")
-    p.add_argument("--loop", action="store_true", help="replay forever (positions and fragments continue), for a daemon")
+    p.add_argument("--loop", action="store_true",
+                   help="replay forever (positions and fragments continue), for a daemon; the manifest says "
+                        "\"loop\": true, so a learner does not stop after one lap (its totals are one lap's)")
     held = p.add_mutually_exclusive_group()
     held.add_argument("--resume", action="store_true",
                       help="onto a topic that holds the start of this production (the same flags; stopped by a "
@@ -73,6 +75,8 @@ def run(args) -> int:
     # the broker reached and the topic there before the manifest is written: an unreachable broker left a
     # manifest of a topic never written, which `learn --topic` then found
     held, resume = _topic_as_asked(args, records, truth_topic, kafka_options)
+    if args.loop:  # no end: a learner must not stop at one lap's total (the figures stay a lap's)
+        manifest["loop"] = True
     write_manifest(manifest, manifest_path)  # --resume: the same manifest as the interrupted production's
     print(f"stream: {manifest['n_fragments']} fragments, {manifest['total_batches']} batches, "
           f"{len(records)} records; manifest {manifest_path}", flush=True)
