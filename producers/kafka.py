@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import (ClusterAuthorizationFailedError, KafkaConnectionError, KafkaError, TopicAlreadyExistsError,
-                             TopicAuthorizationFailedError, for_code)
+from aiokafka.errors import (ClusterAuthorizationFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError,
+                             TopicAlreadyExistsError, TopicAuthorizationFailedError, for_code)
 
 from producers.security import is_refusal, refusal_reason
 from producers.wire import Record, encode, stream_id
@@ -141,6 +141,10 @@ class _Sender:
             raise self.error(self.failure)
 
     def error(self, exc: BaseException) -> ProduceError:
+        if isinstance(exc, KafkaError) and not exc.retriable and not isinstance(exc, KafkaTimeoutError):
+            said = str(exc).strip()  # not a broker away: waiting longer would not help, nor does the timeout apply
+            return ProduceError(f"Kafka at {self.bootstrap_servers} refused a record ({type(exc).__name__}"
+                                f"{': ' + said[:300] if said else ''}); stopped after {self.sent} records")
         return ProduceError(f"Kafka at {self.bootstrap_servers} took no records for {self.timeout_s:g} s "
                             f"(--broker-timeout; {type(exc).__name__}); stopped after {self.sent} records")
 

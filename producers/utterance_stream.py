@@ -34,7 +34,12 @@ def build_utterance_stream(examples: dict[str, list[tuple[str, str | None]]], sc
             from producers.orders import ScheduleError
             raise ScheduleError(f"a probe split of {probe_examples} utterances would take half of class {name!r}")
         cut = len(items) - probe_examples
-        pools[name], probes[name] = items[:cut], items[cut:]
+        # each payload built once: a recycled utterance's records share it (a new string per record took
+        # 21 GB for one 3 MB utterance read over and over)
+        pools[name] = [(payload, len(payload.encode("utf-8")), label)
+                       for payload, label in ((text.replace("\n", " ").strip() + "\n", label)
+                                              for text, label in items[:cut])]
+        probes[name] = items[cut:]
     b = schedule.streams
     per_fragment = dataclasses.replace(schedule, window=1)  # lengths in utterances, not windows of bytes
     plans = plan_streams(per_fragment, classes, {c: len(pools[c]) for c in classes}, rng)
@@ -47,11 +52,10 @@ def build_utterance_stream(examples: dict[str, list[tuple[str, str | None]]], sc
             index = k if synchronised else k * b + s
             start = step
             for _ in range(n):
-                text, label = pools[name][cursors[name] % len(pools[name])]
+                payload, size, label = pools[name][cursors[name] % len(pools[name])]
                 cursors[name] += 1
-                payload = text.replace("\n", " ").strip() + "\n"
                 timed.append((step, s, Record(str(s), payload, Truth(name, index, positions[s], produced, label))))
-                positions[s] += len(payload.encode("utf-8"))
+                positions[s] += size
                 step += 1
             fragments.append({"index": index, "class": name, "n_utterances": n, "start_utterance": start})
         per_stream.append(fragments)

@@ -44,7 +44,8 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["Record", "Truth", "WireError", "encode", "decode", "stream_id", "record_bytes", "dead_letter_copy",
+__all__ = ["Record", "Truth", "WireError", "encode", "decode", "stream_id", "record_bytes", "largest_record_bytes",
+           "dead_letter_copy",
            "REASONS", "MAX_STREAM_ID", "MAX_RECORD_BYTES", "MAX_NAME_BYTES"]
 
 REASONS = ("too_large", "missing_key", "bad_key", "missing_value", "empty_value", "bad_utf8", "nul_byte",
@@ -114,6 +115,13 @@ def encode(record: Record) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
         if t.label is not None:
             headers.append((_HEADER_LABEL, t.label.encode("utf-8")))
     return record.stream.encode("utf-8"), record.text.encode("utf-8"), headers
+
+
+def largest_record_bytes(text: str, class_name: str, label: str | None = None) -> int:
+    """The most bytes a record of `text` with this class and label can take on any stream, at any
+    fragment, position and time: what a producer checks against MAX_RECORD_BYTES before it streams it."""
+    widest = Truth(class_name, 10**18 - 1, 10**18 - 1, -1.2345678901234567e-300, label)
+    return record_bytes(*encode(Record(str(MAX_STREAM_ID - 1), text + "\n", widest)))
 
 
 def record_bytes(key: bytes | None, value: bytes | None, headers) -> int:

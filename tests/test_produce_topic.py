@@ -156,3 +156,34 @@ def test_a_looped_production_says_so_and_learn_goes_on_past_one_lap(broker, tiny
             if process is not None and process.poll() is None:
                 process.kill()
                 process.communicate()
+
+
+def test_a_recycled_utterance_is_one_payload_shared_by_its_records():
+    """An utterance read again to fill the stream is the same string in each record, built once (a new
+    string per recycled record took 21 GB for one 3 MB utterance)."""
+    from producers.schedule import Schedule
+    from producers.utterance_stream import build_utterance_stream
+
+    examples = {"a": [("first line\nof a", "x"), ("another a", "y")], "b": [("only b", None), ("b too", None)]}
+    records, _ = build_utterance_stream(examples, Schedule(n_fragments=4, mean_tokens=40, streams=2))
+    by_text: dict[str, set[int]] = {}
+    for record in records:
+        by_text.setdefault(record.text, set()).add(id(record.text))
+    assert set(by_text) == {"first line of a\n", "another a\n", "only b\n", "b too\n"}
+    assert all(len(ids) == 1 for ids in by_text.values()) and len(records) > 8
+
+
+def test_a_record_kafka_refuses_is_said_as_refused_not_as_a_timeout(broker):
+    """A non-retriable error (a record over Kafka's size limit) is its own line at once, not 'took no records
+    for N s (--broker-timeout)'."""
+    import pytest
+
+    from producers.kafka import ProduceError, produce
+    from producers.wire import Record, Truth
+
+    records = [Record("0", "small\n", Truth("a", 0, 0, 0.0)), Record("0", "x" * 2_000_000, Truth("a", 0, 6, 0.0))]
+    with pytest.raises(ProduceError) as caught:
+        asyncio.run(produce(records, broker.bootstrap_servers, "too-large", broker_timeout_s=30))
+    message = str(caught.value)
+    assert "refused a record (MessageSizeTooLargeError" in message and "took no records" not in message, message
+    assert "stopped after 1 records" in message

@@ -376,3 +376,24 @@ def test_a_nul_in_the_text_is_refused_naming_where(tmp_path):
     csv_file = tmp_path / "data.csv"
     csv_file.write_text('text,class\nhi,a\n"x\u0000y",b\n', encoding="utf-8")
     assert "a NUL" in error_for(csv_file)
+
+
+def test_an_utterance_too_large_for_one_record_is_refused_naming_where(tmp_path):
+    """A record over producers.wire.MAX_RECORD_BYTES is one no learner takes (too_large) and Kafka's default
+    limit refuses: refused at load, naming file and line, in user data and in a built utterance directory;
+    one just under the limit loads."""
+    from producers.corpora.utterances import load_utterance_dir
+    from producers.wire import MAX_RECORD_BYTES, largest_record_bytes
+
+    fits = "x" * (MAX_RECORD_BYTES - largest_record_bytes("", "music", None))
+    jsonl = write_jsonl(tmp_path / "data.jsonl", [ROWS[0], {"text": fits, "class": "music"}])
+    assert load_user_data(jsonl).examples["music"][0].text == fits
+    jsonl = write_jsonl(tmp_path / "big.jsonl", [ROWS[0], ROWS[1], {"text": fits + "x", "class": "music"}])
+    message = error_for(jsonl)
+    assert message.startswith(f"{jsonl}:3: an utterance of {len(fits) + 1:,} bytes") and "split or shorten" in message
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "a.jsonl").write_text(json.dumps({"text": "hello", "label": "l"}) + "\n", encoding="utf-8")
+    (built / "b.jsonl").write_text(json.dumps({"text": "x" * 3_000_000, "label": "l"}) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=rf"^{built / 'b.jsonl'}:1: an utterance of 3,000,000 bytes"):
+        load_utterance_dir(built)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from producers.wire import MAX_RECORD_BYTES, largest_record_bytes
+
 __all__ = ["CorpusError", "load_corpus_dir", "CLASS_SUFFIX"]
 
 CLASS_SUFFIX = ".txt"
@@ -60,6 +62,18 @@ def refuse_nul(file: Path, data: bytes) -> None:
     if offset >= 0:
         line = data.count(b"\n", 0, offset) + 1
         raise CorpusError(f"{file}:{line}: a NUL byte at byte offset {offset}: binary or corrupt data, not text")
+
+
+def refuse_oversized(text: str, class_name: str, label: str | None, where: str) -> None:
+    """A CorpusError naming `where` (file:line) for an utterance whose record would be larger than a
+    learner takes by default and Kafka's default limit allows (producers.wire.MAX_RECORD_BYTES)."""
+    if len(text) * 4 + 1024 < MAX_RECORD_BYTES:  # (most utterances: no need to encode them to know)
+        return
+    size = largest_record_bytes(text.replace("\n", " ").strip(), class_name, label)
+    if size > MAX_RECORD_BYTES:
+        raise CorpusError(f"{where}: an utterance of {len(text.encode('utf-8')):,} bytes: its record would take "
+                          f"{size:,}, over the {MAX_RECORD_BYTES:,} a learner takes (and Kafka's default limit); "
+                          f"split or shorten it")
 
 
 def _read_class_file(file: Path) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from producers.wire import MAX_NAME_BYTES
 
-from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul
+from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
 
@@ -212,6 +212,7 @@ def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple
     label = None
     if fields.label is not None and fields.label in record:
         label = _as_name(record[fields.label], where, fields.label)
+    refuse_oversized(text, class_name, label, where)
     return class_name, UserExample(text, label)
 
 
