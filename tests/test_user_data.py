@@ -217,7 +217,8 @@ def test_unknown_file_suffix(tmp_path):
     path = tmp_path / "data.xlsx"
     path.write_bytes(b"PK")
     message = error_for(path)
-    assert "unknown format" in message and str(path) in message and "'.xlsx'" in message and "format=" in message
+    assert "unknown format" in message and str(path) in message and "'.xlsx'" in message
+    assert "give the file one of those suffixes" in message and "format=" not in message
 
 
 def test_unrecognised_directory(tmp_path):
@@ -235,7 +236,9 @@ def test_missing_field_in_jsonl_names_the_fields_present(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [ROWS[0], {"utt": "hello", "class": "greet"}])
     message = error_for(path)
     assert message.startswith(f"{path}:2: missing field 'text'")
-    assert "fields present: 'utt', 'class'" in message and "text_field=" in message
+    # what `streamer produce --corpus` can act on (it has no text_field= to give)
+    assert "fields present: 'utt', 'class'" in message and "needs a 'text' field" in message
+    assert "rename yours" in message and "text_field=" not in message
 
 
 def test_missing_column_in_csv_header(tmp_path):
@@ -243,7 +246,8 @@ def test_missing_column_in_csv_header(tmp_path):
     path.write_text("utterance,intent\nhi,greet\n", encoding="utf-8")
     message = error_for(path, text_field="utterance")
     assert f"{path}: missing column 'class'" in message and "columns: 'utterance', 'intent'" in message
-    assert "class_field=" in message
+    assert "needs a 'utterance' field for the text and a 'class' field" in message and "class_field=" not in message
+    assert "a file without a header row needs one added" in message
 
 
 def test_missing_column_in_hf_dataset(tmp_path):
@@ -299,6 +303,12 @@ def test_only_one_class_directory(tmp_path):
     (tmp_path / "en").mkdir()
     (tmp_path / "en" / "a.txt").write_text("hello", encoding="utf-8")
     assert f"{tmp_path} has 1 class ('en')" in error_for(tmp_path)
+
+
+def test_an_empty_csv_says_the_file_is_empty(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("", encoding="utf-8")
+    assert error_for(path) == f"{path}:1: no header row (the file is empty)"
 
 
 def test_no_rows_at_all(tmp_path):

@@ -114,7 +114,7 @@ def _detect_format(path: Path) -> str:
             return _SUFFIX_FORMATS[path.suffix.lower()]
         raise CorpusError(
             f"unknown format for {path}: suffix {path.suffix or '(none)'!r} is not one of "
-            f"{', '.join(_SUFFIX_FORMATS)}; pass format= (one of {', '.join(FORMATS[1:])})"
+            f"{', '.join(_SUFFIX_FORMATS)}: give the file one of those suffixes"
         )
     if any((path / name).is_file() for name in ("dataset_dict.json", "state.json", "dataset_info.json")):
         return "hf"
@@ -123,7 +123,7 @@ def _detect_format(path: Path) -> str:
     if has_class_files and has_class_dirs:
         raise CorpusError(
             f"directory {path} holds both <class>{CLASS_SUFFIX} files and <class>/ directories; "
-            "pass format='calm' or format='class_dirs'"
+            "keep one of the two layouts"
         )
     if has_class_dirs:
         return "class_dirs"
@@ -194,12 +194,10 @@ def _check_classes(path: Path, by_class: Mapping[str, object], where: str) -> No
 
 def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple[str, UserExample]:
     """The class and example of one record; `where` is "file:line" or "dir row N"."""
-    for field, hint in ((fields.text, "text_field"), (fields.class_, "class_field")):
+    for field in (fields.text, fields.class_):
         if field not in record:
             present = ", ".join(repr(name) for name in record) or "none"
-            raise CorpusError(
-                f"{where}: missing field {field!r} (fields present: {present}); name it with {hint}="
-            )
+            raise CorpusError(f"{where}: missing field {field!r} (fields present: {present}); {_rename(fields)}")
     text = record[fields.text]
     if text is not None and not isinstance(text, str):
         raise CorpusError(f"{where}: field {fields.text!r} is a {type(text).__name__}, expected a string")
@@ -214,6 +212,13 @@ def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple
         label = _as_name(record[fields.label], where, fields.label)
     refuse_oversized(text, class_name, label, where)
     return class_name, UserExample(text, label)
+
+
+def _rename(fields: _Fields) -> str:
+    """What to do about a missing field: what `streamer produce --corpus` reads (the defaults), or what the
+    caller of load_user_data named."""
+    label = f", optionally {fields.label!r} for a finer label" if fields.label else ""
+    return f"the data needs a {fields.text!r} field for the text and a {fields.class_!r} field{label}: rename yours"
 
 
 def _as_name(value: object, where: str, field: str) -> str | None:
@@ -265,14 +270,14 @@ def _load_delimited(
     try:
         header = list(columns) if columns is not None else next(reader)
     except (StopIteration, csv.Error) as error:
-        raise CorpusError(f"{path}:1: no header row ({error or 'the file is empty'})") from None
-    for field, hint in ((fields.text, "text_field"), (fields.class_, "class_field")):
+        raise CorpusError(f"{path}:1: no header row ({str(error) or 'the file is empty'})") from None
+    for field in (fields.text, fields.class_):
         if field not in header:
             names = ", ".join(repr(name) for name in header) or "none"
-            where = "the columns= given" if columns is not None else "the header row"
-            raise CorpusError(
-                f"{path}: missing column {field!r} in {where} (columns: {names}); name it with {hint}="
-            )
+            where = "the columns given" if columns is not None else "the header row"
+            headerless = "" if columns is not None else " (a file without a header row needs one added)"
+            raise CorpusError(f"{path}: missing column {field!r} in {where} (columns: {names}); "
+                              f"{_rename(fields)}{headerless}")
     examples: dict[str, list[UserExample]] = {}
     next_line = reader.line_num + 1
     while True:
@@ -302,10 +307,10 @@ def _load_hf(path: Path, fields: _Fields, split: str | None) -> dict[str, list[U
                 f"{path} is a Hugging Face datasets directory; reading it needs `pip install datasets` "
                 "(or pyarrow)"
             ) from None
-    for field, hint in ((fields.text, "text_field"), (fields.class_, "class_field")):
+    for field in (fields.text, fields.class_):
         if field not in table:
             names = ", ".join(repr(name) for name in table) or "none"
-            raise CorpusError(f"{directory}: missing column {field!r} (columns: {names}); name it with {hint}=")
+            raise CorpusError(f"{directory}: missing column {field!r} (columns: {names}); {_rename(fields)}")
     wanted = [name for name in (fields.text, fields.class_, fields.label) if name in table]
     for name in wanted:
         if name in class_names:  # ClassLabel columns hold indices into the names
