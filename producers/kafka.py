@@ -225,6 +225,6 @@ async def produce(
         await sender.flush()
     finally:
         await closed_quietly(producer.stop())
-    if progress:
-        progress(sent, sent_bytes)
+        if progress:  # also when stopped (a signal, a lost broker): the caller says how far it got
+            progress(sent, sent_bytes)
     return sent

@@ -57,7 +57,8 @@ def sequence_order(classes: list[str], how: str, sizes: dict[str, int], *, given
     if how == "given":
         unknown = [c for c in given if c not in classes]
         if unknown or sorted(given) != sorted(classes):
-            raise ScheduleError(f"--order must name each class once ({', '.join(classes)}); got {', '.join(given) or 'nothing'}"
+            raise ScheduleError(f"--given-order must name each class once ({', '.join(classes)}); "
+                                f"got {', '.join(given) or 'nothing'}"
                                 + (f", unknown {', '.join(unknown)}" if unknown else ""))
         return list(given)
     if how in ("h2l", "l2h"):

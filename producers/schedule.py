@@ -49,8 +49,9 @@ class Schedule:
         for name in ("n_fragments", "mean_tokens", "streams", "window", "record_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ScheduleError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.probe_tokens < 0:
-            raise ScheduleError(f"probe_tokens must be >= 0, got {self.probe_tokens}")
+        for name in ("probe_tokens", "seed"):  # (numpy refuses a negative seed with a traceback)
+            if getattr(self, name) < 0:
+                raise ScheduleError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 CalmSchedule = Schedule  # the default kind is CALM's

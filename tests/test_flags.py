@@ -79,6 +79,12 @@ CASES = {
     "dropout-range": (["learn", "--dropout", "2"], ["--dropout", "a probability in 0..1, got 2.0"]),
     "probe-every-negative": (["learn", "--probe-every", "-1"], ["--probe-every", "an integer >= 0, got -1"]),
     "compare-probe-every": (["compare", "--probe-every", "-1"], ["--probe-every", "an integer >= 0, got -1"]),
+    # produce's stream flags: numpy's traceback for a negative seed; a negative probe split taken silently or
+    # named by its field, not its flag
+    "produce-seed": (["produce", "--seed", "-1"], ["--seed", "expected an integer >= 0, got -1"]),
+    "produce-probe-examples": (["produce", "--probe-examples", "-1"], ["--probe-examples", ">= 0, got -1"]),
+    "produce-probe-tokens": (["produce", "--probe-tokens", "-5"], ["--probe-tokens", ">= 0, got -5"]),
+    "compare-seeds": (["compare", "--seeds", "0,-1"], ["--seeds", "integers >= 0"]),
 }
 
 

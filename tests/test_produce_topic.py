@@ -187,3 +187,47 @@ def test_a_record_kafka_refuses_is_said_as_refused_not_as_a_timeout(broker):
     message = str(caught.value)
     assert "refused a record (MessageSizeTooLargeError" in message and "took no records" not in message, message
     assert "stopped after 1 records" in message
+
+
+def test_a_given_order_that_misses_a_class_names_the_flag(tiny_corpus, tmp_path, capsys):
+    """--given-order is the flag that lists the classes (the message named --order, which picks 'given')."""
+    args = ["produce", "--corpus", str(tiny_corpus), "--bootstrap-servers", "127.0.0.1:9", "--schedule", "sequence",
+            "--given-order", "en,fr", "--manifest", str(tmp_path / "m.json")]
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert "--given-order must name each class once (cs, en, fr); got en, fr" in line, line
+
+
+def test_sigterm_stops_produce_like_ctrl_c_and_says_how_many_records_were_sent(broker, tiny_corpus, tmp_path):
+    """A paced producer stopped by SIGTERM: one line on stderr, exit 130 as for Ctrl-C, and how many records
+    it sent; --resume then completes the topic (before, SIGTERM killed it without a word)."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from tests.learners import STREAMER
+
+    manifest = tmp_path / "paced.json"
+    process = subprocess.Popen([*STREAMER, *produce_args(broker, tiny_corpus, "paced", manifest, "--rate", "100")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not manifest.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # about 150 records sent
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, (out, err)
+    assert err.strip() == "streamer: interrupted", err
+    sent = int(re.search(r"stopped: sent (\d+) records to paced", out).group(1))
+    total = json.loads(manifest.read_text())["total_records"]
+    assert 0 < sent < total
+    assert main(produce_args(broker, tiny_corpus, "paced", manifest, "--resume")) == 0
+    assert sum(map(len, topic_contents(broker, "paced").values())) == total

@@ -18,11 +18,11 @@ from producers.stream import prepare_stream
 from streamer.config import LearnConfig
 from streamer.models.catalog import MODEL_CATALOG, LSTMConfig
 
-__all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "DETECTOR_DESCRIPTIONS", "SCHEDULE_CHOICES",
-           "ORDER_CHOICES", "PROBE_TOKENS", "SPAN_DEFAULT", "DEFAULT_BOOTSTRAP", "DEFAULT_TOPIC", "DEFAULT_CORPUS",
-           "add_span_flag", "add_detector_flag", "positive_int", "positive_float", "port", "key_value", "seeds", "span",
-           "default_of", "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags",
-           "add_broker_timeout_flag"]
+__all__ = ["Parser", "STRATEGY_CHOICES", "MODEL_CHOICES", "DETECTOR_CHOICES", "DETECTOR_DESCRIPTIONS",
+           "SCHEDULE_CHOICES", "ORDER_CHOICES", "PROBE_TOKENS", "SPAN_DEFAULT", "DEFAULT_BOOTSTRAP", "DEFAULT_TOPIC",
+           "DEFAULT_CORPUS", "add_span_flag", "add_detector_flag", "positive_int", "positive_float",
+           "non_negative_int", "probability", "port", "key_value", "seeds", "span", "default_of",
+           "strategy_descriptions", "add_stream_flags", "add_model_flags", "add_run_flags", "add_broker_timeout_flag"]
 
 MODEL_CHOICES = tuple(sorted(MODEL_CATALOG))
 DETECTOR_CHOICES = ("adwin", "kswin", "none", "page-hinkley")  # monitor.drift.DETECTORS and none (a test keeps them equal)
@@ -124,8 +124,8 @@ def seeds(text: str) -> tuple[int, ...]:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct comma-separated integers, got {text!r}")
+    if not values or len(set(values)) != len(values) or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated integers >= 0, got {text!r}")
     return values
 
 
@@ -178,10 +178,10 @@ def add_stream_flags(p) -> None:
                    help="sequence: which balanced permutation (0..N-1; default %(default)s)")
     g.add_argument("--repeats", type=positive_int, default=default_of(Schedule, "repeats"),
                    help="recurring: rounds over all classes (R; default %(default)s)")
-    g.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
+    g.add_argument("--probe-tokens", type=non_negative_int, default=PROBE_TOKENS,
                    help="text corpora: bytes per class held out as the probe split, never streamed "
                         "(default %(default)s; 0 = none)")
-    g.add_argument("--probe-examples", type=int, default=default_of(prepare_stream, "probe_examples"),
+    g.add_argument("--probe-examples", type=non_negative_int, default=default_of(prepare_stream, "probe_examples"),
                    help="utterance corpora: utterances per class held out as the probe split, never streamed "
                         "(default %(default)s; 0 = none)")
     g.add_argument("--as-text", action="store_true",
@@ -197,7 +197,7 @@ def add_stream_flags(p) -> None:
                    help="b: parallel streams, one record key each (default %(default)s)")
     g.add_argument("--window", type=positive_int, default=default_of(Schedule, "window"),
                    help="w: tokens (bytes) per window and per record (default %(default)s)")
-    g.add_argument("--seed", type=int, default=default_of(Schedule, "seed"),
+    g.add_argument("--seed", type=non_negative_int, default=default_of(Schedule, "seed"),
                    help="seed of the schedule and the model (default %(default)s)")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 from streamer.cli.checks import check_writable
@@ -10,7 +11,7 @@ from streamer.cli.configs import schedule, stream_options
 from streamer.cli.errors import UserError
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
                                 add_stream_flags, positive_float, positive_int)
-from streamer.cli.runs import corpus_dir, default_manifest_path, prepare_and_say
+from streamer.cli.runs import corpus_dir, default_manifest_path, prepare_and_say, sigterm_as_interrupt
 from streamer.cli.security_flags import add_security_flags, client_options, kafka_security
 
 __all__ = ["add_parser", "run"]
@@ -65,6 +66,7 @@ def run(args) -> int:
     from producers.kafka import produce
     from producers.stream import looped, write_manifest
 
+    sigterm_as_interrupt()  # SIGTERM stops it as Ctrl-C does: what was sent is flushed and said
     kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
     corpus = corpus_dir(args.corpus, args.cache)
     manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
@@ -83,20 +85,48 @@ def run(args) -> int:
     console = Console()
     stream = looped(records, manifest) if args.loop else records
     left = None if args.loop else len(records) - (held.records if resume else 0)
+    counted = [0]  # records sent so far, said when a signal or a lost broker stops the production
+
+    def progressed(sent: int, sent_bytes: int) -> None:
+        counted[0] = sent
+        progress.update(task, completed=sent, mb=sent_bytes / 1e6)
+
     with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mb]:.2f} MB"),
                   console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task("produce", total=left, mb=0.0)
-        sent = asyncio.run(produce(  # producers.stream.produce_stream's, with --broker-timeout
-            stream, args.bootstrap_servers, args.topic,
-            rate=args.rate and args.rate * args.realtime_factor,
-            token_rate=args.token_rate and args.token_rate * args.realtime_factor,
-            partitions=args.partitions, truth_topic=truth_topic,
-            client_options=kafka_options, broker_timeout_s=args.broker_timeout,
-            log=lambda line: print(line, flush=True), **resume,
-            progress=lambda n, b: progress.update(task, completed=n, mb=b / 1e6)))
+        try:
+            sent = asyncio.run(_stopped_by_signals(produce(  # producers.stream.produce_stream's, with --broker-timeout
+                stream, args.bootstrap_servers, args.topic,
+                rate=args.rate and args.rate * args.realtime_factor,
+                token_rate=args.token_rate and args.token_rate * args.realtime_factor,
+                partitions=args.partitions, truth_topic=truth_topic,
+                client_options=kafka_options, broker_timeout_s=args.broker_timeout,
+                log=lambda line: print(line, flush=True), **resume, progress=progressed)))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+            print(f"stopped: sent {counted[0]} records to {args.topic} at {args.bootstrap_servers}; the same "
+                  f"command with --resume sends the rest", flush=True)
+            raise
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}"
           + (f" ({held.records} were there already)" if resume else ""))
     return 0
+
+
+async def _stopped_by_signals(producing):
+    """`producing`, cancelled by Ctrl-C or SIGTERM so that its records in flight are flushed and its
+    producer stopped (a second signal cuts that short), then KeyboardInterrupt."""
+    loop, task, caught = asyncio.get_running_loop(), asyncio.current_task(), []
+
+    def stop() -> None:
+        caught.append(True)
+        task.cancel()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop)
+    try:
+        return await producing
+    except asyncio.CancelledError:
+        if caught:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _topic_as_asked(args, records, truth_topic: str | None, kafka_options):
