@@ -107,7 +107,8 @@ async def produce_stream(records: Iterable[Record], bootstrap_servers: str, topi
                          rate: float | None = None, token_rate: float | None = None, partitions: int = 1,
                          truth_topic: bool = True,
                          progress: Callable[[int, int], None] | None = None,
-                         client_options=None) -> int:
+                         client_options=None, broker_timeout_s: float = 60.0,
+                         log: Callable[[str], None] | None = None) -> int:
     return await produce(records, bootstrap_servers, topic, rate=rate, token_rate=token_rate,
                          partitions=partitions, truth_topic=f"{topic}.truth" if truth_topic else None,
-                         progress=progress, client_options=client_options)
+                         progress=progress, client_options=client_options, broker_timeout_s=broker_timeout_s, log=log)

@@ -200,15 +200,17 @@ class _Progress:
         print(("\r\033[K" if self._tty else "") + f"{self.label}: {text}", flush=True)
 
 
-async def _produce(records, bootstrap: str, topic: str, security=None) -> int:
+async def _produce(records, bootstrap: str, topic: str, security=None, broker_timeout_s: float = 60.0,
+                   log: Log | None = None) -> int:
     from producers.kafka import ensure_topic
     from producers.stream import produce_stream
 
     from streamer.settings import kafka_client_options
 
     options = kafka_client_options(security)
-    await ensure_topic(bootstrap, topic, client_options=options)
-    return await produce_stream(records, bootstrap, topic, truth_topic=False, client_options=options)
+    await ensure_topic(bootstrap, topic, client_options=options, broker_timeout_s=broker_timeout_s, log=log)
+    return await produce_stream(records, bootstrap, topic, truth_topic=False, client_options=options,
+                                broker_timeout_s=broker_timeout_s, log=log)
 
 
 def _learn(config: LearnConfig, manifest: dict, progress: _Progress, log: Log) -> RunSummary:
@@ -458,7 +460,8 @@ def _compare(config: CompareConfig, started: float, log: Log) -> list[Path]:
         for seed in config.seeds:
             topic = f"compare-{stamp}-seed{seed}"
             if bootstrap and any(item.name != MULTITASK for item in planned):
-                sent = asyncio.run(_produce(streams[seed][1], bootstrap, topic, config.learn.kafka_security))
+                sent = asyncio.run(_produce(streams[seed][1], bootstrap, topic, config.learn.kafka_security,
+                                            config.learn.broker_timeout_s, log))
                 log(f"seed {seed}: {sent} records in topic {topic}")
             if config.jobs > 1 and len(runs) > 1:
                 continue  # every topic first, then the runs side by side

@@ -148,7 +148,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         view = LiveView(console=console if config.live_view else Console(force_terminal=False), enabled=leader)
     if producer is not None:  # the topic must exist before the consumer subscribes
         await ensure_topic(config.bootstrap_servers, config.topic,
-                           client_options=kafka_client_options(config.kafka_security))
+                           client_options=kafka_client_options(config.kafka_security),
+                           broker_timeout_s=config.broker_timeout_s, log=log)
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
                          max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
                          broker_timeout_s=config.broker_timeout_s,

@@ -414,3 +414,14 @@ def test_a_classifier_on_a_stream_of_running_text_is_one_line(tmp_path):
                                         r"running text \(level byte\): produce an utterance corpus"):
         config("byte")
     assert config("utterance").model_name == "hf-classifier"
+
+
+def test_demo_and_compare_give_up_on_an_unreachable_broker_after_broker_timeout(tmp_path, tiny_corpus):
+    """Their producer ignored --broker-timeout: a minute of silence, then a line that said 60 s."""
+    for command in (["demo", "--run-dir", str(tmp_path / "run"), *TINY_FLAGS],
+                    ["compare", "--strategies", "naive", "--out", str(tmp_path / "cmp"), "--hidden", "32",
+                     "--embedding", "16"]):
+        started = time.monotonic()
+        line = _one_clean_line(streamer(*command, "--corpus", str(tiny_corpus), "--fragments", "4",
+                                        "--bootstrap-servers", "127.0.0.1:9", "--broker-timeout", "2", timeout=60))
+        assert "127.0.0.1:9" in line and "2 s" in line and time.monotonic() - started < 40, (command[0], line)

@@ -58,7 +58,8 @@ def run(args) -> int:
         spans.append(config.from_fragment)
 
         def producer():
-            return produce_stream(records, bootstrap, topic, client_options=client_options(config.kafka_security))
+            return produce_stream(records, bootstrap, topic, client_options=client_options(config.kafka_security),
+                                  broker_timeout_s=config.broker_timeout_s, log=lambda line: print(line, flush=True))
 
         return asyncio.run(learn_under_view(config, manifest=manifest, producer=producer))
 
