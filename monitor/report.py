@@ -58,6 +58,15 @@ def read_config(path: str | os.PathLike) -> dict:
     return config
 
 
+def _schedule_of(path: Path) -> str | None:
+    """The schedule kind of the run's stream, from its manifest.json copy (None without one)."""
+    manifest = (path if path.is_dir() else path.parent) / "manifest.json"
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8")).get("schedule")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_run(path: str | os.PathLike) -> tuple[list[dict], dict]:
     """(records, config) of a run directory (``losses.jsonl``, optional ``config.json``)
     or of a loss-log file (config ``{}``). Holds every record: the report itself streams."""
@@ -178,12 +187,17 @@ def _report(path: Path, config: dict, *, k: int, from_fragment: str | int, curve
     if torn_tail(log):
         metrics["notes"].append("the log's last line was cut short (a crash while it was written): left out, "
                                 "as a resume of the run drops it")
-    if seen < expected:
+    independent = _schedule_of(path) == "independent"
+    if seen < expected and not independent:
         metrics["notes"].insert(
             0,
             f"incomplete stream: {seen} of {expected} expected fragments were logged; the CALM "
             "code would report nothing, these metrics cover what was logged",
         )
+    if independent:  # (its fragments' count said "incomplete" of every whole run)
+        metrics["notes"].insert(0, "independent streams: each batch is scored as the fragment most of its rows are "
+                                   "in, so its switches and CALM's metrics are approximate, and a fragment never in "
+                                   "most rows is not logged")
     report = {
         "run": str(path),
         "config": config,
@@ -192,7 +206,7 @@ def _report(path: Path, config: dict, *, k: int, from_fragment: str | int, curve
             "from_fragment": start,
             "n_fragments_expected": expected,
             "n_fragments_seen": seen,
-            "complete": seen >= expected,
+            "complete": seen >= expected or independent,  # (independent: not told by the fragments logged)
         },
         "metrics": metrics,
         "whole_stream": whole.result(),

@@ -155,6 +155,20 @@ def _trim(plan: list[tuple[str, int]], total: int) -> list[tuple[str, int]]:
     return out
 
 
+def fragment_numbers(plans: list[list[tuple[str, int]]]) -> dict[tuple[int, int], int]:
+    """Independent streams: {(stream s, its k-th fragment): its number}, every stream's fragments numbered
+    in the order they start (then by stream), so a later fragment has a larger number and N/2 is the middle
+    of the stream in time (numbered k*b + s, a stream of long fragments stopped at small numbers while
+    another's went on: 'half' scored 3 of 75 batches)."""
+    starts = []
+    for s, plan in enumerate(plans):
+        start = 0
+        for k, (_, n) in enumerate(plan):
+            starts.append((start, s, k))
+            start += n
+    return {(s, k): i for i, (_, s, k) in enumerate(sorted(starts))}
+
+
 def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0.0):
     """Return (records in production order, manifest dict).
 
@@ -176,12 +190,13 @@ def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0
         size = -(-len(text) // b)
         columns[name] = [_Column(text[i * size:(i + 1) * size] or text) for i in range(b)]
     synchronised = schedule.kind != "independent"
+    number = fragment_numbers(plans)
     timed: list[tuple[int, int, Record]] = []
     per_stream = []
     for s, plan in enumerate(plans):
         window, fragments = 0, []
         for k, (name, n) in enumerate(plan):
-            index = k if synchronised else k * b + s
+            index = k if synchronised else number[s, k]
             text, start, end = columns[name][s].read(n * w)
             truth = {"class_name": name, "fragment": index, "produced": produced}
             for position, record in _records(text, str(s), window * w, schedule.record_tokens, truth):
@@ -197,7 +212,7 @@ def build_stream(corpus: dict[str, str], schedule: Schedule, produced: float = 0
     total = sum(f["n_batches"] for f in per_stream[0])
     manifest = {
         "schedule": schedule.kind, "level": "byte", "classes": classes, **asdict(schedule),
-        "n_fragments": len(per_stream[0]) if synchronised else sum(len(f) for f in per_stream),
+        "n_fragments": len(per_stream[0]) if synchronised else len(number),
         "total_batches": total, "total_records": len(records), "tokens_per_batch": b * w,
         "wrapped": {name: sum(c.wraps for c in columns[name]) for name in classes},
         "probe": {"tokens": schedule.probe_tokens,

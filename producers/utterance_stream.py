@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from producers.schedule import Schedule, plan_streams
+from producers.schedule import Schedule, fragment_numbers, plan_streams
 from producers.wire import Record, Truth
 
 __all__ = ["build_utterance_stream"]
@@ -45,11 +45,12 @@ def build_utterance_stream(examples: dict[str, list[tuple[str, str | None]]], sc
     plans = plan_streams(per_fragment, classes, {c: len(pools[c]) for c in classes}, rng)
     cursors = {name: 0 for name in classes}
     synchronised = schedule.kind != "independent"
+    number = fragment_numbers(plans)  # (independent: numbered in the order they start)
     timed, per_stream, positions = [], [], [0] * b
     for s, plan in enumerate(plans):
         step, fragments = 0, []
         for k, (name, n) in enumerate(plan):
-            index = k if synchronised else k * b + s
+            index = k if synchronised else number[s, k]
             start = step
             for _ in range(n):
                 payload, size, label = pools[name][cursors[name] % len(pools[name])]
@@ -63,7 +64,7 @@ def build_utterance_stream(examples: dict[str, list[tuple[str, str | None]]], sc
     records = [record for _, _, record in timed]
     manifest = {
         "schedule": schedule.kind, "level": "utterance", "classes": classes, **dataclasses.asdict(schedule),
-        "n_fragments": len(per_stream[0]) if synchronised else sum(len(f) for f in per_stream),
+        "n_fragments": len(per_stream[0]) if synchronised else len(number),
         "total_records": len(records),
         # the byte learner cuts w-byte windows; every stream must hold w + 1 bytes for a batch
         "total_batches": max(0, (min(positions) - 1) // schedule.window),

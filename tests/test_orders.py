@@ -92,6 +92,11 @@ def test_independent_streams_switch_at_different_moments():
     assert starts[0] != starts[1] or starts[1] != starts[2]
     totals = {sum(f["n_batches"] for f in stream) for stream in manifest["stream_fragments"]}
     assert totals == {manifest["total_batches"]}
+    # numbered in the order they start, 0..N-1 over all streams (numbered k*b + s, N/2 was not the middle of
+    # the stream: a stream of long fragments stopped at small numbers while another's went on)
+    fragments = sorted((f["start_batch"], f["index"]) for stream in manifest["stream_fragments"] for f in stream)
+    assert [index for _, index in fragments] == list(range(manifest["n_fragments"]))
+    assert {r.truth.fragment for r in records} == set(range(manifest["n_fragments"]))
     for stream in manifest["stream_fragments"]:
         classes = [f["class"] for f in stream]
         assert all(x != y for x, y in zip(classes, classes[1:]))

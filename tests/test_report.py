@@ -318,3 +318,16 @@ def test_a_from_fragment_past_the_runs_last_is_one_line(tmp_path, capsys):
     assert main(["report", str(run), "--from-fragment", "10"]) == 2
     assert capsys.readouterr().err == ("streamer report: error: --from-fragment 10 is past the stream's last "
                                        "fragment: it has 10 (0 to 9); give one of those, 'half' or 'all'\n")
+
+
+def test_a_run_of_independent_streams_is_not_called_incomplete_and_says_its_metrics_are_approximate(tmp_path):
+    """Each batch takes the fragment most of its rows are in: most fragments of independent streams are
+    never logged, and every whole run was reported as an incomplete stream."""
+    run = make_run(tmp_path, {"n_fragments": 50, "strategy": "naive"})
+    (run / "manifest.json").write_text(json.dumps({"schedule": "independent", "n_fragments": 50}))
+    report = build_report(run, k=2, from_fragment="all")
+    notes = report["metrics"]["notes"]
+    assert report["span"]["complete"] and not any("incomplete" in note for note in notes)
+    assert notes[0].startswith("independent streams: each batch is scored as the fragment most of its rows are in")
+    (run / "manifest.json").write_text(json.dumps({"schedule": "calm", "n_fragments": 50}))
+    assert not build_report(run, k=2, from_fragment="all")["span"]["complete"]
