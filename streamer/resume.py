@@ -9,6 +9,7 @@ process dies, even by SIGKILL).
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import os
 import time
@@ -66,9 +67,32 @@ class RunDirLock:
 
 
 def differing_keys(saved: dict, config) -> list[str]:
-    """The identity keys whose values differ between a checkpoint's config and `config`."""
+    """The identity keys whose values differ between a checkpoint's config and `config` (a strategy's
+    options with its defaults filled in: `--set p_write=0.1`, the default, was refused as another run)."""
     current = checkpoint.plain(config)
-    return [key for key in IDENTITY_KEYS if key in saved and saved[key] != current.get(key)]
+
+    def differs(key: str) -> bool:
+        if key == "strategy_options" and saved.get("strategy") == current.get("strategy"):
+            strategy = current.get("strategy")
+            seed = saved.get("seed")  # (the run's: a resumed run keeps its own, cli.learn._resumed_settings)
+            return _in_full(strategy, saved[key] or (), seed) != _in_full(strategy, current.get(key) or (), seed)
+        return saved[key] != current.get(key)
+    return [key for key in IDENTITY_KEYS if key in saved and differs(key)]
+
+
+def _in_full(strategy: str, options, seed: int | None) -> dict:
+    """A strategy's options as KEY=VALUE pairs, with its constructor's defaults for those not given; a
+    `seed` not given is the run's (streamer.learner.build_strategy gives it), not the constructor's."""
+    from streamer.strategies.catalog import strategy_class
+
+    try:
+        parameters = inspect.signature(strategy_class(strategy)).parameters
+    except ValueError:  # (not a registered strategy: its options as given)
+        parameters = {}
+    defaults = {key: p.default for key, p in parameters.items() if p.default is not inspect.Parameter.empty}
+    if "seed" in parameters and seed is not None:
+        defaults["seed"] = seed
+    return {**defaults, **{key: value for key, value in options}}
 
 
 def resume_state(run_dir: Path, config) -> dict | None:

@@ -2,6 +2,7 @@
 strategy; files are written atomically and hold only tensors and plain values."""
 
 import asyncio
+import dataclasses
 import fractions
 import random
 import re
@@ -148,6 +149,25 @@ def test_a_run_is_not_resumed_on_another_streams_manifest(tmp_path):
                                                    f"10); give the run's manifest (a copy: {tmp_path / 'manifest.json'}"
                                                    "), or --fresh to start over")):
         resume_state(tmp_path, other)
+
+
+def test_a_strategy_option_restated_at_its_default_is_the_same_run(tmp_path):
+    """A replay run started without --set, resumed with --set p_write=0.1 (its default), was refused as a
+    run of another configuration (strategy_options [] -> [['p_write', 0.1]]); another value still is."""
+    from streamer.config import LearnConfig
+    from streamer.resume import differing_keys
+
+    run = LearnConfig("127.0.0.1:9092", "t", run_dir=tmp_path, strategy="replay")
+    saved = checkpoint.plain(run)
+    assert differing_keys(saved, dataclasses.replace(run, strategy_options=(("p_write", 0.1),))) == []
+    assert differing_keys(saved, dataclasses.replace(run, strategy_options=(("p_write", 0.2),))) == [
+        "strategy_options"]
+    assert differing_keys(saved, dataclasses.replace(run, strategy="naive")) == ["strategy"]
+    seeded = dataclasses.replace(run, seed=3)  # a strategy's seed not given is the run's, not its constructor's 0
+    assert differing_keys(checkpoint.plain(seeded), dataclasses.replace(seeded, strategy_options=(("seed", 0),))) == [
+        "strategy_options"]
+    assert differing_keys(checkpoint.plain(seeded), dataclasses.replace(seeded, strategy_options=(("seed", 3),))) == []
+    assert differing_keys(checkpoint.plain(seeded), dataclasses.replace(run, seed=7)) == []  # --seed: the run's kept
 
 
 def test_save_is_atomic_and_leaves_no_partial_file(tmp_path):
