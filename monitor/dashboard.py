@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 DASHBOARD_UID = "streamer"
-DEFAULT_PATH = Path("deploy/grafana/dashboards/streamer.json")
+# the checkout's (monitor/ beside deploy/), wherever the command runs: from another folder it wrote a
+# new deploy/ tree there, and --check said the committed file was missing
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards" / "streamer.json"
 PROMETHEUS_UID = "prometheus"  # deploy/grafana/provisioning/datasources/prometheus.yml
 PROMETHEUS = {"type": "prometheus", "uid": PROMETHEUS_UID}
 GRAFANA_ANNOTATIONS = {"type": "grafana", "uid": "-- Grafana --"}  # the built-in "Annotations & Alerts" source

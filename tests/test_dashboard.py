@@ -190,3 +190,11 @@ def test_legends_and_groupings_name_labels_the_metrics_have():
             for group in re.findall(r"by \(([^)]*)\)", target["expr"]):
                 used |= {label.strip() for label in group.split(",")}
             assert used <= available, (panel["title"], target["expr"], used - available)
+
+
+def test_the_default_path_is_the_checkouts_from_any_folder(tmp_path, monkeypatch, capsys):
+    """Run from another folder, `monitor dashboard --check` said the committed file was missing (and
+    without --check it wrote a new deploy/ tree there)."""
+    monkeypatch.chdir(tmp_path)
+    assert cmd_monitor(_parse(["monitor", "dashboard", "--check"])) == 0
+    assert capsys.readouterr().out == f"{COMMITTED} is up to date\n" and list(tmp_path.iterdir()) == []
