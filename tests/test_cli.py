@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -422,6 +423,10 @@ def test_demo_and_compare_give_up_on_an_unreachable_broker_after_broker_timeout(
                     ["compare", "--strategies", "naive", "--out", str(tmp_path / "cmp"), "--hidden", "32",
                      "--embedding", "16"]):
         started = time.monotonic()
-        line = _one_clean_line(streamer(*command, "--corpus", str(tiny_corpus), "--fragments", "4",
-                                        "--bootstrap-servers", "127.0.0.1:9", "--broker-timeout", "2", timeout=60))
+        done = streamer(*command, "--corpus", str(tiny_corpus), "--fragments", "4", "--bootstrap-servers",
+                        "127.0.0.1:9", "--broker-timeout", "2", timeout=60)
+        line = _one_clean_line(done)
         assert "127.0.0.1:9" in line and "2 s" in line and time.monotonic() - started < 40, (command[0], line)
+        if command[0] == "demo":  # on the user's cluster: the topic it makes is named
+            assert re.search(r"^topic demo-\d+ on 127.0.0.1:9 \(new\), learned by group demo-\d+-learner$",
+                             done.stdout, re.M), done.stdout

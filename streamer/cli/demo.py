@@ -56,6 +56,7 @@ def run(args) -> int:
         config = learn_config(args, bootstrap=bootstrap, topic=topic, group=f"{topic}-learner",
                               run_dir=run_dir, manifest=manifest)
         spans.append(config.from_fragment)
+        print(f"topic {topic} on {bootstrap} (new), learned by group {topic}-learner", flush=True)
 
         def producer():
             return produce_stream(records, bootstrap, topic, client_options=client_options(config.kafka_security),
