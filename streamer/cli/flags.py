@@ -198,7 +198,7 @@ def add_stream_flags(p) -> None:
     g.add_argument("--window", type=positive_int, default=default_of(Schedule, "window"),
                    help="w: tokens (bytes) per window and per record (default %(default)s)")
     g.add_argument("--seed", type=non_negative_int, default=default_of(Schedule, "seed"),
-                   help="seed of the schedule and the model (default %(default)s)")
+                   help="seed of the stream's schedule (demo and compare: of the model too) (default %(default)s)")
 
 
 def _model_help() -> str:
@@ -225,7 +225,8 @@ def add_model_flags(p, strategy: bool = True, threads_help: str | None = None) -
     g.add_argument("--hidden", type=positive_int, default=default_of(LSTMConfig, "hidden"),
                    help="LSTM hidden size, units per layer (default %(default)s)")
     g.add_argument("--embedding", type=positive_int, default=default_of(LSTMConfig, "embedding"),
-                   help="byte embedding size, dimensions (default %(default)s)")
+                   help="token embedding size (bytes for lstm-char, words for lstm-word), dimensions "
+                        "(default %(default)s)")
     g.add_argument("--layers", type=positive_int, default=default_of(LSTMConfig, "layers"),
                    help="LSTM layers (default %(default)s)")
     g.add_argument("--dropout", type=probability, default=default_of(LSTMConfig, "dropout"),
