@@ -541,7 +541,8 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
         raise UserError(f"{config.run_dir} holds the checkpoint of a run of {saved} rank(s); continue it with "
                         f"--nproc {saved} (or torchrun --nproc-per-node {saved}), or start over with --fresh")
     if state is None:
-        print(f"{where}: no checkpoint yet; a new run reads the topic from its beginning", flush=True)
+        print(f"{where}: no checkpoint yet; a new run reads the topic from its beginning (where the group has "
+              "committed no offsets: those are another model's)", flush=True)
     else:
         print(f"{where}: resuming from the checkpoint at batch {state['step']} "
               f"(offsets {', '.join(f'{tp}={offset}' for tp, offset in sorted(state['offsets'].items()))})", flush=True)
