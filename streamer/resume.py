@@ -12,6 +12,7 @@ import fcntl
 import inspect
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from monitor.losslog import trim_loss_log
 from streamer import checkpoint
 
 __all__ = ["IDENTITY_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
-           "check_set_aside", "set_aside"]
+           "check_set_aside", "put_back", "set_aside"]
 
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
 IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
@@ -141,19 +142,33 @@ def trim_logs(run_dir: Path, step: int) -> tuple[int, int]:
     return losses, probes
 
 
-# what a learner writes first (config.json) or soon (the rest): a directory holding none of them is not a run's
-RUN_FILES = ("config.json", "checkpoint.pt", "losses.jsonl", "manifest.json", "status.json")
+# what a learner writes at its start: config.json, and status.json (or, later, its log and checkpoint); a
+# directory without both is not a run's (a model's folder, a project's, has a config.json of its own)
+RUN_FILES = ("status.json", "losses.jsonl", "checkpoint.pt")
 
 
 def check_set_aside(run_dir: Path) -> None:
-    """ValueError (one line) when --fresh must not move `run_dir`'s files: it holds files, none a run's
+    """ValueError (one line) when --fresh must not move `run_dir`'s files: it holds files but not a run's
     (`--run-dir .` in a project folder would have moved all of it)."""
     run_dir = Path(run_dir).resolve()
     others = [p.name for p in run_dir.iterdir() if p.name != ".lock"] if run_dir.is_dir() else []
-    if others and not any(name in RUN_FILES for name in others):
+    if others and not ("config.json" in others and any(name in RUN_FILES for name in others)):
         shown = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
-        raise ValueError(f"--fresh: {run_dir} holds {len(others)} file(s) ({shown}) but no run's "
-                         f"({', '.join(RUN_FILES)}); not moving them: give an empty or new --run-dir")
+        raise ValueError(f"--fresh: {run_dir} holds {len(others)} file(s) ({shown}) but not a run's (config.json "
+                         f"with {', '.join(RUN_FILES[:-1])} or {RUN_FILES[-1]}); not moving them: give an empty or "
+                         "new --run-dir")
+
+
+def put_back(run_dir: Path, aside: Path) -> None:
+    """Undo set_aside: what a fresh start wrote in `run_dir` goes (its .lock stays), the old run's files
+    come back from `aside`, which is removed."""
+    run_dir = Path(run_dir).resolve()
+    for entry in run_dir.iterdir():
+        if entry.name != ".lock":
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for entry in Path(aside).iterdir():
+        entry.rename(run_dir / entry.name)
+    Path(aside).rmdir()
 
 
 def set_aside(run_dir: Path) -> Path | None:

@@ -369,9 +369,10 @@ def test_a_from_fragment_past_the_manifests_last_is_one_line(tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA to provoke the error")
 def test_fresh_moves_the_old_run_only_once_the_model_is_built_and_never_a_folder_of_other_files(tmp_path):
     """--fresh moved the old run aside before the model was built: a flag the model refused (here --device
-    cuda) left the run moved and the plain command refused (the group's offsets, no checkpoint).
-    `--run-dir .` was a traceback (an empty name), and a folder of the user's own files would have been
-    moved whole. A bad --metrics-host with port 0 (the demo's) was a traceback after the move."""
+    cuda) left the run moved and the plain command refused (the group's offsets, no checkpoint); so did a
+    run that failed before its first checkpoint (an unreachable broker). `--run-dir .` was a traceback (an
+    empty name), and a folder of the user's own files would have been moved whole (one with a config.json
+    of its own too). A bad --metrics-host with port 0 (the demo's) was a traceback after the move."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("{}")
@@ -386,15 +387,19 @@ def test_fresh_moves_the_old_run_only_once_the_model_is_built_and_never_a_folder
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
+    (folder / "config.json").write_text("{}")
     line = _one_clean_line(streamer(*learn, "--run-dir", ".", "--fresh", cwd=folder))
-    assert line.endswith(f"--fresh: {folder} holds 1 file(s) (notes.txt) but no run's (config.json, checkpoint.pt, "
-                         "losses.jsonl, manifest.json, status.json); not moving them: give an empty or new --run-dir")
+    assert line.endswith(f"--fresh: {folder} holds 2 file(s) (config.json, notes.txt) but not a run's (config.json "
+                         "with status.json, losses.jsonl or checkpoint.pt); not moving them: give an empty or new "
+                         "--run-dir")
     assert (folder / "notes.txt").read_text() == "mine"
 
-    moved = _one_clean_line(streamer(*learn, "--run-dir", ".", "--fresh", cwd=run))  # the run's own folder
-    assert "127.0.0.1:9" in moved  # (moved, then the broker is unreachable)
-    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
-    assert {"config.json", "losses.jsonl"} <= {p.name for p in aside.iterdir()}
+    back = streamer(*learn, "--run-dir", ".", "--fresh", cwd=run)  # the run's own folder
+    assert "127.0.0.1:9" in _one_clean_line(back)  # moved, then the broker is unreachable: put back
+    assert f"the new run ended before its first checkpoint; the old run is back in {run}" in back.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "run"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.json", "losses.jsonl"]
+    assert (run / "config.json").read_text() == "{}"
 
     line = _one_clean_line(streamer(*learn, "--metrics-host", "999.1.1.1", "--metrics-port", "0", cwd=tmp_path))
     assert line.startswith("streamer learn: error: --metrics-port 0: cannot bind 999.1.1.1:0 (")

@@ -181,26 +181,27 @@ def run(args) -> int:
             from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
             from streamer.consumer import SourceError
 
-            try:
-                summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
-                    config, manifest=manifest, resume=state, from_beginning=args.fresh,
-                    before_run=(lambda: _set_aside_and_write(run_dir, manifest, args.fresh)) if leader else None)))
-            except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
-                raise UserError(str(exc)) from None
-            except OSError as exc:  # a full disk, a run directory turned read-only: one line, not a traceback
-                if (line := storage_error(exc)) is None:
+            with _fresh_start(run_dir, manifest, args.fresh if leader else None) as before_run:
+                try:
+                    summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
+                        config, manifest=manifest, resume=state, from_beginning=args.fresh,
+                        before_run=before_run)))
+                except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
+                    raise UserError(str(exc)) from None
+                except OSError as exc:  # a full disk, a run directory turned read-only: one line, no traceback
+                    if (line := storage_error(exc)) is None:
+                        raise
+                    raise UserError(f"{line}; once it can be written, the same command continues from the last "
+                                    f"checkpoint in {run_dir}") from None
+                except SourceError as exc:
+                    if exc.every_rank and not leader:  # rank 0 says the same line
+                        raise SystemExit(2) from None
                     raise
-                raise UserError(f"{line}; once it can be written, the same command continues from the last "
-                                f"checkpoint in {run_dir}") from None
-            except SourceError as exc:
-                if exc.every_rank and not leader:  # rank 0 says the same line
-                    raise SystemExit(2) from None
-                raise
-            except RuntimeError as exc:
-                if ranks is None or not _a_peer_is_gone(exc):
-                    raise
-                raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
-                                f"same command continues from the last checkpoint in {run_dir}") from None
+                except RuntimeError as exc:
+                    if ranks is None or not _a_peer_is_gone(exc):
+                        raise
+                    raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
+                                    f"same command continues from the last checkpoint in {run_dir}") from None
     except BaseException:
         if ranks is not None:  # (distributed: imported where the ranks started)
             distributed.stop()
@@ -509,16 +510,31 @@ def _rank_0s_stream(config: LearnConfig, stream: dict) -> LearnConfig:
         from_fragment=stream["from_fragment"], model=dataclasses.replace(config.model, hidden=stream["hidden"]))
 
 
-def _set_aside_and_write(run_dir: Path, manifest: dict | None, fresh: bool) -> None:
-    """Once the model is built (a flag it refuses leaves the old run where it was): --fresh moves the old
-    run's files aside, then the run's copy of its manifest is written."""
-    from streamer.resume import set_aside
+@contextlib.contextmanager
+def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
+    """The learner's `before_run` (None off rank 0): once the model is built (a flag it refuses leaves the
+    old run where it was), --fresh moves the old run's files aside, then the run's copy of its manifest is
+    written. A run that fails before its first checkpoint (an unreachable broker, a busy port) puts the
+    old run back: it had moved for a run that never began."""
+    from streamer.resume import put_back, set_aside
 
-    if fresh and (aside := set_aside(run_dir)):
-        print(f"--fresh: the old run moved to {aside}", flush=True)
-    if manifest is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    moved = []
+
+    def before_run() -> None:
+        if fresh and (aside := set_aside(run_dir)):
+            moved.append(aside)
+            print(f"--fresh: the old run moved to {aside}", flush=True)
+        if manifest is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    try:
+        yield None if fresh is None else before_run
+    except BaseException:
+        if moved and not (run_dir / "checkpoint.pt").exists():
+            put_back(run_dir, moved[0])
+            print(f"--fresh: the new run ended before its first checkpoint; the old run is back in {run_dir.resolve()}",
+                  flush=True)
+        raise
 
 
 def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
