@@ -421,7 +421,8 @@ def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
     started = time.monotonic()
     try:  # two comparisons writing one --out wrote one loss log at once (a traceback: 'not JSON')
         with RunDirLock(config.out, holder="a running comparison", other="another --out"):
-            held = sorted(p.name for p in config.out.iterdir() if p.name in ("plan.json", "comparison.json", "table1.md")
+            held = sorted(p.name for p in config.out.iterdir()
+                          if p.name in ("plan.json", "comparison.json", "table1.md")
                           or (p / "losses.jsonl").exists() or (p / "checkpoint.pt").exists())
             if held:  # an earlier comparison's runs and figures stayed beside the new tables
                 raise CompareError(f"--out {config.out} holds an earlier comparison ({', '.join(held[:4])}"

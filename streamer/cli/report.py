@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
 
 def summary_line(summary: RunSummary) -> str:
     """One line: batches and tokens (this start's; a resumed run's total beside them), compute time (and
-    its tokens/s) apart from waiting (for the topic, joining the group, idle, broker lost), the stop reason, dead letters,
-    updates skipped and the probes' share of wall time."""
+    its tokens/s) apart from waiting (for the topic, joining the group, idle, broker lost), the stop reason,
+    dead letters, updates skipped and the probes' share of wall time."""
     wall = max(summary.seconds, 1e-9)
     if summary.compute_seconds is None:  # not measured: the wall-clock rate
         timing = f"in {summary.seconds:.1f}s ({summary.tokens / wall:,.0f} tokens/s)"
