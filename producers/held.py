@@ -78,11 +78,9 @@ async def held_by(bootstrap_servers: str, topic: str, truth_topic: str | None = 
     """What `topic` (and `truth_topic`, when given) hold; an empty Held for topics that do not exist.
     A broker that stops answering for `broker_timeout_s` is a ProduceError."""
     held = Held()
-    await read_topic(bootstrap_servers, topic, held.add, client_options,
-                broker_timeout_s, log)
+    await read_topic(bootstrap_servers, topic, held.add, client_options, broker_timeout_s, log)
     if truth_topic:
-        await read_topic(bootstrap_servers, truth_topic, held.announce, client_options,
-                    broker_timeout_s, log)
+        await read_topic(bootstrap_servers, truth_topic, held.announce, client_options, broker_timeout_s, log)
     return held
 
 

@@ -141,11 +141,10 @@ def copied(state, _memo: dict | None = None):
 
 def load(path: str | os.PathLike, map_location=None) -> dict:
     """The checkpoint's dict; tensors and plain values only (torch.load(weights_only=True))."""
-    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path) and not zipfile.is_zipfile(path):
-        # (torch.save's archive, as every checkpoint is)
-        raise CheckpointError(f"{path} is not a streamer checkpoint ({os.path.getsize(path):,} bytes, not a "
-                              "torch.save archive: cut short, or another file)")
     if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        if not zipfile.is_zipfile(path):  # (torch.save's archive, as every checkpoint is)
+            raise CheckpointError(f"{path} is not a streamer checkpoint ({os.path.getsize(path):,} bytes, not a "
+                                  "torch.save archive: cut short, or another file)")
         _verified(path)
     try:  # pickle writes b"" (an empty carry-over buffer) as a call of `bytes`: harmless, so allowed
         with torch.serialization.safe_globals([bytes]):

@@ -202,15 +202,14 @@ class _Progress:
 
 async def _produce(records, bootstrap: str, topic: str, security=None, broker_timeout_s: float = 60.0,
                    log: Log | None = None) -> int:
-    from producers.kafka import ensure_topic
     from producers.stream import produce_stream
 
     from streamer.settings import kafka_client_options
 
-    options = kafka_client_options(security)
-    await ensure_topic(bootstrap, topic, client_options=options, broker_timeout_s=broker_timeout_s, log=log)
-    return await produce_stream(records, bootstrap, topic, truth_topic=False, client_options=options,
-                                broker_timeout_s=broker_timeout_s, log=log)
+    # (producers.kafka.produce creates the topic first)
+    return await produce_stream(records, bootstrap, topic, truth_topic=False,
+                                client_options=kafka_client_options(security), broker_timeout_s=broker_timeout_s,
+                                log=log)
 
 
 def _learn(config: LearnConfig, manifest: dict, progress: _Progress, log: Log) -> RunSummary:

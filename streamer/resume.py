@@ -164,8 +164,12 @@ def put_back(run_dir: Path, aside: Path) -> None:
     come back from `aside`, which is removed."""
     run_dir = Path(run_dir).resolve()
     for entry in run_dir.iterdir():
-        if entry.name != ".lock":
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if entry.name == ".lock":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     for entry in Path(aside).iterdir():
         entry.rename(run_dir / entry.name)
     Path(aside).rmdir()

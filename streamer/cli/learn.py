@@ -541,7 +541,7 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
     from streamer.resume import check_set_aside, resume_state
 
     where = f"topic {config.topic}, group {config.group_id}, run dir {config.run_dir}"
-    if fresh:  # the old run's files move once the model is built (_set_aside_and_write): a bad flag keeps them
+    if fresh:  # the old run's files move once the model is built (_fresh_start): a bad flag keeps them
         try:
             check_set_aside(config.run_dir)
         except ValueError as exc:
