@@ -288,9 +288,10 @@ def _forgetting_cell(key: str, stats: Mapping, losses: bool) -> str:
     return _mean_std(stats)
 
 
-def load_runs(paths: Iterable[str | os.PathLike], *, k: int = 10,
-              from_fragment: str | int = "half") -> list[tuple[dict, list[dict]]]:
-    """(report, records) of each run directory or loss log, ready for :func:`write_comparison`."""
+def load_runs(paths: Iterable[str | os.PathLike], *, k: int | None = None,
+              from_fragment: str | int | None = None) -> list[tuple[dict, list[dict]]]:
+    """(report, records) of each run directory or loss log, ready for :func:`write_comparison` (`k` and
+    `from_fragment` None: each run's own, as in monitor.report.build_report)."""
     return [(build_report(path, k=k, from_fragment=from_fragment), load_run(path)[0]) for path in paths]
 
 

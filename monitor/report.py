@@ -38,6 +38,7 @@ LOSS_LOG_NAME = "losses.jsonl"
 CONFIG_NAME = "config.json"
 RESULTS_NAME = "results.json"
 PLOT_NAME = "loss_curve.png"
+DEFAULT_K, DEFAULT_SPAN = 10, "half"  # a log without a config.json: CALM's k and the paper's span
 
 
 def _log_of(path: Path) -> Path:
@@ -150,17 +151,26 @@ def _resolve(spec: str | int, max_sequence, config: Mapping) -> int:
     return spec
 
 
-def build_report(path: str | os.PathLike, *, k: int = 10, from_fragment: str | int = "half") -> dict:
+def build_report(path: str | os.PathLike, *, k: int | None = None, from_fragment: str | int | None = None) -> dict:
     """CALM metrics of a run over the evaluated span ("metrics") and over all of it ("whole_stream").
 
+    `k` and `from_fragment` None: those the run was learned with (its config.json), else 10 and "half".
     The loss log (its rotated files included) is read twice, one record at a time, and every metric
     is kept in fixed-size state, so memory does not grow with the log's length."""
     return _report(Path(path), read_config(path), k=k, from_fragment=from_fragment)
 
 
-def _report(path: Path, config: dict, *, k: int, from_fragment: str | int, curve: LossCurve | None = None,
-            gates: GateCurve | None = None) -> dict:
+def _run_k_and_span(config: Mapping, k: int | None, from_fragment: str | int | None) -> tuple[int, str | int]:
+    """The given k and span, else the run's own (config.json: what its learner scored and wrote in
+    results.json; a report over another span wrote other numbers over those), else 10 and "half"."""
+    k = k if k is not None else config.get("k", DEFAULT_K)
+    return k, from_fragment if from_fragment is not None else config.get("from_fragment", DEFAULT_SPAN)
+
+
+def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int | None,
+            curve: LossCurve | None = None, gates: GateCurve | None = None) -> dict:
     log = _log_of(path)
+    k, from_fragment = _run_k_and_span(config, k, from_fragment)
     survey = _Survey.of(log)
     start = _resolve(from_fragment, lambda: survey.max_sequence, config)
     expected = _expected_fragments(survey.max_sequence, config)
@@ -283,11 +293,12 @@ def write_report(
     path: str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
     *,
-    k: int = 10,
-    from_fragment: str | int = "half",
+    k: int | None = None,
+    from_fragment: str | int | None = None,
 ) -> dict:
     """Build the report, write ``results.json`` and ``loss_curve.png`` into ``out_dir``
-    (default: the run directory, or the loss log's directory) and return the report."""
+    (default: the run directory, or the loss log's directory) and return the report
+    (`k` and `from_fragment` as in build_report)."""
     path = Path(path)
     curve, gates = LossCurve(), GateCurve()
     report = _report(path, read_config(path), k=k, from_fragment=from_fragment, curve=curve, gates=gates)

@@ -222,8 +222,10 @@ def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus)
     assert list(elsewhere.iterdir()) == []
     for name in ("table1.md", "forgetting.md", "after_switch.png", "comparison.json", "run/results.json"):
         assert (out / name).stat().st_size > 0, name
-    single = streamer("report", str(run_dir))
-    assert f"CALM metrics over fragments >= 4 of 8 (the paper's span: N/2; --from-fragment half)" in single.stdout
+    single = streamer("report", str(run_dir))  # the span the demo learned with (its config.json)
+    assert "CALM metrics over fragments >= 4 of 8 (the paper's span: N/2)" in single.stdout
+    assert "fragments >= 0 of 8 (the whole stream; --from-fragment all)" in streamer(
+        "report", str(run_dir), "--from-fragment", "all").stdout
 
 
 def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):

@@ -331,3 +331,20 @@ def test_a_run_of_independent_streams_is_not_called_incomplete_and_says_its_metr
     assert notes[0].startswith("independent streams: each batch is scored as the fragment most of its rows are in")
     (run / "manifest.json").write_text(json.dumps({"schedule": "calm", "n_fragments": 50}))
     assert not build_report(run, k=2, from_fragment="all")["span"]["complete"]
+
+
+def test_a_report_scores_the_span_and_k_the_run_was_learned_with_unless_told_otherwise(tmp_path, capsys):
+    """A learner without a manifest scores the whole stream (from_fragment 0 in its config.json) and writes
+    results.json so; `streamer report RUN` scored fragments >= N/2 with k 10 and wrote other numbers over
+    those. Now the run's own span and k are the default; the flags still choose another."""
+    from streamer.cli import main
+
+    run = make_run(tmp_path, {"n_fragments": 6, "from_fragment": 0, "k": 2})
+    own = build_report(run)
+    assert own["span"]["from_fragment"] == 0 and own["metrics"]["loss"] == pytest.approx(58 / 16)
+    assert own["metrics"]["ppl@sw"] == pytest.approx(math.exp(11.5 / 3))  # k 2 (see the test above)
+    assert build_report(run, from_fragment="half", k=2)["span"]["from_fragment"] == 3
+    assert main(["report", str(run)]) == 0
+    assert "fragments >= 0 of 6 (the whole stream)" in capsys.readouterr().out
+    assert json.loads((run / "results.json").read_text())["span"]["from_fragment"] == 0
+    assert build_report(make_run(tmp_path / "bare"))["span"]["from_fragment"] == 3  # no config.json: 'half'

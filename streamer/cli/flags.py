@@ -149,12 +149,15 @@ def add_detector_flag(group, what: str) -> None:
                        help=f"{what} (default %(default)s). {described}")
 
 
-def add_span_flag(group, what: str) -> None:
-    """--from-fragment, the same in learn, demo, compare and report (SPAN_DEFAULT says why)."""
-    group.add_argument("--from-fragment", type=span, default=SPAN_DEFAULT,
-                       help=f"{what}: the first fragment scored: 'half' (default: the paper's span, fragments "
-                            f">= N/2; without a manifest learn scores the whole stream and says so), 'all' or a "
-                            f"fragment index")
+def add_span_flag(group, what: str, *, the_runs: bool = False) -> None:
+    """--from-fragment, the same in learn, demo, compare and report (SPAN_DEFAULT says why); `the_runs`
+    (report): by default the span each run was learned with, from its config.json."""
+    default = ("default: the span the run was learned with, from its config.json; 'half' for a log without one"
+               if the_runs else "default: 'half'")
+    group.add_argument("--from-fragment", type=span, default=None if the_runs else SPAN_DEFAULT,
+                       help=f"{what}: the first fragment scored: 'half' (the paper's span, fragments >= N/2; "
+                            f"without a manifest learn scores the whole stream and says so), 'all' or a "
+                            f"fragment index ({default})")
 
 
 def _class_list(text: str) -> tuple[str, ...]:

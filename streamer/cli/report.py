@@ -20,9 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, help="write results.json and loss_curve.png here (default: beside the log, "
                                             "in its run directory; with several paths, report/ in their common "
                                             "parent directory, e.g. runs/report)")
-    add_span_flag(p, "the span the tables score")
-    p.add_argument("-k", type=positive_int, default=default_of(LearnConfig, "k"),
-                   help="batches after a switch for ppl@sw (default %(default)s)")
+    add_span_flag(p, "the span the tables score", the_runs=True)
+    p.add_argument("-k", type=positive_int,
+                   help="batches after a switch for ppl@sw (default: the run's, from its config.json; "
+                        f"{default_of(LearnConfig, 'k')} for a log without one)")
 
 
 def summary_line(summary: RunSummary) -> str:
