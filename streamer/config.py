@@ -68,13 +68,14 @@ class LearnConfig:
 
     def with_manifest(self, manifest: dict | None) -> "LearnConfig":
         """This config with what the producer's manifest knows of the stream (its length, classes, N); a
-        looped stream's ("loop": true, `produce --loop`) has no end, its totals being one lap's."""
+        looped stream's ("loop": true, `produce --loop`) has no end, its totals and N being one lap's (its
+        fragments go on numbering past N: a span or a report bounded by one lap's N refused them)."""
         manifest = manifest or {}
         ends = not manifest.get("loop")
         return dataclasses.replace(
             self, total_batches=manifest.get("total_batches") if ends else None,
             total_records=manifest.get("total_records") if ends else None,
-            classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments"))
+            classes=tuple(manifest.get("classes", ())), n_fragments=manifest.get("n_fragments") if ends else None)
 
 
 def span_start(span: str | int, n_fragments: int | None) -> int:

@@ -117,7 +117,9 @@ def test_append_writes_a_second_copy_after_what_the_topic_holds(broker, tiny_cor
 
 def test_a_looped_production_says_so_and_learn_goes_on_past_one_lap(broker, tiny_corpus, tmp_path):
     """`produce --loop`'s manifest says "loop": a learner given it learns on past the lap's total_batches
-    until it is stopped (it stopped at the end of one lap: `[stopped: end_of_stream]` with lag left)."""
+    until it is stopped (it stopped at the end of one lap: `[stopped: end_of_stream]` with lag left). Its
+    fragments number on past the lap's N: the run has no N (the whole stream is scored), and a report from
+    a fragment of the second lap is not refused as past the stream's last."""
     import os
     import signal
     import subprocess
@@ -151,6 +153,11 @@ def test_a_looped_production_says_so_and_learn_goes_on_past_one_lap(broker, tiny
         learner.send_signal(signal.SIGTERM)
         output = learner.communicate(timeout=120)[0]
         assert learner.returncode == 0 and "[stopped: signal]" in output, output[-2000:]
+        assert "CALM metrics over fragments >= 0 of" in output and "(the whole stream)" in output, output[-2000:]
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["n_fragments"] is None
+        second_lap = max(json.loads(line)["sequence"] for line in losses.read_text().splitlines())
+        assert second_lap >= written["n_fragments"]
+        assert main(["report", str(tmp_path / "run"), "--from-fragment", str(second_lap)]) == 0
     finally:
         for process in (learner, producer):
             if process is not None and process.poll() is None:

@@ -43,8 +43,8 @@ def from_fragment(spec: str | int, n_fragments: int | None, log=say) -> int:
     """--from-fragment as a fragment index; 'half' without N (no manifest) is the whole stream, said once;
     an index past the manifest's last fragment is a UserError (its span would score nothing)."""
     if spec == "half" and not n_fragments:
-        log("--from-fragment half: no manifest gives the number of fragments N, so the whole stream is scored "
-            "(fragments >= 0); --manifest or --from-fragment N to choose")
+        log("--from-fragment half: no manifest gives the number of fragments N (none given, or a looped stream's), "
+            "so the whole stream is scored (fragments >= 0); --manifest or --from-fragment N to choose")
         return 0
     try:
         return span_start(spec, n_fragments)
