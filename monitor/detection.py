@@ -33,6 +33,7 @@ __all__ = [
     "DetectedCalmAccumulator",
     "DetectionReport",
     "DetectionTracker",
+    "NO_DETECTOR",
     "calm_metrics_from_detected",
     "detect_offline",
     "detected_times",
@@ -40,6 +41,8 @@ __all__ = [
     "evaluate_detection",
     "switch_times",
 ]
+
+NO_DETECTOR = "none: the run had no drift detector (--detector none)"  # a report's detection source then
 
 
 def _check_tolerance(tolerance: int) -> None:
@@ -288,7 +291,9 @@ class DetectionReport:
     """:func:`detection_report` one record at a time, in memory bounded by ``tolerance``, ``k`` and
     ``max_listed`` (the listed matches, false alarms and misses: the last ``max_listed`` of each, a note
     says when more were cut; None lists all). ``use_field``: score the records' ``detected_switch``
-    fields (a live run's log), else the detections of a fresh ``detector`` on the losses."""
+    fields (a live run's log), else the detections of a fresh ``detector`` on the losses. A run
+    with ``detector`` "none" had no detector: nothing is scored (it read as one that found nothing,
+    recall 0)."""
 
     def __init__(self, *, use_field: bool, tolerance: int = 10, k: int = 10, detector: str = "page-hinkley",
                  from_fragment: int = 0, max_listed: int | None = 1000) -> None:
@@ -299,6 +304,8 @@ class DetectionReport:
         self._index = 0
 
     def update(self, record: Mapping) -> None:
+        if self.detector == "none":
+            return
         loss = float(record["loss"])
         if self.use_field:
             detected = bool(record.get("detected_switch"))
@@ -312,6 +319,8 @@ class DetectionReport:
         self._index += 1
 
     def result(self) -> dict:
+        if self.detector == "none":
+            return {"source": NO_DETECTOR, "evaluation": None, "metrics": None}
         source = ("detected_switch field of the loss log" if self.use_field else
                   f"detect_offline with {self.detector!r} (the loss log has no detected_switch field)")
         return {"source": source, "evaluation": self._tracker.snapshot(), "metrics": self._calm.result()}

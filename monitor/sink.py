@@ -62,13 +62,14 @@ class PrometheusSink:
         self._loss_counters(result, seen)
         self._last_switch(result, seen, tracker)
         self._child(m.class_loss_mean, name).set(tracker.class_loss_mean(seen.class_name))
-        self._child(m.batches_since_detected_switch).set(tracker.batches_since_detected)
+        if tracker.has_detector:  # (none: "batches since" counted from the start, and recall was 0)
+            self._child(m.batches_since_detected_switch).set(tracker.batches_since_detected)
         if seen.detected:
             self._child(m.switches_detected_total).inc()
         gpu_memory = getattr(result, "gpu_memory_bytes", None)
         if gpu_memory is not None:
             self._child(m.gpu_memory_bytes).set(gpu_memory)
-        if seen.switched or seen.detected:  # precision, recall and delay change only then
+        if tracker.has_detector and (seen.switched or seen.detected):  # precision, recall and delay change only then
             snap = tracker.detection.snapshot()
             for gauge, key in ((m.detection_precision, "precision"), (m.detection_recall, "recall"),
                                (m.detection_delay_batches, "mean_delay_batches")):

@@ -179,6 +179,11 @@ class RunTracker:
         self._fragment = [0.0, 0]
         return self._fragment_means.get(entering)
 
+    @property
+    def has_detector(self) -> bool:
+        """Whether a label-free detector runs (not --detector none: no detection to score)."""
+        return self._detector is not None
+
     def _detect(self, loss: float) -> bool:
         """Feed the label-free detector; True when it signals a switch at this batch."""
         self._since_detected += 1

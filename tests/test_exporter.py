@@ -257,3 +257,16 @@ def test_a_stopping_exporter_waits_for_its_final_scrape():
     assert 'streamer_batches_learned_total{run="r",strategy="naive"} 7.0' in final
     unscraped, _ = serve(create_metrics(), 0)  # never scraped twice: no interval known, no wait
     unscraped.shutdown()
+
+
+def test_without_a_detector_no_detection_gauge_is_set():
+    """--detector none: precision, recall and 'batches since detected' were set as for a detector that
+    found nothing (recall 0, a count from the start); they stay unset, and a detector's are set."""
+    for detector, present in (("none", False), ("page-hinkley", True)):
+        metrics = create_metrics()
+        monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), k=3, metrics=metrics, detector=detector)
+        for i, (loss, cls, frag) in enumerate([(2, "a", 0), (3, "b", 1), (5, "a", 2), (4, "b", 3)]):
+            monitor.observe(_result(i, float(loss), cls, frag))
+        names = {name for name, _ in _values(metrics)}
+        for gauge in ("streamer_detection_recall", "streamer_batches_since_detected_switch"):
+            assert (gauge in names) is present, (detector, gauge)

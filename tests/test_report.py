@@ -348,3 +348,16 @@ def test_a_report_scores_the_span_and_k_the_run_was_learned_with_unless_told_oth
     assert "fragments >= 0 of 6 (the whole stream)" in capsys.readouterr().out
     assert json.loads((run / "results.json").read_text())["span"]["from_fragment"] == 0
     assert build_report(make_run(tmp_path / "bare"))["span"]["from_fragment"] == 3  # no config.json: 'half'
+
+
+def test_a_run_without_a_detector_is_reported_as_such_not_as_one_that_found_nothing(tmp_path):
+    """--detector none ended with 'drift detector: found 0 of 5 switches ... recall 0.00' and results.json
+    held recall 0."""
+    from streamer.cli.report import detection_line
+
+    run = make_run(tmp_path, {"n_fragments": 6, "detector": "none"})
+    report = build_report(run, k=2)
+    assert report["detection"]["evaluation"] is None and report["detection"]["metrics"] is None
+    assert detection_line(report) == "drift detector: off (--detector none)"
+    assert detection_line(build_report(make_run(tmp_path / "ph", {"n_fragments": 6}), k=2)).startswith(
+        "drift detector: found ")

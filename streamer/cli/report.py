@@ -64,6 +64,10 @@ def span_title(span: dict, spec=None) -> str:
 
 def detection_line(report: dict) -> str | None:
     """The drift detector against the true switches, in one line (None without a detector's results)."""
+    from monitor.detection import NO_DETECTOR
+
+    if (report.get("detection") or {}).get("source") == NO_DETECTOR:
+        return "drift detector: off (--detector none)"
     found = (report.get("detection") or {}).get("evaluation") or {}
     if not found.get("n_true") and not found.get("n_detected"):
         return None
