@@ -26,7 +26,8 @@ RUN = ("run", "strategy")
 RUN_CLASS = ("run", "strategy", "class")
 RUN_PARTITION = ("run", "strategy", "partition")
 RUN_REASON = ("run", "strategy", "reason")  # a fixed, small set of reasons (see producers/wire.py)
-RUN_CLASS_PHASE = ("run", "strategy", "class", "phase")  # phase: "after_switch" (first k batches) or "steady"
+# phase: "after_switch" (the first k batches of a revisit, as CALM's ppl@sw) or "steady"
+RUN_CLASS_PHASE = ("run", "strategy", "class", "phase")
 RUN_KIND = ("run", "strategy", "kind")  # kind: "true" (from the truth headers) or "detected" (the drift detector)
 RUN_KIND_SLOT = ("run", "strategy", "kind", "slot")  # slot: "0" to SWITCH_SLOTS - 1, the switch's number modulo it
 SWITCH_SLOTS = 8  # switch times kept: every switch keeps its marker unless more than this many fall between two scrapes
