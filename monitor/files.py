@@ -1,12 +1,13 @@
 """Small files that other programs read while a learner runs (status.json, config.json, results.json):
-written beside the old one and renamed over it, so a reader never sees half a file."""
+written beside the old one and renamed over it, so a reader never sees half a file; and the learner that
+holds a run directory (its .lock's pid), as those programs see it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["replace_text"]
+__all__ = ["learner_process", "replace_text"]
 
 
 def replace_text(path: str | os.PathLike, text: str) -> None:
@@ -19,3 +20,24 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
         staging.unlink(missing_ok=True)
         raise
     staging.replace(path)
+
+
+def learner_process(run_dir: str | os.PathLike) -> dict:
+    """{"pid", "running"}: the pid in the run directory's .lock (None without one) and whether that
+    process is a live streamer (a pid reused by another program is not)."""
+    run_dir = Path(run_dir)
+    try:
+        pid = int((run_dir / ".lock").read_text().strip())
+    except (OSError, ValueError):
+        return {"pid": None, "running": False}
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return {"pid": pid, "running": False}
+    except PermissionError:  # another user's process: alive
+        pass
+    try:  # a reused pid is not our learner
+        running = b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        running = True
+    return {"pid": pid, "running": running}

@@ -12,18 +12,23 @@ queries, off by default, draw them by tag: ["streamer", "switch", "true",
 "class:<new class>"] for a true switch (the `sequence` changes between consecutive
 lines) and ["streamer", "switch", "detected"] for a line with ``"detected_switch": true``.
 
-A switch is posted once per process: each (Grafana URL, loss log) pair keeps the
-byte offset and the last record it has read, so a second push of the same file,
-or a --follow that re-reads it, posts only new switches.
+A switch is posted once per process: each (Grafana URL, loss log) pair keeps where
+it read to and the last batch it read, so a second push of the same file, a --follow
+that re-reads it, or one across a restart of the learner (which learns the batches
+after its checkpoint again), posts only new switches.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from monitor.files import learner_process
+from monitor.losslog import loss_log_files
 
 __all__ = ["PushError", "PushSummary", "SwitchTail", "load_credentials", "push", "switch_annotations"]
 
@@ -98,41 +103,107 @@ def switch_annotations(previous: dict | None, record: dict) -> list[dict]:
 
 @dataclass
 class SwitchTail:
-    """Reads a growing losses.jsonl from where it stopped; only whole lines count."""
+    """Reads a growing loss log (its rotated files too: monitor.losslog) from where it stopped; only
+    whole lines count.
+
+    A log written again from an earlier point is read again from the file that held the point read: a
+    resume cuts the log back to its checkpoint and learns those batches again, a crash before the first
+    checkpoint starts it over. A batch at or before the last one read (`through`) is not posted again (a
+    follow posted each switch up to a kill -9 twice); another run in the directory (a new
+    ``run_started`` in its config.json: ``learn --fresh``) is posted anew."""
 
     path: Path
-    offset: int = 0
     lines: int = 0
     previous: dict | None = None
-    skipped: int = field(default=0)
+    skipped: int = 0
+    through: int = -1  # the last batch read: its switches are posted
+    _at: tuple | None = None  # (device, inode, offset, last line read) of the file read last
+    _run: object = None  # the run's run_started (config.json)
 
     def poll(self) -> list[dict]:
         """Annotation payloads for the lines written since the last poll."""
-        try:
-            with open(self.path, "rb") as file:
-                if file.seek(0, 2) < self.offset:  # truncated: a new run in the same directory
-                    self.offset, self.previous = 0, None
-                file.seek(self.offset)
-                chunk = file.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        annotations = []
-        for raw in chunk[: end + 1].splitlines():
-            self.lines += 1
+        run = _run_started(self.path.parent)
+        if run is not None and self._run is not None and run != self._run:
+            self.previous, self.through, self._at = None, -1, None
+        self._run = run if run is not None else self._run
+        files = [file for file in loss_log_files(self.path) if file.is_file()]
+        first, offset = self._where(files)
+        annotations: list[dict] = []
+        for file in files[first:]:
             try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                record = None
-            if not isinstance(record, dict) or "sequence" not in record:
-                self.skipped += 1
-                continue
-            annotations.extend(switch_annotations(self.previous, record))
-            self.previous = record
-        self.offset += end + 1
+                with open(file, "rb") as handle:
+                    identity = os.fstat(handle.fileno())
+                    handle.seek(offset)
+                    chunk = handle.read()
+            except FileNotFoundError:  # rotated or cut meanwhile: the next poll finds it
+                break
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                break
+            lines = chunk[: end + 1].splitlines()
+            for raw in lines:
+                annotations.extend(self._read(raw))
+            self._at = (identity.st_dev, identity.st_ino, offset + end + 1, lines[-1])
+            offset = 0
         return annotations
+
+    def _where(self, files: list[Path]) -> tuple[int, int]:
+        """(file index, offset) to read on from: after the last line read when it is still there, else
+        the start of the file that held it (cut back in place), else of the oldest file."""
+        if self._at is None:
+            return 0, 0
+        device, inode, offset, last = self._at
+        for index, file in enumerate(files):
+            try:
+                with open(file, "rb") as handle:
+                    identity = os.fstat(handle.fileno())
+                    if (identity.st_dev, identity.st_ino) != (device, inode):
+                        continue
+                    handle.seek(max(0, offset - len(last) - 1))
+                    same = handle.read(len(last) + 1) == last + b"\n"
+            except FileNotFoundError:
+                continue
+            return (index, offset) if same else (index, 0)
+        return 0, 0
+
+    def _read(self, raw: bytes) -> list[dict]:
+        self.lines += 1
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not isinstance(record, dict) or "sequence" not in record:
+            self.skipped += 1
+            return []
+        batch = record.get("batch")
+        numbered = isinstance(batch, int) and not isinstance(batch, bool)
+        if numbered and batch <= self.through:  # learned again after a restart: posted already
+            self.previous = record
+            return []
+        annotations = switch_annotations(self.previous, record)
+        self.previous = record
+        if numbered:
+            self.through = batch
+        return annotations
+
+
+def _run_started(run_dir: Path):
+    """The run's start (config.json's run_started; a resumed run keeps it), or None."""
+    try:
+        return json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("run_started")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _learner_stopped(run_dir: Path) -> bool:
+    """Whether the run's learner has stopped: no live learner holds the directory, and its status.json
+    says stopped (a learner killed with -9 left another activity there: a follow waits for its restart)."""
+    from monitor.console import STATUS_FILE, read_status
+
+    if learner_process(run_dir)["running"]:
+        return False
+    status = read_status(run_dir / STATUS_FILE)
+    return status is not None and status.activity == "stopped"
 
 
 @dataclass
@@ -190,8 +261,9 @@ def push(url: str, credential: str | tuple[str, str], *, run_dir: Path | None = 
          log: Callable[[str], None] = lambda message: None) -> PushSummary:
     """Upload the dashboard; then post switch annotations from `run_dir`/losses.jsonl.
 
-    With `follow`, keep tailing the log every `poll_s` seconds until `run_dir`/results.json
-    exists (the learner writes it at the end); Ctrl-C (KeyboardInterrupt) also stops it.
+    With `follow`, keep tailing the log every `poll_s` seconds until the run's learner stops (no learner
+    holds the directory and its status.json says stopped; results.json, the sign before, is there from
+    an earlier stop of a resumed run, or from a report); Ctrl-C (KeyboardInterrupt) also stops it.
     """
     from monitor.dashboard import DASHBOARD_UID, build_dashboard
 
@@ -211,7 +283,7 @@ def push(url: str, credential: str | tuple[str, str], *, run_dir: Path | None = 
     key = (url.rstrip("/"), str(losses.resolve()))
     tail = _TAILS.setdefault(key, SwitchTail(losses))
     while True:
-        finished = (run_dir / "results.json").exists()  # checked before reading: the last lines are in
+        finished = _learner_stopped(run_dir)  # checked before reading: the last lines are in
         for payload in tail.poll():
             _call(url, "an annotation", lambda p=payload: api.annotations.add_annotation(
                 dashboard_uid=DASHBOARD_UID, time_from=p["time"], time_to=p["timeEnd"], tags=p["tags"], text=p["text"]))

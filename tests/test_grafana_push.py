@@ -151,10 +151,24 @@ def test_push_uploads_the_dashboard_and_annotates_each_switch_once(grafana, tmp_
     assert [a["tags"][-1] for a in new] == ["class:cs"]
 
 
-def test_follow_tails_the_log_until_results_json(grafana, tmp_path):
+def _learner_stopped(run_dir):
+    """The status.json a learner writes as it stops."""
+    from monitor.console import ConsoleSnapshot, write_status
+
+    write_status(run_dir / "status.json", ConsoleSnapshot(
+        run="run", strategy="naive", batches=12, total_batches=None, last_loss=None, rolling_ppl=None,
+        recent_losses=(), recent_switches=(), current_class=None, overall={}, per_class={}, from_fragment=0,
+        switches=2, detected_switches=1, tokens_per_s=0.0, lag=0, queue_depth=0, dead_letters={}, elapsed_s=1.0,
+        activity="stopped"))
+
+
+def test_follow_tails_the_log_until_the_learner_stops(grafana, tmp_path):
+    """Until the learner's status.json says stopped: the results.json of an earlier stop (a resumed run's) or
+    of a report ended a follow at once, while the learner went on."""
     run_dir = tmp_path / "run"
     lines = _lines()
     _write_log(run_dir, lines[:6])
+    (run_dir / "results.json").write_text("{}")  # an earlier stop's
     with open(run_dir / "losses.jsonl", "a", encoding="utf-8") as file:
         file.write(json.dumps(lines[6])[:10])  # half a line: not read until it is whole
     seen = []
@@ -170,7 +184,7 @@ def test_follow_tails_the_log_until_results_json(grafana, tmp_path):
             file.write(json.dumps(lines[6])[10:] + "\n")
         _write_log(run_dir, lines[7:], mode="a")
         done.wait(5)
-        (run_dir / "results.json").write_text("{}")
+        _learner_stopped(run_dir)
 
     writer = threading.Timer(0.2, finish_the_run)
     writer.start()
@@ -178,6 +192,52 @@ def test_follow_tails_the_log_until_results_json(grafana, tmp_path):
     writer.join()
     assert (summary.true_switches, summary.detected_switches, summary.lines) == (2, 1, 12)
     assert len(grafana.annotations()) == 3
+
+
+def _switches(tail):
+    return [payload["text"] for payload in tail.poll()]
+
+
+def test_a_restarted_learner_posts_no_switch_twice_and_a_new_run_posts_its_own(tmp_path):
+    """A resume cuts the log back to its checkpoint and writes those batches again (other times); a crash
+    before the first checkpoint writes the log anew. A follow took either for a new run and posted every
+    switch up to the crash again. A new run (--fresh: another run_started) is posted anew."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"run_started": 1.0}))
+    lines = _lines(fragments=(("en", 0), ("fr", 1), ("en", 0), ("cs", 2)), detected_at=())
+    _write_log(run_dir, lines[:10])
+    tail = grafana_push.SwitchTail(run_dir / "losses.jsonl")
+    assert _switches(tail) == ["switch en -> fr (fragment 1, batch 4)", "switch fr -> en (fragment 2, batch 8)"]
+    again = [{**line, "time": line["time"] + 100} for line in lines]
+    _write_log(run_dir, lines[:6])  # cut back to a checkpoint at batch 6 (in place, as trim_loss_log) ...
+    assert _switches(tail) == []
+    _write_log(run_dir, again[6:14], mode="a")  # ... and learned again, further
+    assert _switches(tail) == ["switch en -> cs (fragment 3, batch 12)"]
+    _write_log(run_dir, again[:3])  # a crash before the first checkpoint: the log anew
+    assert _switches(tail) == []
+    _write_log(run_dir, again[3:16], mode="a")
+    assert _switches(tail) == []
+    (run_dir / "losses.jsonl").unlink()  # learn --fresh: another run in the directory
+    (run_dir / "config.json").write_text(json.dumps({"run_started": 2.0}))
+    _write_log(run_dir, lines[:6])
+    assert _switches(tail) == ["switch en -> fr (fragment 1, batch 4)"]
+
+
+def test_the_rotated_files_of_a_log_are_read_and_a_rotation_between_polls_loses_no_line(tmp_path):
+    """A daemon's log past 100 MB goes on in losses.jsonl after losses.1.jsonl; push read only losses.jsonl."""
+    run_dir = tmp_path / "run"
+    lines = _lines(fragments=(("en", 0), ("fr", 1), ("en", 0), ("cs", 2)), detected_at=())
+    _write_log(run_dir, lines[:6])
+    (run_dir / "losses.jsonl").rename(run_dir / "losses.1.jsonl")
+    _write_log(run_dir, lines[6:9])
+    tail = grafana_push.SwitchTail(run_dir / "losses.jsonl")
+    assert _switches(tail) == ["switch en -> fr (fragment 1, batch 4)", "switch fr -> en (fragment 2, batch 8)"]
+    _write_log(run_dir, lines[9:13], mode="a")  # the live file grows, then is rotated before the next poll
+    (run_dir / "losses.jsonl").rename(run_dir / "losses.2.jsonl")
+    _write_log(run_dir, lines[13:])
+    assert _switches(tail) == ["switch en -> cs (fragment 3, batch 12)"]
+    assert tail.lines == 16 and tail.through == 15
 
 
 def test_basic_auth_from_a_credentials_file(grafana, tmp_path, monkeypatch):

@@ -207,6 +207,20 @@ def test_the_status_of_a_finished_compare_run_says_it_is_over(tmp_path, capsys):
     assert "checkpoint: none (the run is over: its report is results.json)" in out
     assert "console: none (a run learned offline, as compare's multitask, writes no status.json)" in out
 
+    # a report of a learner still running (before its first checkpoint) writes results.json too: not over
+    import subprocess
+    import sys
+
+    learner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "streamer"])
+    try:
+        (tmp_path / ".lock").write_text(str(learner.pid))
+        assert main(["status", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert f"learner running (pid {learner.pid})" in out and "checkpoint: none yet" in out, out
+    finally:
+        learner.kill()
+        learner.wait()
+
 
 def test_the_metrics_line_leaves_out_reasons_at_0_and_says_when_the_counters_restarted(capsys):
     """Every dead-letter reason is exported at 0 from the start: status listed all 13; and after a crash's

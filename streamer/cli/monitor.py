@@ -24,7 +24,9 @@ def add_monitor_parser(subparsers) -> None:
     q.add_argument("--grafana-url", required=True, help="e.g. http://localhost:3000")
     q.add_argument("--run-dir", type=Path, help="post one annotation per true and detected switch in DIR/losses.jsonl "
                                                 "(default: none; only the dashboard is uploaded)")
-    q.add_argument("--follow", action="store_true", help="keep tailing losses.jsonl until results.json appears or Ctrl-C")
+    q.add_argument("--follow", action="store_true",
+                   help="keep tailing losses.jsonl until the run's learner stops (its status.json says stopped and "
+                        "no learner holds the run; a crashed learner's restart is followed) or Ctrl-C")
     q.add_argument("--credentials-file", type=Path,
                    help="JSON or KEY=VALUE lines: GRAFANA_TOKEN, or GRAFANA_USER and GRAFANA_PASSWORD "
                         "(default: those environment variables)")

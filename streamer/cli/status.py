@@ -53,6 +53,7 @@ def run(args) -> int:
 def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
     """Everything `streamer status` prints, as plain values."""
     from monitor.console import STATUS_FILE, read_status, snapshot_to_json
+    from monitor.files import learner_process
 
     run_dir = Path(run_dir)
     config_path = run_dir / "config.json"
@@ -65,7 +66,7 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
     snapshot = read_status(run_dir / STATUS_FILE)
     now = time.time()
     return {
-        "run_dir": str(run_dir), "learner": _learner(run_dir),
+        "run_dir": str(run_dir), "learner": learner_process(run_dir),
         "config": {key: config.get(key) for key in ("topic", "group_id", "strategy", "model_name", "bootstrap_servers",
                                                     "device", "started", "run_started", "metrics_address")},
         "checkpoint_age_s": _age(run_dir / "checkpoint.pt", now),
@@ -75,25 +76,6 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
         "reported": (run_dir / "results.json").is_file(),  # the run's report: it is over (compare's runs)
         "metrics": _scrape(_metrics_url(config), timeout_s, config.get("metrics_security") or {}),
     }
-
-
-def _learner(run_dir: Path) -> dict:
-    """The pid in the run directory's .lock and whether that process is a live streamer."""
-    try:
-        pid = int((run_dir / ".lock").read_text().strip())
-    except (OSError, ValueError):
-        return {"pid": None, "running": False}
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return {"pid": pid, "running": False}
-    except PermissionError:  # another user's process: alive
-        pass
-    try:  # a reused pid is not our learner
-        running = b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        running = True
-    return {"pid": pid, "running": running}
 
 
 def _age(path: Path, now: float) -> float | None:
@@ -195,7 +177,8 @@ def _print(status: dict) -> None:
           + (f" (the run: {at(run_started)})" if started and run_started and run_started < started - 1 else ""))
     age = status["checkpoint_age_s"]
     print("checkpoint: " + (f"written {duration(age)} ago" if age is not None
-                            else "none (the run is over: its report is results.json)" if status.get("reported")
+                            else "none (the run is over: its report is results.json)"
+                            if status.get("reported") and not learner["running"]
                             else "none yet"))
     last = status["last_batch"]
     if last:
