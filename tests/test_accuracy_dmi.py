@@ -168,3 +168,17 @@ def test_no_saved_representations_no_dmi(tmp_path):
     records = _write_run(tmp_path / "run", [{"batch": 0, "trigger": "start", "ended_class": None,
                                              "scores": {"A": 0.0}}], {0: STAGES[0]})
     assert dmi_from_run(tmp_path / "run", records)["notes"] == ["no probe row ended a task: no stage to evaluate"]
+
+
+def test_report_prints_and_returns_a_classifiers_accuracy(tmp_path, capsys):
+    """A classifier run's accuracy was in results.json only: `report --json` left it out and no text said it."""
+    from streamer.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "losses.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _rows()))
+    assert main(["report", str(run)]) == 0
+    assert "classifier: prequential accuracy 0.600, macro-F1 0.611 over 5 utterances" in capsys.readouterr().out
+    assert main(["report", str(run), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["accuracy"]["accuracy"] == pytest.approx(3 / 5) and "dmi" in printed

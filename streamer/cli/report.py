@@ -10,7 +10,7 @@ from streamer.cli.errors import UserError
 from streamer.cli.flags import SPAN_DEFAULT, add_span_flag, default_of, positive_int
 from streamer.config import LearnConfig, RunSummary
 
-__all__ = ["add_parser", "run", "print_run_report", "summary_line"]
+__all__ = ["accuracy_line", "add_parser", "run", "print_run_report", "summary_line"]
 
 
 def add_parser(sub) -> None:
@@ -79,6 +79,21 @@ def detection_line(report: dict) -> str | None:
             f"{number(found['mean_delay_batches'], 1)} batches)")
 
 
+def accuracy_line(report: dict) -> str | None:
+    """A classifier run's prequential accuracy and macro-F1 (and DMI when it saved probe features) in one
+    line; None for a language model's run."""
+    found = report.get("accuracy")
+    if not found or found.get("accuracy") is None:
+        return None
+    line = (f"classifier: prequential accuracy {found['accuracy']:.3f}, macro-F1 {found['macro_f1']:.3f} over "
+            f"{found['utterances']:,} utterances")
+    dmi = report.get("dmi") or {}
+    scores = [(name, dmi.get(name)) for name in ("stability", "plasticity", "generalizability")]
+    if all(value is not None for _, value in scores):
+        line += "; DMI " + ", ".join(f"{name} {value:.3f}" for name, value in scores)
+    return line
+
+
 def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict:
     """The run's one-line summary, its report written over the run's span, and CALM's metrics printed."""
     from monitor.report import write_report  # river and scipy: loaded by the commands that report
@@ -90,9 +105,9 @@ def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAUL
     if report["span"]["from_fragment"]:
         print("\nWhole stream (fragments >= 0):\n")
         print(format_table(report["whole_stream"]))
-    line = detection_line(report)
-    if line:
-        print(f"\n{line}")
+    for line in (accuracy_line(report), detection_line(report)):
+        if line:
+            print(f"\n{line}")
     print(f"run directory: {summary.run_dir} (losses.jsonl, results.json, loss_curve.png, checkpoint.pt)")
     return report
 
@@ -120,13 +135,14 @@ def run(args) -> int:
         raise UserError(str(exc)) from None
     if args.json:
         print(json.dumps(json_safe({**report["metrics"], **{key: report.get(key) for key in (
-            "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "config")}}), default=str))
+            "span", "run", "whole_stream", "detection", "forgetting", "probe_matrix", "accuracy", "dmi", "oracle",
+            "config")}}), default=str))
     else:
         print(f"## {path}\n\nCALM metrics over {span_title(report['span'], args.from_fragment)}:\n")
         print(format_table(report["metrics"]))
-        line = detection_line(report)
-        if line:
-            print(f"\n{line}")
+        for line in (accuracy_line(report), detection_line(report)):
+            if line:
+                print(f"\n{line}")
         written = args.out or (path if path.is_dir() else path.parent)
         print(f"\nwritten to {written}: results.json, loss_curve.png")
     return 0
