@@ -53,7 +53,11 @@ def read_config(path: str | os.PathLike) -> dict:
     config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
     if not config_path.exists():
         return {}
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # (the error named no file)
+        raise ValueError(f"{config_path} is not JSON ({exc}); a learner writes it whole, so it was changed "
+                         "by hand or damaged") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_path}: expected a JSON object")
     return config
@@ -242,8 +246,7 @@ def _classifier_metrics(path: Path, order: list[str], accuracy: dict | None) -> 
 def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
     """The forgetting family from the run's probes.jsonl, when the run scored a probe split."""
     probe_log = path / "probes.jsonl" if path.is_dir() else path.with_name("probes.jsonl")
-    rows = ([json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if probe_log.is_file() else [])
+    rows = _probe_rows(probe_log) if probe_log.is_file() else []
     if not rows:  # (an empty log, a run with no probe evaluation, reported as if probed: a bogus row)
         return {"forgetting": None, "probe_matrix": None}
     classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
@@ -258,6 +261,23 @@ def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
             "probe_matrix": {"stages": list(matrix.stages), "classes": list(matrix.classes),
                              "values": matrix.values,
                              "unit": "held-out accuracy" if accuracy else "held-out loss (nats)"}}
+
+
+def _probe_rows(probe_log: Path) -> list[dict]:
+    """The rows of probes.jsonl; a last line torn by a crash is left out, as a resume drops it (the report
+    failed with a bare JSON error); a bad line before it is a ValueError naming the file and line."""
+    lines = probe_log.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            if number == len(lines) and not line.endswith("\n"):
+                break
+            raise ValueError(f"{probe_log}:{number}: not JSON ({exc})") from None
+    return rows
 
 
 def json_safe(value: Any) -> Any:

@@ -361,3 +361,26 @@ def test_a_run_without_a_detector_is_reported_as_such_not_as_one_that_found_noth
     assert detection_line(report) == "drift detector: off (--detector none)"
     assert detection_line(build_report(make_run(tmp_path / "ph", {"n_fragments": 6}), k=2)).startswith(
         "drift detector: found ")
+
+
+def test_a_torn_probe_log_a_damaged_config_and_an_out_through_a_file_are_each_one_line(tmp_path, capsys):
+    """A kill -9 mid-row of probes.jsonl failed the report with "Expecting ',' delimiter" (no file named); a
+    damaged config.json said "Expecting value" alone; --out RUN/config.json/sub was a NotADirectoryError
+    traceback."""
+    from streamer.cli import main
+
+    run = make_run(tmp_path, {"n_fragments": 6})
+    row = {"batch": 0, "trigger": "start", "ended_class": None, "scores": {"en": 5.0, "fr": 5.5}}
+    (run / "probes.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "batch": 4})[:30])
+    assert build_report(run, k=2)["forgetting"]["probe_evaluations"] == 1
+    (run / "probes.jsonl").write_text(json.dumps(row)[:30] + "\n" + json.dumps(row) + "\n")
+    assert main(["report", str(run)]) == 2
+    assert f"{run / 'probes.jsonl'}:1: not JSON" in capsys.readouterr().err
+    (run / "probes.jsonl").unlink()
+    assert main(["report", str(run), "--out", str(run / "config.json" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Not a directory" in err and str(run / "config.json") in err, err
+    (run / "config.json").write_text('{"n_fragments": 6,\n')
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'config.json'} is not JSON" in err, err

@@ -7,9 +7,10 @@ import errno
 
 __all__ = ["UserError", "caused_by", "storage_error"]
 
-# what a disk or its permissions refuse: the user's to fix (space, a writable place), never the code's
+# what a disk or its permissions refuse, or a path given through a file (`--out run/config.json/sub`): the
+# user's to fix (space, a writable place, another path), never the code's
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
-                            errno.EIO})
+                            errno.EIO, errno.ENOTDIR})
 
 
 class UserError(Exception):
