@@ -19,7 +19,8 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from monitor.web_security import MetricsSecurity, read_credentials, require_basic_auth, server_context
 
-__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "UNITS", "NAMESPACE", "LOSS_BUCKETS", "SWITCH_SLOTS"]
+__all__ = ["Metrics", "create_metrics", "serve", "CATALOGUE", "UNITS", "NAMESPACE", "LOSS_BUCKETS", "SWITCH_SLOTS",
+           "STATUS_AGENT"]
 
 NAMESPACE = "streamer"
 RUN = ("run", "strategy")
@@ -137,6 +138,7 @@ class QuietHandler(WSGIRequestHandler):
 
 
 FINAL_SCRAPE_MAX_S = 15.0  # the longest a stopping exporter waits for its final scrape
+STATUS_AGENT = "streamer-status"  # `streamer status` reads /metrics as this User-Agent: not a scrape to wait for
 
 
 class FinalScrapeServer(ThreadingWSGIServer):
@@ -184,7 +186,8 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1", ready: Callable[
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"not ready\n"]
         is_ready()
-        scrapes.append(time.monotonic())
+        if not environ.get("HTTP_USER_AGENT", "").startswith(STATUS_AGENT):  # (two `status` calls made a
+            scrapes.append(time.monotonic())  # stopping learner wait for a third that never came)
         return metrics_app(environ, start_response)
 
     security = security or MetricsSecurity()

@@ -258,6 +258,17 @@ def test_a_stopping_exporter_waits_for_its_final_scrape():
     unscraped, _ = serve(create_metrics(), 0)  # never scraped twice: no interval known, no wait
     unscraped.shutdown()
 
+    # `streamer status` reads /metrics too: two of its reads made a stopping learner wait for a third
+    from streamer.cli.status import _scrape
+
+    watched, _ = serve(create_metrics(), 0)
+    for _ in range(2):
+        assert "error" not in _scrape(f"http://127.0.0.1:{watched.server_address[1]}/metrics", 5, {})
+    assert not watched.scrapes
+    started = time.monotonic()
+    watched.shutdown()
+    assert time.monotonic() - started < 1
+
 
 def test_without_a_detector_no_detection_gauge_is_set():
     """--detector none: precision, recall and 'batches since detected' were set as for a detector that

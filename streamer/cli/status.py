@@ -124,11 +124,12 @@ def _scrape(url: str | None, timeout_s: float, security: dict) -> dict:
         return {"url": None, "error": "not served (the learner ran without --metrics-port)"}
     from prometheus_client.parser import text_string_to_metric_families
 
+    from monitor.exporter import STATUS_AGENT
     from monitor.web_security import read_credentials
 
     if security.get("client_ca_file"):
         return {"url": url, "error": "not read: it asks scrapers for a client certificate (--metrics-tls-client-ca)"}
-    request = urllib.request.Request(url)
+    request = urllib.request.Request(url, headers={"User-Agent": STATUS_AGENT})  # not Prometheus: see the exporter
     context = None
     try:
         if security.get("cert_file"):  # its own certificate the one trusted: any name it was made for will do
