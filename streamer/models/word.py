@@ -136,14 +136,23 @@ class WholeWordBatcher(Batcher):
     unfinished word with the space before it, as byte-level BPE tokenizers attach a
     leading space to the word) and prepends it to the stream's next record. A stream
     with no whitespace for `max_pending` characters (e.g. Chinese) is flushed as is.
-    Held-back text counts towards the next record's span, and is lost if the learner
-    restarts from a checkpoint between the two records (at most one word per stream)."""
+    Held-back text counts towards the next record's span, and is part of the checkpoint's
+    carry-over (a restart between the two records lost it, at most one word per stream, and
+    every later window of that stream was shifted: the resumed losses were not the
+    uninterrupted run's)."""
 
     max_pending = 256  # characters
 
     def __init__(self, streams: int, window: int, device="cpu", encode=None):
         super().__init__(streams, window, device, encode=encode)
         self._pending: dict[str, str] = {}  # stream -> unfinished tail of its last record
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "pending_words": dict(self._pending)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._pending = dict(state.get("pending_words", {}))  # (none in a checkpoint written before)
 
     def add(self, record: Record, tp=None, offset: int | None = None) -> None:
         text = self._pending.pop(record.stream, "") + record.text
