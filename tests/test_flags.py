@@ -85,6 +85,10 @@ CASES = {
     "produce-probe-examples": (["produce", "--probe-examples", "-1"], ["--probe-examples", ">= 0, got -1"]),
     "produce-probe-tokens": (["produce", "--probe-tokens", "-5"], ["--probe-tokens", ">= 0, got -5"]),
     "compare-seeds": (["compare", "--seeds", "0,-1"], ["--seeds", "integers >= 0"]),
+    # not finite: taken, and the first step made every weight NaN (the run went on, its updates skipped)
+    "lr-inf": (["learn", "--lr", "inf"], ["--lr", "expected a positive number, got inf"]),
+    "set-clip-inf": (["learn", "--set", "clip=inf"], ["clip=inf", "finite"]),
+    "set-nan": (["learn", "--strategy", "replay", "--set", "p_write=nan"], ["p_write=nan", "finite"]),
 }
 
 
@@ -276,3 +280,10 @@ def test_cache_is_taken_before_and_after_the_data_and_weights_subcommands():
                         (["data", "--cache", "/y", "info", "calm-multilingual", "--cache", "/w"], "/w")):
         got = parse(argv).cache
         assert (None if got is None else str(got)) == cache, argv
+
+
+def test_a_bad_value_in_a_config_files_table_is_named_by_the_file_not_by_set(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text('[strategy.replay]\nr_interval = "ten"\n')
+    assert_one_line_error(run_main(["learn", "--strategy", "replay", "--config", str(config)], capsys),
+                          f"{config}: [strategy.replay] r_interval=ten: expected an integer")

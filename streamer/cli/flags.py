@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 from pathlib import Path
 
 from producers.orders import SCHEDULES, SEQUENCE_ORDERS
@@ -70,13 +71,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def _checked(kind: type, what: str, holds=lambda value: value > 0):
-    """An argparse type: `kind` parsed from text, for which `holds(value)` (default: greater than zero)."""
+    """An argparse type: `kind` parsed from text, for which `holds(value)` (default: greater than zero); a
+    float must be finite (`--lr inf` made every weight NaN in the first step, and the run went on)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not holds(value):
+        if not holds(value) or (isinstance(value, float) and not math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         return value
     return parse

@@ -10,6 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import MISSING, dataclass
 from typing import Any
 
@@ -127,6 +128,8 @@ class Hyperparameter:
         if kind is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise HyperparameterError(f"{self.name}={value}: expected a number{self._default_note()}")
+            if not math.isfinite(value):  # (nan passed every range; lr=inf made every weight NaN in one step)
+                raise HyperparameterError(f"{self.name}={value}: expected a finite number{self._default_note()}")
             return float(value)
         return str(value) if kind is str else value
 
