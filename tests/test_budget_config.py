@@ -136,6 +136,9 @@ def test_compare_takes_each_strategy_table_and_the_matching_set_entries(tmp_path
     ("[strategy.replay]\nlr = 0.1\n", "lr: not a hyperparameter"),
     ("set = 1\n", "use [strategy.<name>] tables"),
     ("fragments = \n", "not valid TOML"),
+    # as the README had it: TOML's own words were all the error said
+    ('strategy = "replay"\n[strategy.replay]\np_write = 0.5\n', '[strategy] name = "..."'),
+    ('model = "lstm-word"\n[model]\nvocab = "v.txt"\n', '[model] name = "..."'),
 ])
 def test_config_file_errors_are_one_line(tmp_path, capsys, text, needle):
     path = write(tmp_path, text)

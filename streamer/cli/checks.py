@@ -216,14 +216,14 @@ def _check_strategy_options(args) -> None:
     names = _strategy_names(args)
     if not names:
         return
+    for name, table in (getattr(args, "strategy_tables", None) or {}).items():  # the file's, named as its
+        if name in names:  # (a bad value there was blamed on --set)
+            check_hyperparameters(name, table.items(), where=f"{getattr(args, 'config', None)}: [strategy.{name}]")
     if getattr(args, "strategy", None):  # learn, demo: --set and the file's table of the chosen strategy
         checked = check_hyperparameters(args.strategy, args.strategy_options)
         args.strategy_options = route_trainer_keys(args, checked)
         return
     signatures = {name: strategy_signature(name) for name in names}  # compare: each that takes a key
-    for name, table in (getattr(args, "strategy_tables", None) or {}).items():
-        if name in signatures:
-            check_hyperparameters(name, table.items(), where=f"[strategy.{name}]")
     for key, value in args.strategy_options:
         takers = [name for name in names if key in signatures[name]]
         if not takers:

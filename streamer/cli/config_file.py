@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,17 +114,30 @@ def _strategy_tables(entries: dict, where: str) -> tuple[str | None, dict[str, d
     return name, tables
 
 
+def _both_hint(text: str, error: str) -> str:
+    """Why TOML refused a file with `strategy = "x"` (or `model = ...`) beside a [strategy.x] (or [model])
+    table: a key cannot be a value and a table at once."""
+    both = [key for key in ("strategy", "model") if re.search(rf"(?m)^\s*{key}\s*=", text)
+            and re.search(rf"(?m)^\s*\[\s*{key}\s*[.\]]", text)]
+    if "Cannot overwrite a value" not in error or not both:
+        return ""
+    key = both[0]
+    return (f"; {key} = \"...\" and a [{key}...] table cannot both be in one file: write the name in the "
+            f"table, [{key}] name = \"...\"")
+
+
 def read_config_file(path: Path, parser: argparse.ArgumentParser) -> ConfigFile:
     """Read and check a TOML config against the flags of `parser` (one subcommand's parser)."""
     where = str(path)
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {where}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not a TOML file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+        raise ConfigError(f"{where}: not valid TOML ({exc}){_both_hint(text, str(exc))}") from None
     actions = _flag_actions(parser)
     flags, strategies, model = {}, {}, {}
     for raw_key, value in data.items():

@@ -48,7 +48,9 @@ class BuiltModel:
 
 def _lstm_char(request: ModelRequest) -> BuiltModel:
     if request.options:
-        raise ValueError(f"model lstm-char takes no --model-opt (got {', '.join(k for k, _ in request.options)})")
+        raise ValueError(f"model lstm-char takes no --model-opt or [model] option (got "
+                         f"{', '.join(k for k, _ in request.options)}); its size is --hidden, --embedding, --layers "
+                         "(top-level keys in a --config file)")
     model = LSTMLanguageModel(request.lstm).to(request.device)
     return BuiltModel(model=model, encode=byte_encode, name="lstm-char", details={"tokens": "utf-8 bytes"})
 
