@@ -407,3 +407,25 @@ def test_an_utterance_too_large_for_one_record_is_refused_naming_where(tmp_path)
     (built / "b.jsonl").write_text(json.dumps({"text": "x" * 3_000_000, "label": "l"}) + "\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=rf"^{built / 'b.jsonl'}:1: an utterance of 3,000,000 bytes"):
         load_utterance_dir(built)
+
+
+def test_a_lone_surrogate_is_refused_naming_where(tmp_path):
+    """A JSON line's unpaired \\ud800 escape decodes to a string UTF-8 cannot encode: refused at load naming
+    file, line and field, in the text, the class or the label (before, produce died on it with a
+    UnicodeEncodeError traceback), and in a built utterance directory too."""
+    from producers.corpora.utterances import load_utterance_dir
+
+    for field, value, at in (("text", "bad \ud800 surrogate", 4), ("class", "f\udc80r", 1), ("label", "\ud83d", 0)):
+        path = tmp_path / f"{field}.jsonl"
+        lines = [json.dumps(ROWS[1]), json.dumps({**ROWS[0], field: value})]  # (json.dumps writes \ud800 escapes)
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        message = error_for(path)
+        code = ord(value[at])
+        assert message.startswith(f"{path}:2: a lone surrogate (U+{code:04X}) in field '{field}' at {at}: "
+                                  "not encodable as UTF-8"), message
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "a.jsonl").write_text(json.dumps({"text": "hello", "label": "l"}) + "\n", encoding="utf-8")
+    (built / "b.jsonl").write_text(json.dumps({"text": "é \udfff", "label": "l"}) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=rf"^{built / 'b.jsonl'}:1: a lone surrogate \(U\+DFFF\) in field 'text'"):
+        load_utterance_dir(built)

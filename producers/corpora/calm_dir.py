@@ -64,6 +64,21 @@ def refuse_nul(file: Path, data: bytes) -> None:
         raise CorpusError(f"{file}:{line}: a NUL byte at byte offset {offset}: binary or corrupt data, not text")
 
 
+def refuse_unencodable(value: str, where: str, field: str) -> None:
+    """A CorpusError naming `where` (file:line) and `field` for a string UTF-8 cannot encode: a lone surrogate, which
+    a JSON line's unpaired \\ud800 escape gives (the file's bytes decode; the string does not encode). Refused at
+    load: before, it was a UnicodeEncodeError traceback when produce encoded the record or the class name."""
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(value[error.start])
+        what = f"a lone surrogate (U+{code:04X}) in field {field!r} at {error.start}"
+        reason = f"not encodable as UTF-8 (a JSON \\u{code:04x} escape without its pair?); fix or drop it"
+        raise CorpusError(f"{where}: {what}: {reason}") from None
+
+
 def refuse_oversized(text: str, class_name: str, label: str | None, where: str) -> None:
     """A CorpusError naming `where` (file:line) for an utterance whose record would be larger than a
     learner takes by default and Kafka's default limit allows (producers.wire.MAX_RECORD_BYTES)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from producers.wire import MAX_NAME_BYTES
 
-from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized
+from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized, refuse_unencodable
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
 
@@ -204,6 +204,7 @@ def _example(record: Mapping[str, object], where: str, fields: _Fields) -> tuple
     if text is None or not text.strip():
         raise CorpusError(f"{where}: empty text in field {fields.text!r}")
     _refuse_nul_in(text, where, fields.text)
+    refuse_unencodable(text, where, fields.text)
     class_name = _as_name(record[fields.class_], where, fields.class_)
     if class_name is None:
         raise CorpusError(f"{where}: empty class in field {fields.class_!r}")
@@ -230,6 +231,7 @@ def _as_name(value: object, where: str, field: str) -> str | None:
         )
     name = str(value)  # a record's header: what a learner dead-letters (producers.wire, bad_headers) is refused here
     _refuse_nul_in(name, where, field)
+    refuse_unencodable(name, where, field)
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise CorpusError(f"{where}: field {field!r} holds {len(name.encode('utf-8'))} bytes; a class or label "
                           f"name holds at most {MAX_NAME_BYTES}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .calm_dir import CorpusError, class_files, decode_class_file, refuse_oversized
+from .calm_dir import CorpusError, class_files, decode_class_file, refuse_oversized, refuse_unencodable
 
 __all__ = [
     "UTTERANCE_SUFFIX",
@@ -108,5 +108,7 @@ def _parse_line(file: Path, number: int, line: str) -> Utterance:
             raise CorpusError(
                 f'{file}:{number}: field "{field}" {problem}; each line needs "text" and "label"'
             )
+    for field in ("text", "label"):
+        refuse_unencodable(record[field], f"{file}:{number}", field)
     refuse_oversized(record["text"], file.stem, record["label"], f"{file}:{number}")
     return Utterance(text=record["text"], label=record["label"])
