@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -17,13 +18,13 @@ from producers.schedule import Schedule, build_stream
 from producers.utterance_stream import build_utterance_stream
 from producers.wire import Record
 
-__all__ = ["prepare_stream", "produce_stream", "looped"]
+__all__ = ["prepare_stream", "produce_stream", "looped", "probe_file_names"]
 
 
 def prepare_stream(corpus_dir: Path, schedule: Schedule, manifest_path: Path | None = None,
                    *, probe_examples: int = 50, utterances: bool | None = None):
     """Return (records, manifest); with a path, write the manifest (ground truth) and the
-    probe split (`<manifest stem>.probe/<class>.txt`, never streamed) beside it.
+    probe split (`<manifest stem>.probe/<class>.txt`, never streamed; probe_file_names) beside it.
 
     Labelled utterances (a built utterance corpus, JSONL, CSV/TSV, HF datasets) stream one
     utterance per record with its label header, unless `utterances=False` turns them into
@@ -77,15 +78,37 @@ def write_manifest(manifest: dict, manifest_path: Path) -> None:
     if probes:
         probe_dir.mkdir(exist_ok=True)
         manifest["probe"]["dir"] = str(probe_dir)
+    files = probe_file_names(manifest["classes"])
     for name, probe in probes.items():
         text = probe.pop("text")
-        (probe_dir / f"{name}.txt").write_text(text, encoding="utf-8")
-        probe["file"] = f"{name}.txt"
+        (probe_dir / files[name]).write_text(text, encoding="utf-8")
+        probe["file"] = files[name]
         probe["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     # atomically: a learner started beside the producer reads the whole manifest or none
     partial = manifest_path.with_name(f".{manifest_path.name}.{os.getpid()}.tmp")
     partial.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     os.replace(partial, manifest_path)
+
+
+_SAFE_STEM = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_INDEX_STEM = re.compile(r"class-[0-9]+")
+
+
+def probe_file_names(classes: list[str]) -> dict[str, str]:
+    """Class -> its probe file's name: `<class>.txt` where the class name is a safe file name, else
+    `class-<index>.txt` (its index in `classes`). A class name is the user's data (a JSONL field): used
+    as is, "../../evil" wrote outside the probe folder, and "a/b" or a 253-byte name was a traceback. Safe:
+    [A-Za-z0-9_.-]{1,100}, no leading ".", not itself of the form class-<digits>, and no other class's
+    name but for case (one file on a case-insensitive file system). The manifest maps each class to its
+    file (probe.classes[class].file), which is what a learner reads."""
+    files, taken = {}, set()
+    for index, name in enumerate(classes):
+        safe = (_SAFE_STEM.fullmatch(name) is not None and not name.startswith(".")
+                and _INDEX_STEM.fullmatch(name) is None and name.lower() not in taken)
+        stem = name if safe else f"class-{index:03d}"
+        taken.add(stem.lower())
+        files[name] = f"{stem}.txt"
+    return files
 
 
 def _corpus_level(path: Path) -> str:

@@ -16,7 +16,7 @@ from producers.stream import prepare_stream
 from streamer.config import LearnConfig
 from streamer.learner import run as run_learner
 from streamer.models import LSTMConfig, LSTMLanguageModel
-from streamer.probe import ProbeSet
+from streamer.probe import ProbeSet, load_probe_set
 from tests.helpers import TINY
 
 TEXTS = {"en": "hello world, how are you today? " * 40, "cs": "ahoj světe, jak se dnes máš? " * 40}
@@ -88,3 +88,30 @@ def test_the_probe_grid_never_asks_for_more_tokens_than_there_are(size):
         grid = probe._grids["en"]
         assert grid.shape[0] == rows and (grid.shape[1] - 1) % window == 0
         assert grid.numel() <= size and grid.shape[1] - 1 >= window
+
+
+def test_a_class_name_that_is_no_safe_file_name_gets_a_probe_file_by_index(tmp_path):
+    """Class names are the user's data: "../../evil" wrote its probe split outside the probe folder, "a/b" and a
+    253-byte name were tracebacks. Each is now named by its index (a name like class-000 too, so none collides),
+    stays inside the folder, and the learner's loader finds each class's text through the manifest."""
+    classes = ["../../evil", "a/b", "x" * 253, "class-000", "ok.v2"]
+    corpus = tmp_path / "data.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"utterance {i} of {name} " * 3, "class": name}) + "\n"
+                              for name in classes for i in range(8)), encoding="utf-8")
+    out = tmp_path / "out" / "deep"
+    schedule = Schedule(n_fragments=5, mean_tokens=3, streams=1, window=10, seed=0)
+    _, manifest = prepare_stream(corpus, schedule, out / "s.manifest.json", probe_examples=2)
+    probe_dir = out / "s.manifest.probe"
+    written = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_file())
+    assert written == ["data.jsonl", "out/deep/s.manifest.json",
+                       *(f"out/deep/s.manifest.probe/{name}" for name in
+                         ("class-000.txt", "class-001.txt", "class-002.txt", "class-004.txt", "ok.v2.txt"))]
+    files = {name: entry["file"] for name, entry in manifest["probe"]["classes"].items()}
+    assert files == {"../../evil": "class-000.txt", "a/b": "class-001.txt", "class-000": "class-002.txt",
+                     "ok.v2": "ok.v2.txt", "x" * 253: "class-004.txt"}  # (indices in the sorted classes)
+    assert manifest["classes"] == sorted(classes)
+    for name, file in files.items():
+        held_out = (probe_dir / file).read_text(encoding="utf-8").split("\n")
+        assert len(held_out) == 2 and all(line.endswith(f" of {name} ") for line in held_out)
+    probe = load_probe_set(json.loads((out / "s.manifest.json").read_text()), rows=1, window=5)
+    assert sorted(probe.classes) == sorted(classes)
