@@ -429,3 +429,30 @@ def test_a_lone_surrogate_is_refused_naming_where(tmp_path):
     (built / "b.jsonl").write_text(json.dumps({"text": "é \udfff", "label": "l"}) + "\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=rf"^{built / 'b.jsonl'}:1: a lone surrogate \(U\+DFFF\) in field 'text'"):
         load_utterance_dir(built)
+
+
+def test_csv_and_tsv_take_utterances_up_to_the_record_limit(tmp_path):
+    """The csv module refuses fields over 131,072 characters by default: a CSV/TSV utterance of 200,000 was
+    'field larger than field limit' while JSONL took it. Now both take up to the record limit, a field over it
+    is refused as too large for a record, naming the line, and the csv module's own limit is left as it was."""
+    import csv
+
+    from producers.wire import MAX_RECORD_BYTES, largest_record_bytes
+
+    fits = "x" * (MAX_RECORD_BYTES - largest_record_bytes("", "music", None))
+    before = csv.field_size_limit()
+    for suffix, sep in ((".csv", ","), (".tsv", "\t")):
+        path = tmp_path / f"big{suffix}"
+        rows = f"text{sep}class\nhi{sep}alarm\n{'y' * 200_000}{sep}alarm\n{fits}{sep}music\n"
+        path.write_text(rows, encoding="utf-8")
+        data = load_user_data(path)
+        assert [len(e.text) for e in data.examples["alarm"]] == [2, 200_000]
+        assert data.examples["music"][0].text == fits
+        over = tmp_path / f"over{suffix}"
+        over.write_text(f"text{sep}class\nhi{sep}alarm\n{fits}x{sep}music\n{'z' * (MAX_RECORD_BYTES + 1)}{sep}music\n",
+                        encoding="utf-8")
+        assert error_for(over).startswith(f"{over}:3: an utterance of {len(fits) + 1:,} bytes")
+        over.write_text(f"text{sep}class\nhi{sep}alarm\n{'z' * (MAX_RECORD_BYTES + 1)}{sep}music\n", encoding="utf-8")
+        message = error_for(over)
+        assert message.startswith(f"{over}:3: a field of over {MAX_RECORD_BYTES:,} characters") and "shorten" in message
+        assert csv.field_size_limit() == before

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.wire import MAX_NAME_BYTES
+from producers.wire import MAX_NAME_BYTES, MAX_RECORD_BYTES
 
 from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized, refuse_unencodable
 
@@ -268,6 +268,19 @@ def _load_jsonl(path: Path, fields: _Fields) -> dict[str, list[UserExample]]:
 def _load_delimited(
     path: Path, fields: _Fields, delimiter: str, columns: list[str] | None
 ) -> dict[str, list[UserExample]]:
+    """The rows of a CSV/TSV file, its fields allowed up to MAX_RECORD_BYTES characters while it is read (the csv
+    module's default of 131,072 refused utterances JSONL takes): the process-wide limit is restored afterwards, so
+    other csv readers keep theirs. A longer field could not fit a record anyway: it is refused as too large."""
+    previous = csv.field_size_limit(MAX_RECORD_BYTES)
+    try:
+        return _read_delimited(path, fields, delimiter, columns)
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _read_delimited(
+    path: Path, fields: _Fields, delimiter: str, columns: list[str] | None
+) -> dict[str, list[UserExample]]:
     reader = csv.reader(io.StringIO(_read_utf8(path), newline=""), delimiter=delimiter)
     try:
         header = list(columns) if columns is not None else next(reader)
@@ -288,6 +301,10 @@ def _load_delimited(
         except StopIteration:
             break
         except csv.Error as error:
+            if str(error).startswith("field larger than field limit"):
+                raise CorpusError(f"{path}:{next_line}: a field of over {MAX_RECORD_BYTES:,} characters: its record "
+                                  f"would be over the {MAX_RECORD_BYTES:,} bytes a learner takes (and Kafka's default "
+                                  "limit); split or shorten it") from None
             kind = "TSV" if delimiter == "\t" else "CSV"
             raise CorpusError(f"{path}:{next_line}: bad {kind} row: {error}") from None
         where, next_line = f"{path}:{next_line}", reader.line_num + 1
