@@ -456,3 +456,25 @@ def test_csv_and_tsv_take_utterances_up_to_the_record_limit(tmp_path):
         message = error_for(over)
         assert message.startswith(f"{over}:3: a field of over {MAX_RECORD_BYTES:,} characters") and "shorten" in message
         assert csv.field_size_limit() == before
+
+
+def test_a_calm_class_file_drops_a_leading_byte_order_mark(tmp_path):
+    """JSONL and <class>/*.txt drop a leading UTF-8 BOM; a CALM class file kept it and streamed "\\ufeff" as text
+    (and a built utterance directory's class file failed to parse as JSON on its first line). Offsets of a bad
+    byte still count the file's bytes."""
+    from producers.corpora.utterances import load_utterance_dir
+
+    (tmp_path / "en.txt").write_bytes(b"\xef\xbb\xbfhello\n")
+    (tmp_path / "fr.txt").write_text("bonjour\n", encoding="utf-8")
+    assert load_user_data(tmp_path).texts == {"en": "hello\n", "fr": "bonjour\n"}
+    (tmp_path / "fr.txt").write_bytes(b"\xef\xbb\xbfbon\xffjour")
+    assert f"class file {tmp_path / 'fr.txt'} is not valid UTF-8: byte 0xff at byte offset 6" in error_for(tmp_path)
+    (tmp_path / "fr.txt").write_bytes(b"\xef\xbb\xbf\n")
+    assert "is empty" in error_for(tmp_path)
+    built = tmp_path / "built"
+    built.mkdir()
+    for name in ("a", "b"):
+        line = json.dumps({"text": f"hello {name}", "label": "l"}) + "\n"
+        (built / f"{name}.jsonl").write_bytes(b"\xef\xbb\xbf" + line.encode("utf-8"))
+    assert {name: [u.text for u in us] for name, us in load_utterance_dir(built).items()} == {
+        "a": ["hello a"], "b": ["hello b"]}

@@ -13,6 +13,7 @@ from producers.wire import MAX_RECORD_BYTES, largest_record_bytes
 __all__ = ["CorpusError", "load_corpus_dir", "CLASS_SUFFIX"]
 
 CLASS_SUFFIX = ".txt"
+UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors write first: not text, dropped when read
 
 
 class CorpusError(ValueError):
@@ -43,13 +44,16 @@ def class_files(path: Path, suffix: str, kind: str) -> list[Path]:
 
 
 def decode_class_file(file: Path, data: bytes) -> str:
-    """The UTF-8 text of a class file, or a CorpusError naming the bad byte and its offset."""
+    """The UTF-8 text of a class file, a leading byte-order mark dropped as JSONL and `<class>/*.txt` drop it
+    (before, a CALM class file streamed it as text), or a CorpusError naming the bad byte and its offset."""
+    start = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
     try:
-        text = data.decode("utf-8")
+        text = data[start:].decode("utf-8")
     except UnicodeDecodeError as error:
+        offset = start + error.start
         raise CorpusError(
-            f"class file {file} is not valid UTF-8: byte 0x{data[error.start]:02x} "
-            f"at byte offset {error.start} ({error.reason})"
+            f"class file {file} is not valid UTF-8: byte 0x{data[offset]:02x} "
+            f"at byte offset {offset} ({error.reason})"
         ) from None
     refuse_nul(file, data)
     return text

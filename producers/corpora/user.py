@@ -19,14 +19,14 @@ from pathlib import Path
 
 from producers.wire import MAX_NAME_BYTES, MAX_RECORD_BYTES
 
-from .calm_dir import CLASS_SUFFIX, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized, refuse_unencodable
+from .calm_dir import (CLASS_SUFFIX, UTF8_BOM, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized,
+                       refuse_unencodable)
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
 
 FORMATS = ("auto", "calm", "class_dirs", "jsonl", "csv", "tsv", "hf")
 _SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 _DELIMITERS = {"csv": ",", "tsv": "\t"}
-_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def _load_class_dirs(path: Path) -> dict[str, str]:
 def _read_utf8(file: Path) -> str:
     """The file's text (a leading BOM dropped); bad bytes name the line and byte offset."""
     data = file.read_bytes()
-    start = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
+    start = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
     try:
         text = data[start:].decode("utf-8")
     except UnicodeDecodeError as error:
