@@ -88,6 +88,17 @@ def test_lstm_word_reads_a_vocabulary_file_and_appends_unk(tmp_path):
     assert built.encode("three one four") == [2, 0, 3]
 
 
+def test_lstm_word_names_a_vocabulary_file_that_is_not_utf8(tmp_path):
+    """A Latin-2 vocabulary file was "'utf-8' codec can't decode byte 0xc5 ...", naming no file: now one line
+    naming the file, its line and the byte."""
+    path = tmp_path / "words.txt"
+    path.write_bytes("one\ntwo\nkůň\n".encode("iso-8859-2"))
+    with pytest.raises(ValueError) as info:
+        build_model(ModelRequest("lstm-word", lstm=TINY, options=(("vocab", str(path)),)))
+    assert str(info.value) == (f"lstm-word: the vocabulary file {path}:3 is not valid UTF-8: byte 0xf9 at byte offset "
+                               "9 (invalid start byte)")
+
+
 @pytest.mark.parametrize("request_kw, message", [
     ({}, r"lstm-word needs a vocabulary: pass --manifest .* or --model-opt vocab=PATH"),
     ({"manifest": {"classes": ["a"]}}, "names no corpus"),

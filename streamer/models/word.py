@@ -81,11 +81,18 @@ def vocabulary_rule(texts, per_class: int = PER_CLASS) -> list[str]:
 
 
 def load_vocabulary(path: Path) -> Vocabulary:
-    """One word per line; blank lines are skipped."""
+    """One word per line; blank lines are skipped. A file that is not UTF-8 is one line naming it, its line and
+    the byte (before, the codec's message named neither the file nor where)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"lstm-word: cannot read the vocabulary file {path}: {exc.strerror or exc}") from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"lstm-word: the vocabulary file {path}:{line} is not valid UTF-8: "
+                         f"byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})") from None
     words = tuple(line.strip() for line in lines if line.strip())
     if not words:
         raise ValueError(f"lstm-word: the vocabulary file {path} is empty")
