@@ -478,3 +478,28 @@ def test_a_calm_class_file_drops_a_leading_byte_order_mark(tmp_path):
         (built / f"{name}.jsonl").write_bytes(b"\xef\xbb\xbf" + line.encode("utf-8"))
     assert {name: [u.text for u in us] for name, us in load_utterance_dir(built).items()} == {
         "a": ["hello a"], "b": ["hello b"]}
+
+
+def test_a_class_named_by_a_file_name_that_is_not_utf8_is_refused(tmp_path):
+    """A class file or directory named with bytes that are not UTF-8 gave a class name holding lone surrogates,
+    and produce died on it with a UnicodeEncodeError traceback: refused at load, the name shown as bytes."""
+    import os
+
+    from producers.corpora.utterances import load_utterance_dir
+
+    bad = os.fsdecode(b"caf\xe9")
+    for layout in ("calm", "dirs", "built"):
+        root = tmp_path / layout
+        root.mkdir()
+        for name in ("en", bad):
+            if layout == "dirs":
+                (root / name).mkdir()
+                (root / name / "a.txt").write_text("hello\n", encoding="utf-8")
+            elif layout == "calm":
+                (root / f"{name}.txt").write_text("hello\n", encoding="utf-8")
+            else:
+                (root / f"{name}.jsonl").write_text('{"text": "hello", "label": "l"}\n', encoding="utf-8")
+        with pytest.raises(CorpusError) as caught:
+            load_utterance_dir(root) if layout == "built" else load_user_data(root)
+        named = b"caf\xe9" if layout == "dirs" else b"caf\xe9" + (b".jsonl" if layout == "built" else b".txt")
+        assert str(caught.value) == f"{root}: the name {named!r} is not UTF-8, and a class is named by it: rename it"

@@ -6,6 +6,7 @@ user points the producer at for their own data.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from producers.wire import MAX_RECORD_BYTES, largest_record_bytes
@@ -40,7 +41,20 @@ def class_files(path: Path, suffix: str, kind: str) -> list[Path]:
         raise CorpusError(
             f"{kind} directory {path} needs at least 2 class files named <class>{suffix} (found {len(files)}: {found})"
         )
+    for file in files:
+        refuse_undecodable_name(file)
     return files
+
+
+def refuse_undecodable_name(file: Path) -> None:
+    """A CorpusError for a class file or directory whose name is not UTF-8: the class is named by it, and the
+    name's undecodable bytes (held as lone surrogates) made produce a UnicodeEncodeError traceback at the record's
+    class header. The name is shown as bytes, which any terminal prints."""
+    try:
+        file.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{file.parent}: the name {os.fsencode(file.name)!r} is not UTF-8, and a class is named "
+                          "by it: rename it") from None
 
 
 def decode_class_file(file: Path, data: bytes) -> str:

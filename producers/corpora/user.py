@@ -20,7 +20,7 @@ from pathlib import Path
 from producers.wire import MAX_NAME_BYTES, MAX_RECORD_BYTES
 
 from .calm_dir import (CLASS_SUFFIX, UTF8_BOM, CorpusError, load_corpus_dir, refuse_nul, refuse_oversized,
-                       refuse_unencodable)
+                       refuse_undecodable_name, refuse_unencodable)
 
 __all__ = ["FORMATS", "UserData", "UserExample", "load_user_data"]
 
@@ -149,6 +149,7 @@ def _class_dirs(path: Path) -> list[Path]:
 def _load_class_dirs(path: Path) -> dict[str, str]:
     texts = {}
     for class_dir in _class_dirs(path):
+        refuse_undecodable_name(class_dir)
         files = sorted(file for file in class_dir.iterdir() if _is_class_file(file))
         if not files:
             raise CorpusError(f"class directory {class_dir} holds no *{CLASS_SUFFIX} files")
