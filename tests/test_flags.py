@@ -287,3 +287,16 @@ def test_a_bad_value_in_a_config_files_table_is_named_by_the_file_not_by_set(tmp
     config.write_text('[strategy.replay]\nr_interval = "ten"\n')
     assert_one_line_error(run_main(["learn", "--strategy", "replay", "--config", str(config)], capsys),
                           f"{config}: [strategy.replay] r_interval=ten: expected an integer")
+
+
+def test_device_cuda_without_one_is_refused_before_any_work(tmp_path, capsys):
+    """compare built and produced its stream, then failed at its first run; the files it had left in --out
+    refused the same command with --device cpu."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: --device cuda is taken")
+    for command in (["compare", "--out", str(tmp_path / "cmp")], ["learn", "--run-dir", str(tmp_path / "run")]):
+        assert_one_line_error(run_main([*command, "--device", "cuda"], capsys),
+                              "--device cuda: torch sees no CUDA device here")
+    assert not any(tmp_path.iterdir())

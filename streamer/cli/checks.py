@@ -234,6 +234,16 @@ def _check_strategy_options(args) -> None:
     args.strategy_options = route_trainer_keys(args, args.strategy_options)
 
 
+def check_cuda() -> None:
+    """--device cuda where torch sees no CUDA device: one line before any work."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UserError(f"--device cuda: torch sees no CUDA device here (torch {torch.__version__}, {build}); "
+                        "give --device cpu, or auto (cuda where there is one)")
+
+
 def check_args(args) -> None:
     """Every check that applies to the parsed flags of `args.command`; UserError on the first problem."""
     check_bootstrap(getattr(args, "bootstrap_servers", None))
@@ -250,6 +260,8 @@ def check_args(args) -> None:
         check_model_name(args.model_options)
     if getattr(args, "strategy_options", None) is not None:
         _check_strategy_options(args)
+    if getattr(args, "device", None) == "cuda":  # (compare built and produced its stream first, then failed, and
+        check_cuda()                            # its --out held files that refused the same command on cpu)
     if getattr(args, "pin_cpus", False) and args.nproc == 1 and torchrun_environment() is None:
         raise UserError("--pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
                         "this is one process: leave it out, or use taskset")
