@@ -80,7 +80,9 @@ class Ranks:
     def partitions(self, streams: int):
         """partitions(count) -> this rank's partitions of a topic with `count` partitions, the producer
         sending stream i to partition i % count; ValueError (one line) when a partition would hold
-        streams of two ranks (the topic needs one partition per stream, or a multiple of N)."""
+        streams of two ranks (the topic needs one partition per stream, or a multiple of N). A partition
+        no stream maps to (more partitions than streams) is read by rank p % N, whose loop dead-letters
+        its records as one process does (extra_stream): no rank read them, and they went unsaid."""
         per_rank = self.streams_per_rank(streams)
 
         def choose(count: int) -> list[int]:
@@ -90,7 +92,8 @@ class Ranks:
                     raise ValueError(f"the topic has {count} partitions: streams of two ranks share partition "
                                      f"{stream % count}; produce it with --partitions {streams} (one per stream)")
             first = self.rank * per_rank
-            return sorted({stream % count for stream in range(first, first + per_rank)})
+            unowned = {partition for partition in range(streams, count) if partition % self.world == self.rank}
+            return sorted({stream % count for stream in range(first, first + per_rank)} | unowned)
 
         return choose
 

@@ -660,7 +660,7 @@ class PrequentialLoop:
                     continue
                 if self._skips and not self._admitted(fetched, sought):
                     continue
-                rejected = None if fetched.record is None else _rejected(batcher, fetched.record)
+                rejected = None if fetched.record is None else _rejected(batcher, fetched, self.ranks)
                 if fetched.record is None or rejected:  # the offset advances; the record never reaches the model
                     reason, detail = rejected or (fetched.dead_reason, "")
                     # sent before it counts as taken: a stop that cancels the send reads it again (at least once)
@@ -867,10 +867,20 @@ async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say
                 task.exception()
 
 
-def _rejected(batcher, record) -> tuple[str, str] | None:
-    """(reason, detail) when a record cannot reach the model; classifiers also reject unlabelled records."""
+def _rejected(batcher, fetched, ranks=None) -> tuple[str, str] | None:
+    """(reason, detail) when a record cannot reach the model; classifiers also reject unlabelled records.
+    Under ranks a stream id of another rank's, on a partition this rank reads, says so (it said "more than 2
+    stream ids" of a --streams 4 run whose producer hashed its keys to partitions, as Kafka's default does)."""
+    record = fetched.record
     if not batcher.accepts(record.stream):
-        return "extra_stream", f"more than {getattr(batcher, 'streams', '?')} stream ids"
+        streams = getattr(batcher, "streams", "?")
+        if ranks is None:
+            return "extra_stream", f"more than {streams} stream ids"
+        first = getattr(batcher, "first_stream", 0)
+        return "extra_stream", (
+            f"stream id {record.stream!r} came on partition {fetched.tp[1]}, which rank {ranks.rank} reads for its "
+            f"streams {first} to {first + streams - 1} of {streams * ranks.world}: under ranks stream i must be on "
+            "partition i % partitions (streamer produce sends it there; Kafka's default partitioner hashes the key)")
     rejects = getattr(batcher, "rejects", None)
     return rejects(record) if rejects else None
 

@@ -673,13 +673,26 @@ def test_a_rank_owns_its_streams_and_their_partitions():
     ranks = [Ranks(rank, 2, None) for rank in range(2)]
     assert [r.first_stream(10) for r in ranks] == [0, 5]
     assert [r.partitions(10)(10) for r in ranks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
-    assert [r.partitions(10)(20) for r in ranks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    # partitions no stream maps to: read (their records dead-lettered, as one process does), not left to no rank
+    assert [r.partitions(10)(14) for r in ranks] == [[0, 1, 2, 3, 4, 10, 12], [5, 6, 7, 8, 9, 11, 13]]
+    assert [r.partitions(2)(4) for r in ranks] == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="produce it with --partitions 10"):
         ranks[0].partitions(10)(2)  # streams 0 and 5 of two ranks would share partition 0
     batcher = Batcher(5, 2, first_stream=5)
     assert [batcher.accepts(str(stream)) for stream in (4, 5, 9, 10)] == [False, True, True, False]
     batcher.add(Record(stream="7", text="abc"))
     assert batcher._rows == {"7": 2}  # noqa: SLF001 - stream 7 is this rank's row 2
+    from types import SimpleNamespace
+
+    from streamer.loop import _rejected
+
+    stray = SimpleNamespace(record=Record(stream="2", text="x"), tp=("t", 6))  # a hashed key's partition
+    reason, detail = _rejected(batcher, stray, ranks[1])
+    assert reason == "extra_stream" and detail.startswith(
+        "stream id '2' came on partition 6, which rank 1 reads for its streams 5 to 9 of 10: under ranks stream i "
+        "must be on partition i % partitions")
+    one_process = SimpleNamespace(record=Record(stream="7", text="x"), tp=("t", 0))
+    assert _rejected(Batcher(5, 2), one_process) == ("extra_stream", "more than 5 stream ids")
 
 
 @pytest.mark.slow  # one process and two ranks of a word-level model: about 50 s
