@@ -173,6 +173,25 @@ def test_sigterm_before_learning_began_says_so_and_exits_143(broker, tmp_path):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
+def test_sigterm_during_an_import_ends_the_process_there_and_then(tmp_path):
+    """torch's C++ initialisation calls back into Python: the SystemExit of a SIGTERM taken there crossed C++
+    frames ('terminate called after throwing an instance of pybind11::error_already_set', ~90 lines of stack,
+    1 of 28 tries). During an import the handler ends the process at once (no exception is raised: an atexit
+    hook of the process does not run), with its one line and 143; outside one it raises SystemExit as before."""
+    (tmp_path / "importing.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
+                                           "time.sleep(5)\n")
+    script = ("import atexit, os, signal, sys\nfrom streamer.cli.runs import sigterm_before_learning\n"
+              "sigterm_before_learning()\natexit.register(lambda: print('exited through Python'))\n"
+              "if sys.argv[1] == 'import':\n    import importing\n"
+              "else:\n    os.kill(os.getpid(), signal.SIGTERM)\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(tmp_path)])}
+    for where, through_python in (("import", False), ("code", True)):
+        done = subprocess.run([sys.executable, "-c", script, where], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 143 and "SIGTERM before learning began" in done.stderr, done.stderr
+        assert ("exited through Python" in done.stdout) is through_python and "Traceback" not in done.stderr
+
+
 def test_after_a_signal_stop_ctrl_c_still_aborts_and_sigterm_is_ignored_while_the_report_is_written():
     """asyncio puts Python's own SIGINT handler back when the run's handlers are removed: a second Ctrl-C
     during the report then raised KeyboardInterrupt inside matplotlib's import (a traceback, status 1,

@@ -3,6 +3,7 @@ under its live view, and the report written even when a run is interrupted."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -34,12 +35,26 @@ def sigterm_before_learning() -> None:
     """Until the learner takes SIGTERM over (it stops after the step in flight, checkpoints and leaves
     the group), a SIGTERM ends `streamer learn` with one line and status 143: nothing has been learned
     in this process yet, so there is nothing to save. Without it the signal's default action ended the
-    process without a word in its first seconds (imports, the manifest, the model, the checkpoint)."""
+    process without a word in its first seconds (imports, the manifest, the model, the checkpoint).
+
+    During an import the process ends at once (os._exit): torch's C++ initialisation calls back into Python,
+    and a SystemExit raised there crossed C++ frames: "terminate called after throwing an instance of
+    'pybind11::error_already_set'" and about 90 lines of stack (1 of 28 SIGTERMs 3 s after a start). An
+    import comes before the run directory is touched, or is a model's, before anything is set aside."""
     def handler(signum, frame):
         print("streamer learn: SIGTERM before learning began: stopped, nothing learned and nothing to save",
               file=sys.stderr, flush=True)
+        if _importing():
+            sys.stdout.flush()
+            os._exit(128 + signum)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
+
+
+def _importing() -> bool:
+    """Whether a module is being imported (its spec says so while its code runs: CPython's import lock)."""
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for module in list(sys.modules.values()))
 
 
 def corpus_dir(name_or_dir: str, cache: Path | None) -> Path:
