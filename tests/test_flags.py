@@ -245,9 +245,9 @@ def test_the_launchers_line_tells_failed_ranks_from_those_its_agent_then_stopped
                                             "torchrun's agent then stopped rank(s) 0")
     assert failed_ranks({0: 2, 1: 2}) == "rank(s) 0, 1 failed (exit status 2); their own lines are above"
     assert failed_ranks({2: 1, 0: 143, 1: -9, 3: -15}) == (  # 143: a rank that caught the SIGTERM and checkpointed
-        "rank(s) 1, 2 failed (exit status -9 (SIGKILL), 1); their own lines are above; "
+        "rank(s) 1 (exit status -9 (SIGKILL)), 2 (exit status 1) failed; their own lines are above; "
         "torchrun's agent then stopped rank(s) 0, 3")
-    assert failed_ranks({0: -15, 1: 143}) == "rank(s) 0, 1 ended by SIGTERM; their own lines are above"
+    assert failed_ranks({0: -15, 1: 143}) is None  # a SIGTERM to one rank: all stopped (143, not a failure's 2)
 
 
 def test_what_a_config_chose_is_said_by_say_and_not_by_silent(tmp_path, capsys):

@@ -195,7 +195,7 @@ def run(args) -> int:
                                     f"checkpoint in {run_dir}") from None
                 except SourceError as exc:
                     if exc.every_rank and not leader:  # rank 0 says the same line
-                        raise SystemExit(2) from None
+                        _leave_the_line_to_rank_0()
                     raise
                 except RuntimeError as exc:
                     if ranks is None or not _a_peer_is_gone(exc):
@@ -292,10 +292,19 @@ def _refuse(error: UserError, leader: bool, beside_rank_0: bool, wait_s: float =
     at all), where each rank had said it."""
     if leader or not beside_rank_0 or not started_by_torchrun_agent():
         raise error
+    _leave_the_line_to_rank_0(wait_s)
+
+
+def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
+    """A rank other than 0 whose run ends on rank 0's one line (a refusal, a source every rank lost): it
+    waits, up to `wait_s`, for the SIGTERM torchrun's agent sends once rank 0 has ended, and ends by it;
+    else with 2. Ending first with 2, it was the rank the launcher named as failed (2 of 5 tries of a
+    1-rank checkpoint resumed with --nproc 2), though it had said nothing."""
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
-    time.sleep(wait_s)
+    if started_by_torchrun_agent():
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
+        time.sleep(wait_s)
     raise SystemExit(2)
 
 
@@ -342,7 +351,14 @@ def _launch(args) -> int:
             torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
                       "-m", "streamer", *command])
     except ChildFailedError as exc:
-        raise UserError(failed_ranks({rank: failure.exitcode for rank, failure in exc.failures.items()})) from None
+        statuses = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+        line = failed_ranks(statuses)
+        if line is not None:
+            raise UserError(line) from None
+        sigval = signal.SIGTERM  # sent to a rank by someone else: every rank stopped, checkpointed (a stop, not an
+        print(f"streamer learn: SIGTERM to rank(s) {', '.join(map(str, sorted(statuses)))}: the ranks stopped "
+              "(see their lines above)", file=sys.stderr, flush=True)  # error: 2 was a failure to systemd)
+        return 128 + sigval
     except Exception as exc:
         # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
         # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
@@ -417,18 +433,25 @@ def _remove_unless_held(folder: Path) -> None:
         pass
 
 
-def failed_ranks(statuses: dict[int, int]) -> str:
+def failed_ranks(statuses: dict[int, int]) -> str | None:
     """The launcher's one line for ranks that ended badly (`statuses`: global rank -> exit status):
-    those that failed, and those torchrun's agent then stopped with SIGTERM (status -15, or 143 where
-    the rank caught it); the failed ranks' own lines come before it."""
+    those that failed, each with its status where they differ, and those torchrun's agent then stopped
+    with SIGTERM (status -15, or 143 where the rank caught it); the failed ranks' own lines come before
+    it. None when every rank ended by SIGTERM: sent to one by someone else, they all stopped."""
     stopped = sorted(rank for rank, status in statuses.items() if status in (-signal.SIGTERM, 128 + signal.SIGTERM))
     failed = sorted(set(statuses) - set(stopped))
-    if not failed:  # only SIGTERMs: sent to the ranks by someone else
-        return f"rank(s) {', '.join(map(str, stopped))} ended by SIGTERM; their own lines are above"
-    codes = sorted({statuses[rank] for rank in failed})
+    if not failed:
+        return None
     names = {member.value: f" ({member.name})" for member in signal.Signals}
-    shown = ", ".join(f"{code}{names.get(-code, '')}" for code in codes)  # a negative status: the signal
-    line = f"rank(s) {', '.join(map(str, failed))} failed (exit status {shown}); their own lines are above"
+
+    def shown(code: int) -> str:
+        return f"{code}{names.get(-code, '')}"  # a negative status: the signal
+    if len({statuses[rank] for rank in failed}) == 1:
+        line = (f"rank(s) {', '.join(map(str, failed))} failed (exit status {shown(statuses[failed[0]])}); "
+                "their own lines are above")
+    else:  # ("rank(s) 0, 1 failed (exit status -9 (SIGKILL), 2)" said not which was which)
+        each = ", ".join(f"{rank} (exit status {shown(statuses[rank])})" for rank in failed)
+        line = f"rank(s) {each} failed; their own lines are above"
     return line + (f"; torchrun's agent then stopped rank(s) {', '.join(map(str, stopped))}" if stopped else "")
 
 
@@ -496,7 +519,7 @@ def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: 
     if failure is not None:
         raise failure
     if "error" in shared:
-        raise SystemExit(2)
+        _leave_the_line_to_rank_0()
     return shared["state"], shared["stream"]
 
 
