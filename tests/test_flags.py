@@ -300,3 +300,13 @@ def test_device_cuda_without_one_is_refused_before_any_work(tmp_path, capsys):
         assert_one_line_error(run_main([*command, "--device", "cuda"], capsys),
                               "--device cuda: torch sees no CUDA device here")
     assert not any(tmp_path.iterdir())
+
+
+def test_the_ranks_command_line_is_the_launchers_less_its_nproc_however_it_was_written():
+    """`--npro 2`, an abbreviation argparse takes, went on to torchrun, which refused it with 20 lines."""
+    from streamer.cli.learn import _without_nproc
+
+    for given in (["--nproc", "2"], ["--nproc=2"], ["--npro", "2"], ["--np=2"]):
+        assert _without_nproc(["learn", "--topic", "t", *given, "--threads", "1"]) == [
+            "learn", "--topic", "t", "--threads", "1"], given
+    assert _without_nproc(["learn", "--no-view", "--n", "x"]) == ["learn", "--no-view", "--n", "x"]

@@ -463,14 +463,17 @@ def _said_by_the_launcher(record: logging.LogRecord) -> bool:
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
-    """The command line less its --nproc N (or --nproc=N): what each rank runs."""
+    """The command line less its --nproc N (or --nproc=N, or an abbreviation argparse took, --npro 2: passed
+    on, torchrun refused it with its own 20-line usage): what each rank runs."""
+    def nproc(flag: str) -> bool:
+        return len(flag) > len("--n") and "--nproc".startswith(flag)
     kept, skip = [], False
     for word in argv:
         if skip:
             skip = False
-        elif word == "--nproc":
+        elif nproc(word):
             skip = True
-        elif not word.startswith("--nproc="):
+        elif not nproc(word.partition("=")[0]) or "=" not in word:
             kept.append(word)
     return kept
 
