@@ -87,7 +87,9 @@ def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | N
 
 def write_run_config(config: LearnConfig, device: torch.device, params: int, built, resumed: bool = False) -> None:
     """config.json: the run's config, device, parameter count, model details and whether the strategy is an
-    oracle; `started` is this learner's start, `run_started` the run's (a resumed run keeps its first)."""
+    oracle; `started` is this learner's start, `run_started` the run's (a resumed run keeps its first);
+    `ranks`, the processes learning it (a strategy's state kept per rank gives other numbers for another
+    N), and under ranks `probe` false: they score no probe split."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     run_started = started
@@ -99,7 +101,10 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
                 model_kind=built.kind, model_details=built.details, started=started, run_started=run_started,
                 oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)),  # told the class
-                torch_threads=torch.get_num_threads())  # this process's (a rank's own): float sums can follow it
+                torch_threads=torch.get_num_threads(),  # this process's (a rank's own): float sums can follow it
+                ranks=distributed.ranks_count())
+    if data["ranks"] > 1:
+        data["probe"] = False
     (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
 
 

@@ -167,6 +167,7 @@ def test_two_torchrun_ranks_give_the_losses_of_one_process_naive(broker, two_ran
     assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) == sorted(
         ["checkpoint.pt", "config.json", "losses.jsonl", "manifest.json", "results.json", "loss_curve.png",
          "status.json"])
+    assert json.loads((run_dir / "config.json").read_text())["ranks"] == 2  # (agem, ewc, replay differ per N)
 
 
 def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
