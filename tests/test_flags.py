@@ -310,3 +310,19 @@ def test_the_ranks_command_line_is_the_launchers_less_its_nproc_however_it_was_w
         assert _without_nproc(["learn", "--topic", "t", *given, "--threads", "1"]) == [
             "learn", "--topic", "t", "--threads", "1"], given
     assert _without_nproc(["learn", "--no-view", "--n", "x"]) == ["learn", "--no-view", "--n", "x"]
+
+
+def test_an_allocation_the_machine_refused_is_one_line_naming_its_size():
+    """A replay memory of --set memory_size=2000000000 was 70 lines of traceback mid-run (per rank)."""
+    import torch
+
+    from streamer.cli.errors import out_of_memory
+
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 320000000000 bytes. Error code 12 (Cannot allocate memory)")
+    assert out_of_memory(cpu).startswith("out of memory: torch asked for 320.0 GB at once; a smaller --set "
+                                         "memory_size")
+    gpu = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)")
+    assert out_of_memory(gpu).startswith("out of memory: torch asked for 2.00 GiB on the GPU;")
+    assert out_of_memory(MemoryError()).startswith("out of memory (Python could not allocate)")
+    assert out_of_memory(RuntimeError("shape mismatch")) is None and out_of_memory(ValueError("x")) is None

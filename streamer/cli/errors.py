@@ -4,8 +4,9 @@ that a signal caused."""
 from __future__ import annotations
 
 import errno
+import re
 
-__all__ = ["UserError", "caused_by", "storage_error"]
+__all__ = ["UserError", "caused_by", "out_of_memory", "storage_error"]
 
 # what a disk or its permissions refuse, or a path given through a file (`--out run/config.json/sub`): the
 # user's to fix (space, a writable place, another path), never the code's
@@ -38,3 +39,20 @@ def storage_error(exc: BaseException) -> str | None:
         return None
     where = f"{exc.filename}: " if exc.filename else ""
     return f"{where}{exc.strerror or exc} (errno {errno.errorcode.get(exc.errno, exc.errno)})"
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line for an allocation the machine refused (torch's CPU allocator, a GPU's memory, Python's own),
+    naming what was asked; None for any other error. A replay memory of `--set memory_size=2000000000` was
+    70 lines of traceback, mid-run, per rank."""
+    if isinstance(exc, MemoryError):
+        return "out of memory (Python could not allocate); a smaller model, memory or --streams needs less"
+    text = str(exc)
+    if type(exc).__name__ != "OutOfMemoryError" and "can't allocate memory" not in text:
+        return None
+    cpu = re.search(r"tried to allocate (\d+) bytes", text)  # torch's CPU allocator; a GPU's says "2.00 GiB"
+    gpu = re.search(r"[Tt]ried to allocate ([0-9.]+ [KMGT]iB)", text)
+    what = (f"torch asked for {int(cpu.group(1)) / 1e9:,.1f} GB at once" if cpu else
+            f"torch asked for {gpu.group(1)} on the GPU" if gpu else text.splitlines()[0][:160])
+    return (f"out of memory: {what}; a smaller --set memory_size (replay, agem, mbpa, kd-*), --hidden, --streams "
+            "or model needs less (with --fresh: a run goes on with its own settings)")

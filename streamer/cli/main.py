@@ -11,7 +11,7 @@ import sys
 
 from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, produce, report, status
 from streamer.cli.checks import check_args
-from streamer.cli.errors import UserError, caused_by, storage_error
+from streamer.cli.errors import UserError, caused_by, out_of_memory, storage_error
 from streamer.cli.flags import Parser
 from streamer.cli.rank_process import label_rank_lines, stop_with_the_agent
 from streamer.cli.runs import sigterm_before_learning
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamer {args.command}: error: {line}", file=sys.stderr)
         return 2
     except Exception as exc:
+        if (line := out_of_memory(exc)) is not None:
+            print(f"streamer {args.command}: error: {line}", file=sys.stderr)
+            return 2
         if caused_by(exc, KeyboardInterrupt) is None:
             raise
         print("streamer: interrupted", file=sys.stderr)  # a Ctrl-C that landed inside an import's C code
