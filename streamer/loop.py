@@ -79,9 +79,10 @@ class PrequentialLoop:
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
                  lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
-                 keep_windows: int = 1024, reread_records: int = 16):
+                 keep_windows: int = 1024, reread_records: int = 16, slow_agreement_s: float = 5.0):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
+        self.slow_agreement_s = slow_agreement_s  # an agreement this long waited for a rank: said, not compute
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
         self.checkpoint_agreed = False  # the last agreement asks for a checkpoint after its step
         self.broker_timeout_s, self.probe_every_s, self.lost_after_s = broker_timeout_s, probe_every_s, lost_after_s
@@ -474,13 +475,14 @@ class PrequentialLoop:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
             votes = json.dumps(self._queue[0].votes).encode() if has_batch else b""
-            agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
-                                          self.checkpoint_wanted(), self._records_read(),
-                                          has_batch or self._more(), self.total_records,
-                                          time.monotonic() - self._reported_at >= self.lag_every_s,
-                                          self._idle(), votes, not (lockstep and has_batch))
+            asked = time.monotonic()
+            agreed = await self._slow_said(self.in_worker(
+                self.ranks.agree, has_batch, self.stop_reason, self.checkpoint_wanted(), self._records_read(),
+                has_batch or self._more(), self.total_records, time.monotonic() - self._reported_at >= self.lag_every_s,
+                self._idle(), votes, not (lockstep and has_batch)))
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
-            lockstep = lockstep and has_batch and not others_wait and not agreed.waited
+            lockstep = (lockstep and has_batch and not others_wait and not agreed.waited
+                        and time.monotonic() - asked < self.slow_agreement_s)
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
@@ -502,6 +504,23 @@ class PrequentialLoop:
                 if agreed.votes is not None:  # rank 0: the global batch's truth (_global_truth)
                     self._queue[0] = dataclasses.replace(self._queue[0], truth=_global_truth(agreed.votes))
                 return self._queue[0]
+
+    async def _slow_said(self, agreeing):
+        """`agreeing` (an agreement in the worker thread), said in one line when it lasts `slow_agreement_s` and
+        again when it ends: a rank stopped (SIGSTOP), hung or far slower held every other rank in the
+        all-gather without a word, its console 'consuming', and the wait was then counted as compute (a
+        rank frozen 30 s: '64.7s computing (3,726 tokens/s)' where the run computed 30.6 s); the caller
+        counts so long an agreement as no step's."""
+        agreeing = asyncio.ensure_future(agreeing)
+        started = time.monotonic()
+        done, _ = await asyncio.wait({agreeing}, timeout=self.slow_agreement_s)
+        if done:
+            return agreeing.result()
+        self._log(f"the other ranks have not come to the step's agreement for {self.slow_agreement_s:g} s (a rank "
+                  "stopped, stuck or far slower); waiting for them")  # (a rank's lines say its rank: rank_process)
+        agreed = await agreeing
+        self._log(f"the ranks agree again after {time.monotonic() - started:.0f} s")
+        return agreed
 
     async def _report(self) -> None:
         """This rank's records, lag, dead letters and records read again to rank 0 (a gather in the worker
