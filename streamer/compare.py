@@ -281,7 +281,8 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
         except KeyboardInterrupt:  # still the report of what was learned
             if (run_dir / "losses.jsonl").exists() and (run_dir / "losses.jsonl").stat().st_size:
                 write_report(run_dir, k=run.k, from_fragment=config.span)
-                print(f"streamer: interrupted; report of the batches learned so far in {run_dir}", file=sys.stderr)
+                print(f"streamer: stopped before its end; report of the batches learned so far in {run_dir}",
+                      file=sys.stderr)  # (interrupted, or, under compare --jobs, another job failed)
             raise
         if _is_oracle(item.name):
             _count_oracle_models(run_dir)
