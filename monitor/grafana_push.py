@@ -138,8 +138,11 @@ class SwitchTail:
             except FileNotFoundError:  # rotated or cut meanwhile: the next poll finds it
                 break
             end = chunk.rfind(b"\n")
-            if end < 0:
-                break
+            if end < 0:  # nothing whole yet: a line being written ends the live file; a rotated file read to its
+                if file == files[-1]:  # end goes on to the next (it stopped there, and the follow with it)
+                    break
+                offset = 0
+                continue
             lines = chunk[: end + 1].splitlines()
             for raw in lines:
                 annotations.extend(self._read(raw))
@@ -197,13 +200,16 @@ def _run_started(run_dir: Path):
 
 def _learner_stopped(run_dir: Path) -> bool:
     """Whether the run's learner has stopped: no live learner holds the directory, and its status.json
-    says stopped (a learner killed with -9 left another activity there: a follow waits for its restart)."""
+    says stopped (a learner killed with -9 left another activity there: a follow waits for its restart),
+    or, for a run without one, its results.json is written."""
     from monitor.console import STATUS_FILE, read_status
 
     if learner_process(run_dir)["running"]:
         return False
     status = read_status(run_dir / STATUS_FILE)
-    return status is not None and status.activity == "stopped"
+    if status is None:  # a run that writes none (compare's multitask) is over once its report is written
+        return (run_dir / "results.json").exists()
+    return status.activity == "stopped"
 
 
 @dataclass

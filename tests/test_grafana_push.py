@@ -151,15 +151,15 @@ def test_push_uploads_the_dashboard_and_annotates_each_switch_once(grafana, tmp_
     assert [a["tags"][-1] for a in new] == ["class:cs"]
 
 
-def _learner_stopped(run_dir):
-    """The status.json a learner writes as it stops."""
+def _learner_stopped(run_dir, activity="stopped"):
+    """The status.json a learner writes as it stops (or, with another `activity`, while it runs)."""
     from monitor.console import ConsoleSnapshot, write_status
 
     write_status(run_dir / "status.json", ConsoleSnapshot(
         run="run", strategy="naive", batches=12, total_batches=None, last_loss=None, rolling_ppl=None,
         recent_losses=(), recent_switches=(), current_class=None, overall={}, per_class={}, from_fragment=0,
         switches=2, detected_switches=1, tokens_per_s=0.0, lag=0, queue_depth=0, dead_letters={}, elapsed_s=1.0,
-        activity="stopped"))
+        activity=activity))
 
 
 def test_follow_tails_the_log_until_the_learner_stops(grafana, tmp_path):
@@ -168,7 +168,8 @@ def test_follow_tails_the_log_until_the_learner_stops(grafana, tmp_path):
     run_dir = tmp_path / "run"
     lines = _lines()
     _write_log(run_dir, lines[:6])
-    (run_dir / "results.json").write_text("{}")  # an earlier stop's
+    (run_dir / "results.json").write_text("{}")  # an earlier stop's, and the resumed learner's status
+    _learner_stopped(run_dir, activity="consuming")
     with open(run_dir / "losses.jsonl", "a", encoding="utf-8") as file:
         file.write(json.dumps(lines[6])[:10])  # half a line: not read until it is whole
     seen = []
@@ -238,6 +239,18 @@ def test_the_rotated_files_of_a_log_are_read_and_a_rotation_between_polls_loses_
     _write_log(run_dir, lines[13:])
     assert _switches(tail) == ["switch en -> cs (fragment 3, batch 12)"]
     assert tail.lines == 16 and tail.through == 15
+    # rotated right after a poll read the live file to its end (the writer rotates before a line): read on
+    run_dir = tmp_path / "again"
+    _write_log(run_dir, lines[:9])
+    tail = grafana_push.SwitchTail(run_dir / "losses.jsonl")
+    assert len(_switches(tail)) == 2
+    (run_dir / "losses.jsonl").rename(run_dir / "losses.1.jsonl")
+    _write_log(run_dir, lines[9:])
+    assert _switches(tail) == ["switch en -> cs (fragment 3, batch 12)"] and tail.through == 15
+    # a run that writes no status.json (compare's multitask) is over once its results.json is there
+    assert not grafana_push._learner_stopped(run_dir)
+    (run_dir / "results.json").write_text("{}")
+    assert grafana_push._learner_stopped(run_dir)
 
 
 def test_basic_auth_from_a_credentials_file(grafana, tmp_path, monkeypatch):
