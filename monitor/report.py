@@ -164,19 +164,22 @@ def build_report(path: str | os.PathLike, *, k: int | None = None, from_fragment
     return _report(Path(path), read_config(path), k=k, from_fragment=from_fragment)
 
 
-def _run_k_and_span(config: Mapping, k: int | None, from_fragment: str | int | None) -> tuple[int, str | int]:
+def _run_k_and_span(config: Mapping, k: int | None, from_fragment: str | int | None) -> tuple[int, str | int, bool]:
     """The given k and span, else the run's own (config.json: what its learner scored and wrote in
-    results.json; a report over another span wrote other numbers over those), else 10 and "half"."""
+    results.json; a report over another span wrote other numbers over those), else 10 and "half"; and
+    whether the span is the run's own (never refused: a run stopped before it has an empty span)."""
     k = k if k is not None else config.get("k", DEFAULT_K)
-    return k, from_fragment if from_fragment is not None else config.get("from_fragment", DEFAULT_SPAN)
+    if from_fragment is None and isinstance(config.get("from_fragment"), int):
+        return k, config["from_fragment"], True
+    return k, from_fragment if from_fragment is not None else DEFAULT_SPAN, False
 
 
 def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int | None,
             curve: LossCurve | None = None, gates: GateCurve | None = None) -> dict:
     log = _log_of(path)
-    k, from_fragment = _run_k_and_span(config, k, from_fragment)
+    k, from_fragment, own = _run_k_and_span(config, k, from_fragment)
     survey = _Survey.of(log)
-    start = _resolve(from_fragment, lambda: survey.max_sequence, config)
+    start = from_fragment if own else _resolve(from_fragment, lambda: survey.max_sequence, config)
     expected = _expected_fragments(survey.max_sequence, config)
     span = CalmAccumulator(k, start)
     whole = CalmAccumulator(k, 0) if start else span
@@ -198,6 +201,10 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
             gates.update(record)
     seen = len(survey.sequences)
     metrics = span.result()
+    if own and start > survey.max_sequence:
+        metrics["notes"].append(f"the run's span starts at fragment {start} (its config.json), past the fragments "
+                                f"it logged (0 to {survey.max_sequence}): nothing to score there; --from-fragment "
+                                "chooses another")
     if torn_tail(log):
         metrics["notes"].append("the log's last line was cut short (a crash while it was written): left out, "
                                 "as a resume of the run drops it")
@@ -218,6 +225,7 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
         "oracle": bool(config.get("oracle")),  # the strategy was told the class (independent)
         "span": {
             "from_fragment": start,
+            "the_runs": own,  # the span the run was learned with (config.json), not one given
             "n_fragments_expected": expected,
             "n_fragments_seen": seen,
             "complete": seen >= expected or independent,  # (independent: not told by the fragments logged)

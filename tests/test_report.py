@@ -100,7 +100,7 @@ def test_build_report_uses_half_of_configured_fragments(tmp_path):
     assert report["config"]["strategy"] == "naive"
     # N = 4 -> span fragments >= 2: A [5,3,2,1], B [5,4,3], A [2,4] (revisit: prev mean 2.75,
     # first two (2+4)/2 = 3, 2 < 2.75 -> rec 0), B [7,1] last
-    assert report["span"] == {"from_fragment": 2, "n_fragments_expected": 4,
+    assert report["span"] == {"from_fragment": 2, "the_runs": False, "n_fragments_expected": 4,
                               "n_fragments_seen": 6, "complete": True}
     assert report["metrics"]["loss"] == pytest.approx(37 / 11)
     assert report["metrics"]["ppl@sw"] == pytest.approx(math.exp(3))
@@ -384,3 +384,27 @@ def test_a_torn_probe_log_a_damaged_config_and_an_out_through_a_file_are_each_on
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{run / 'config.json'} is not JSON" in err, err
+
+
+def test_the_runs_own_span_past_what_it_logged_is_empty_not_refused_and_several_runs_share_one_k_and_span(
+        tmp_path, capsys):
+    """A run learned --from-fragment 8 and stopped at fragment 5: `report RUN` refused it with a flag the user
+    never gave ('--from-fragment 8 is past the stream's last fragment'). And `report A B` of runs learned with
+    different k averaged their ppl@sw in one Table 1 row without a word."""
+    from streamer.cli import main
+
+    early = make_run(tmp_path / "early", {"from_fragment": 8, "k": 2})
+    report = build_report(early)
+    assert report["span"]["from_fragment"] == 8 and report["metrics"]["loss"] is None
+    assert any("starts at fragment 8 (its config.json), past the fragments it logged (0 to 5)" in note
+               for note in report["metrics"]["notes"])
+    assert main(["report", str(early)]) == 0
+    assert "fragments >= 8 of 6 (the run's span, from its config.json)" in capsys.readouterr().out
+    a = make_run(tmp_path / "a", {"from_fragment": 0, "k": 2, "strategy": "naive"})
+    b = make_run(tmp_path / "b", {"from_fragment": 3, "k": 10, "strategy": "naive"})
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "ab")]) == 0
+    err = capsys.readouterr().err
+    assert "the runs were learned with different k; all scored with -k 10" in err
+    assert "the runs were learned over different spans; all scored from fragment 'half'" in err
+    both = json.loads((tmp_path / "ab" / "run" / "results.json").read_text())
+    assert both["span"]["from_fragment"] == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from monitor.calm import format_table
@@ -58,7 +59,7 @@ def span_title(span: dict, spec=None) -> str:
     """Which fragments a table scored, in words: 'fragments >= 20 of 40 (the paper's span: N/2)'."""
     start, expected = span["from_fragment"], span["n_fragments_expected"]
     why = ("the whole stream" if start == 0 else "the paper's span: N/2" if start == expected // 2
-           else "--from-fragment")
+           else "the run's span, from its config.json" if span.get("the_runs") else "--from-fragment")
     return f"fragments >= {start} of {expected} ({why}" + (f"; --from-fragment {spec})" if spec is not None else ")")
 
 
@@ -166,16 +167,34 @@ def _run_names(paths: list[Path]) -> list[str]:
     return [unique_name((path if path.is_dir() else path.parent).resolve().name, used) for path in paths]
 
 
+def _shared_k_and_span(args) -> tuple[int | None, str | int | None]:
+    """k and span for several runs: the flags', else the runs' own (None) where they all agree, else CALM's 10
+    and the paper's 'half', said in one line (a Table 1 row averaged ppl@sw over runs of other k's, unsaid)."""
+    from monitor.report import DEFAULT_K, DEFAULT_SPAN, read_config
+
+    configs = [read_config(path) for path in args.paths]
+    k, span = args.k, args.from_fragment
+    if k is None and len({config.get("k") for config in configs}) > 1:
+        k = DEFAULT_K
+        print(f"the runs were learned with different k; all scored with -k {k} (give -k to choose)", file=sys.stderr)
+    if span is None and len({config.get("from_fragment") for config in configs}) > 1:
+        span = DEFAULT_SPAN
+        print(f"the runs were learned over different spans; all scored from fragment '{span}' (give "
+              "--from-fragment to choose)", file=sys.stderr)
+    return k, span
+
+
 def _several(args) -> int:
     """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
     from monitor.compare import load_runs, write_comparison
     from monitor.report import json_safe, write_report
 
     out = args.out or _common_parent(args.paths) / "report"
+    k, from_fragment = _shared_k_and_span(args)
     try:
         for path, name in zip(args.paths, _run_names(args.paths)):
-            write_report(path, out / name, k=args.k, from_fragment=args.from_fragment)
-        comparison = write_comparison(load_runs(args.paths, k=args.k, from_fragment=args.from_fragment), out)
+            write_report(path, out / name, k=k, from_fragment=from_fragment)
+        comparison = write_comparison(load_runs(args.paths, k=k, from_fragment=from_fragment), out)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if args.json:
