@@ -475,14 +475,13 @@ class PrequentialLoop:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
             votes = json.dumps(self._queue[0].votes).encode() if has_batch else b""
-            asked = time.monotonic()
-            agreed = await self._slow_said(self.in_worker(
-                self.ranks.agree, has_batch, self.stop_reason, self.checkpoint_wanted(), self._records_read(),
+            agreed, waited_s = await self._slow_said(
+                has_batch, self.stop_reason, self.checkpoint_wanted(), self._records_read(),
                 has_batch or self._more(), self.total_records, time.monotonic() - self._reported_at >= self.lag_every_s,
-                self._idle(), votes, not (lockstep and has_batch)))
+                self._idle(), votes, not (lockstep and has_batch))
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             lockstep = (lockstep and has_batch and not others_wait and not agreed.waited
-                        and time.monotonic() - asked < self.slow_agreement_s)
+                        and waited_s < self.slow_agreement_s)
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
@@ -505,22 +504,34 @@ class PrequentialLoop:
                     self._queue[0] = dataclasses.replace(self._queue[0], truth=_global_truth(agreed.votes))
                 return self._queue[0]
 
-    async def _slow_said(self, agreeing):
-        """`agreeing` (an agreement in the worker thread), said in one line when it lasts `slow_agreement_s` and
-        again when it ends: a rank stopped (SIGSTOP), hung or far slower held every other rank in the
-        all-gather without a word, its console 'consuming', and the wait was then counted as compute (a
-        rank frozen 30 s: '64.7s computing (3,726 tokens/s)' where the run computed 30.6 s); the caller
-        counts so long an agreement as no step's."""
-        agreeing = asyncio.ensure_future(agreeing)
-        started = time.monotonic()
-        done, _ = await asyncio.wait({agreeing}, timeout=self.slow_agreement_s)
-        if done:
-            return agreeing.result()
-        self._log(f"the other ranks have not come to the step's agreement for {self.slow_agreement_s:g} s (a rank "
-                  "stopped, stuck or far slower); waiting for them")  # (a rank's lines say its rank: rank_process)
-        agreed = await agreeing
-        self._log(f"the ranks agree again after {time.monotonic() - started:.0f} s")
-        return agreed
+    async def _slow_said(self, *args):
+        """(Ranks.agree(*args) in the worker thread, the seconds it took there): said in one line when it
+        lasts `slow_agreement_s` and again when it ends. A rank stopped (SIGSTOP), hung or far slower held
+        every other rank in the all-gather without a word, its console 'consuming', and the wait was then
+        counted as compute (a rank frozen 30 s: '64.7s computing (3,726 tokens/s)' where the run computed
+        30.6 s); the caller counts so long an agreement as no step's. Timed from when the worker begins it:
+        a checkpoint written there before it (rank 0's gather and write) is no other rank's delay."""
+        began: list[float] = []
+
+        def agree():
+            began.append(time.monotonic())
+            return self.ranks.agree(*args)
+        agreeing = asyncio.ensure_future(self.in_worker(agree))
+        said = False
+        try:
+            while not agreeing.done():
+                await asyncio.wait({agreeing}, timeout=0.5)
+                if not said and began and time.monotonic() - began[0] >= self.slow_agreement_s:
+                    said = True  # (a rank's lines say its rank: rank_process)
+                    self._log(f"the other ranks have not come to the step's agreement for {self.slow_agreement_s:g} "
+                              "s (a rank stopped, stuck or far slower); waiting for them")
+        except asyncio.CancelledError:  # the agreement runs on in the worker: its outcome is taken, not left
+            agreeing.add_done_callback(lambda task: task.cancelled() or task.exception())
+            raise
+        waited_s = time.monotonic() - began[0] if began else 0.0
+        if said:
+            self._log(f"the ranks agree again after {waited_s:.0f} s")
+        return agreeing.result(), waited_s
 
     async def _report(self) -> None:
         """This rank's records, lag, dead letters and records read again to rank 0 (a gather in the worker
