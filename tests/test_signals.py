@@ -180,12 +180,15 @@ def test_sigterm_during_an_import_ends_the_process_there_and_then(tmp_path):
     hook of the process does not run), with its one line and 143; outside one it raises SystemExit as before."""
     (tmp_path / "importing.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
                                            "time.sleep(5)\n")
-    script = ("import atexit, os, signal, sys\nfrom streamer.cli.runs import sigterm_before_learning\n"
+    script = ("import atexit, os, signal, sys\n"
+              "from streamer.cli.runs import sigterm_before_learning, unwind_on_sigterm\n"
               "sigterm_before_learning()\natexit.register(lambda: print('exited through Python'))\n"
-              "if sys.argv[1] == 'import':\n    import importing\n"
+              "if sys.argv[1] == 'set aside':\n    unwind_on_sigterm('an old run')\n"
+              "if sys.argv[1] != 'code':\n    import importing\n"
               "else:\n    os.kill(os.getpid(), signal.SIGTERM)\n")
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(tmp_path)])}
-    for where, through_python in (("import", False), ("code", True)):
+    # (once --fresh has set the old run aside, only the unwinding puts it back: it unwinds, import or not)
+    for where, through_python in (("import", False), ("code", True), ("set aside", True)):
         done = subprocess.run([sys.executable, "-c", script, where], env=env, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 143 and "SIGTERM before learning began" in done.stderr, done.stderr

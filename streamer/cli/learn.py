@@ -26,7 +26,7 @@ from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flag
                                 positive_float, positive_int)
 from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
-from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt
+from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt, unwind_on_sigterm
 from streamer.config import LearnConfig, default_group
 from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, started_by_torchrun_agent,
                                torchrun_environment, torchrun_local_world)
@@ -549,6 +549,7 @@ def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
     def before_run() -> None:
         if fresh and (aside := set_aside(run_dir)):
             moved.append(aside)
+            unwind_on_sigterm("--fresh's old run, moved aside")
             print(f"--fresh: the old run moved to {aside}", flush=True)
         if manifest is not None:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ from streamer.config import LearnConfig, RunSummary
 from streamer.settings import cache_root
 from streamer.spin import in_passing
 
-__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "corpus_dir", "ensure_corpus", "default_run_dir",
-           "default_manifest_path", "prepare_and_say", "stream_notes", "learn_under_view",
+__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "unwind_on_sigterm", "corpus_dir", "ensure_corpus",
+           "default_run_dir", "default_manifest_path", "prepare_and_say", "stream_notes", "learn_under_view",
            "run_with_report_on_interrupt"]
 
 
@@ -39,16 +39,25 @@ def sigterm_before_learning() -> None:
 
     During an import the process ends at once (os._exit): torch's C++ initialisation calls back into Python,
     and a SystemExit raised there crossed C++ frames: "terminate called after throwing an instance of
-    'pybind11::error_already_set'" and about 90 lines of stack (1 of 28 SIGTERMs 3 s after a start). An
-    import comes before the run directory is touched, or is a model's, before anything is set aside."""
+    'pybind11::error_already_set'" and about 90 lines of stack (1 of 28 SIGTERMs 3 s after a start). Not
+    once something is set aside that only the unwinding puts back (unwind_on_sigterm: --fresh's old run)."""
     def handler(signum, frame):
         print("streamer learn: SIGTERM before learning began: stopped, nothing learned and nothing to save",
               file=sys.stderr, flush=True)
-        if _importing():
+        if _importing() and not _UNWIND:
             sys.stdout.flush()
             os._exit(128 + signum)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
+
+
+_UNWIND: list[str] = []  # what a SIGTERM before learning must unwind for (sigterm_before_learning)
+
+
+def unwind_on_sigterm(why: str) -> None:
+    """From here on a SIGTERM before learning raises SystemExit even during an import: `why` (--fresh's old
+    run, moved aside) is put back only by the unwinding."""
+    _UNWIND.append(why)
 
 
 def _importing() -> bool:
