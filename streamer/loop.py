@@ -59,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, NamedTuple
 
 from monitor.results import BatchTruth, StepResult
+from producers.wire import stream_id
 from streamer.batching import ReadyBatch, vote
 from streamer.spin import outlast
 from streamer.step import prequential_step
@@ -906,10 +907,14 @@ def _rejected(batcher, fetched, ranks=None) -> tuple[str, str] | None:
         streams = getattr(batcher, "streams", "?")
         if ranks is None:
             return "extra_stream", f"more than {streams} stream ids"
+        every = streams * ranks.world
+        known = stream_id(record.stream)
+        if known is None or known >= every:  # an id past --streams, not another rank's: as one process says it
+            return "extra_stream", f"more than {every} stream ids"
         first = getattr(batcher, "first_stream", 0)
         return "extra_stream", (
             f"stream id {record.stream!r} came on partition {fetched.tp[1]}, which rank {ranks.rank} reads for its "
-            f"streams {first} to {first + streams - 1} of {streams * ranks.world}: under ranks stream i must be on "
+            f"streams {first} to {first + streams - 1} of {every}: under ranks stream i must be on "
             "partition i % partitions (streamer produce sends it there; Kafka's default partitioner hashes the key)")
     rejects = getattr(batcher, "rejects", None)
     return rejects(record) if rejects else None
