@@ -91,7 +91,7 @@ def write_manifest(manifest: dict, manifest_path: Path) -> None:
 
 
 _SAFE_STEM = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-_INDEX_STEM = re.compile(r"class-[0-9]+")
+_INDEX_STEM = re.compile(r"class-[0-9]+", re.IGNORECASE)  # (CLASS-001.txt is class-001.txt where case is not told)
 
 
 def probe_file_names(classes: list[str]) -> dict[str, str]:

@@ -115,3 +115,11 @@ def test_a_class_name_that_is_no_safe_file_name_gets_a_probe_file_by_index(tmp_p
         assert len(held_out) == 2 and all(line.endswith(f" of {name} ") for line in held_out)
     probe = load_probe_set(json.loads((out / "s.manifest.json").read_text()), rows=1, window=5)
     assert sorted(probe.classes) == sorted(classes)
+
+
+def test_an_index_like_class_name_in_capitals_is_named_by_its_index_too():
+    """CLASS-001 kept its name: on a file system that does not tell case, CLASS-001.txt is class-001.txt, which
+    another class's index may name."""
+    from producers.stream import probe_file_names
+
+    assert probe_file_names(["CLASS-001", "a/b"]) == {"CLASS-001": "class-000.txt", "a/b": "class-001.txt"}
