@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from monitor.files import replace_text
 from monitor.losslog import read_loss_log
 from producers.schedule import Schedule
 from streamer.config import LearnConfig, RunSummary, span_start
@@ -227,7 +228,7 @@ def _count_oracle_models(run_dir: Path) -> None:
     per_class = recorded["parameters"]
     recorded.update(parameters=per_class * max(1, classes), parameters_at_start=per_class,
                     parameters_per_class=per_class, classes_seen=classes)
-    path.write_text(json.dumps(recorded, indent=2))
+    replace_text(path, json.dumps(recorded, indent=2))
 
 
 def _metric(value) -> str:

@@ -105,7 +105,8 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
                 ranks=distributed.ranks_count())
     if data["ranks"] > 1:
         data["probe"] = False
-    (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
+    # whole or not at all (monitor.files): `streamer report` and `status` read it while a learner (re)starts
+    replace_text(config.run_dir / "config.json", json.dumps(data, indent=2, default=str))
 
 
 async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=None, producer=None,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from monitor.files import replace_text
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
 from streamer import checkpoint
@@ -106,7 +107,7 @@ def _write_config(config, device, strategy, built, n: int) -> None:
                 model_kind=built.kind, model_details=built.details, started=time.time(),
                 reference=True, oracle=False, learner=repr(strategy), torch_threads=torch.get_num_threads(),
                 order=f"i.i.d.: the stream's {n} batches in a permutation seeded by seed {config.seed}")
-    (config.run_dir / "config.json").write_text(json.dumps(data, indent=2, default=str))
+    replace_text(config.run_dir / "config.json", json.dumps(data, indent=2, default=str))  # (read by reports)
 
 
 def run_multitask(config, manifest: dict, records=None, *, detector: str = "page-hinkley", on_step=None):

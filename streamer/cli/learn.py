@@ -302,7 +302,9 @@ def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
     1-rank checkpoint resumed with --nproc 2), though it had said nothing."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if started_by_torchrun_agent():
+    environment = torchrun_environment()
+    beside_rank_0 = environment is not None and torchrun_local_world() == environment[1]  # one machine: its agent
+    if started_by_torchrun_agent() and beside_rank_0:  # stops this rank once rank 0 ends (another host's may not)
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
         time.sleep(wait_s)
     raise SystemExit(2)
