@@ -9,7 +9,9 @@ commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
-and a group with another running member is refused (SourceError: one learner per group), and so is a
+and so is its learner group (`<group>.learner`, learner_group), where each learner is one member whatever
+its processes (ranks take their partitions by assignment and are no members of the group: their rank 0
+stands for them there); another learner in either is refused (SourceError: one learner per group), and so is a
 new run (no checkpoint, not --fresh) in a group that has committed offsets on the topic: the model
 that learned up to them is elsewhere. Every partition is read from the learner's own offset, or from
 the earliest one: never from the group's committed offset. Afterwards
@@ -20,6 +22,7 @@ over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it nev
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,14 +30,17 @@ from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import CorruptRecordException, IllegalStateError, KafkaConnectionError, KafkaError
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedError, IllegalStateError,
+                             KafkaConnectionError, KafkaError)
 
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
 from producers.wire import MAX_RECORD_BYTES, Record, WireError, dead_letter_copy, decode, encode
 from streamer.settings import kafka_client_options
 
-__all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign"]
+__all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign", "learner_group"]
 
 
 class SourceError(RuntimeError):
@@ -48,6 +54,50 @@ class SourceError(RuntimeError):
 
 
 UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
+
+
+def learner_group(group_id: str) -> str:
+    """The group each learner reading in consumer group `group_id` joins as one member: a one-process learner
+    beside its consumer, a learner of ranks by its rank 0 alone (its ranks read by assignment, so the group
+    itself never sees them; they cannot join it, whose coordinator would share its partitions out among them).
+    Its members take no partitions, fetch and commit nothing (_NoPartitions)."""
+    return f"{group_id}.learner"
+
+
+class _NoPartitions(AbstractPartitionAssignor):
+    """The assignor of a learner group: every member gets no partition, so its consumer holds a membership
+    (heartbeats while the learner runs, a LeaveGroup at its stop, a session that expires after a kill -9)
+    and never fetches. A partition assigned, aiokafka would fetch it ahead of any getmany."""
+
+    name = "streamer-learner"
+    version = 0
+
+    @classmethod
+    def assign(cls, cluster, members) -> dict:
+        return {member: ConsumerProtocolMemberAssignment(cls.version, [], b"") for member in members}
+
+    @classmethod
+    def metadata(cls, topics) -> ConsumerProtocolMemberMetadata:
+        return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), b"")
+
+    @classmethod
+    def on_assignment(cls, assignment) -> None:
+        pass
+
+
+def _processes_of(member) -> int | None:
+    """The processes of the learner a learner group's member stands for, from the client id it joined with
+    (`streamer-learner-N`): Kafka says the client id, Tansu only puts it first in the member id. None: not
+    a streamer learner's member."""
+    member_id, client_id = member[0], member[1]
+    found = re.match(r"streamer-learner-(\d+)(?!\d)", client_id or member_id)
+    return None if found is None else int(found.group(1))
+
+
+def _learner(processes: int | None) -> str:
+    if processes is None:
+        return "a learner"
+    return "a learner of one process" if processes == 1 else f"a learner of {processes} ranks"
 
 
 def _stderr(line: str) -> None:
@@ -95,7 +145,7 @@ class KafkaSource:
                  max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None,
                  security=None, on_revoke=None, broker_timeout_s: float = 60.0, session_timeout_ms: int = 6000,
                  heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0, commit_timeout_s: float = 10.0,
-                 join_timeout_s: float = 60.0, partitions=None):
+                 join_timeout_s: float = 60.0, partitions=None, rank_0_of: int | None = None):
         """`max_record_bytes`: larger records are dead-lettered as too_large (None: no limit).
         `dead_letter_timeout_s`: the longest a dead-letter send may hold up fetching; then it counts as
         failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
@@ -110,7 +160,8 @@ class KafkaSource:
         `partitions`: read only these partitions, assigned (no group membership, no rebalance; offsets
         still committed under `group_id`): a list, or partitions(count) -> list given the topic's
         partition count (a rank of a distributed learner, streamer.distributed), whose ValueError is
-        SourceError."""
+        SourceError. `rank_0_of`: with `partitions`, this is rank 0 of a learner of that many ranks, and
+        joins learner_group(group_id) for all of them (the other ranks give None; one process always joins)."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.group_id = group_id
@@ -133,7 +184,9 @@ class KafkaSource:
         self.session_timeout_ms, self.heartbeat_interval_ms = session_timeout_ms, heartbeat_interval_ms
         self.join_timeout_s = join_timeout_s
         self.partitions = partitions
+        self._processes = 1 if partitions is None else rank_0_of  # the learner's, in its learner group
         self._consumer: AIOKafkaConsumer | None = None
+        self._member: AIOKafkaConsumer | None = None  # this learner's member of its learner group
         self._producer: AIOKafkaProducer | None = None
         self._listener: SeekOnAssign | None = None
         self._answering = True  # the broker answered the last reachable()
@@ -149,9 +202,9 @@ class KafkaSource:
 
     async def start(self) -> None:
         """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
-        SourceError naming the address), wait for the topic to exist (said in one line), join the group,
-        and refuse (SourceError) when another running member is in it, or when the group's committed
-        offsets belong to a model that is not this run's (_refuse_if_elsewhere)."""
+        SourceError naming the address), wait for the topic to exist (said in one line), join the group
+        and the learner group, and refuse (SourceError) when another learner is in either (_refuse_if_shared),
+        or when the group's committed offsets belong to a model that is not this run's (_refuse_if_elsewhere)."""
         quiet_abandoned_commits(asyncio.get_running_loop())
         admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
         try:
@@ -165,6 +218,8 @@ class KafkaSource:
                 # liveness, so the poll interval must not evict the learner from its group.
                 max_poll_interval_ms=24 * 3600 * 1000, **self._client_options,
             )
+            if self._processes is not None:
+                self._member = self._learner_member()
             if self.partitions is not None:
                 await self._assigned(admin)
             else:
@@ -186,6 +241,21 @@ class KafkaSource:
             raise
         finally:
             await closed_quietly(admin.close())
+
+    def _learner_member(self) -> AIOKafkaConsumer:
+        """This learner's member of its learner group: subscribed to the topic (a member must subscribe to
+        something), given no partitions (_NoPartitions), named by its client id (_processes_of)."""
+        member = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers, group_id=learner_group(self.group_id),
+            client_id=f"streamer-learner-{self._processes}", enable_auto_commit=False, request_timeout_ms=15_000,
+            session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
+            partition_assignment_strategy=(_NoPartitions,),
+            # It never polls: aiokafka leaves the group after this long without a getmany (a limit of the
+            # client's own, not sent to the broker), and a daemon learner runs for months.
+            max_poll_interval_ms=100 * 365 * 24 * 3600 * 1000, **self._client_options,
+        )
+        member.subscribe([self.topic])
+        return member
 
     async def _admin(self) -> AIOKafkaAdminClient:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=10_000,
@@ -259,35 +329,78 @@ class KafkaSource:
             except ValueError as exc:
                 raise SourceError(f"topic {self.topic}: {exc}", every_rank=True) from None
         await self._joined()
+        await self._refuse_if_shared(admin)
         await self._refuse_if_elsewhere(admin)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
         seek_to_own(self._consumer, assigned, self._seek_positions())
 
     async def _joined(self) -> None:
-        """Start the consumer: bootstrap and the group's JoinGroup (a member killed before us expires
-        first, about one session timeout)."""
+        """Start the consumer (bootstrap and, subscribed, the group's JoinGroup) and this learner's member of
+        its learner group, both at once: each join takes about 3 s on Tansu, and a member killed before us
+        expires first, about one session timeout."""
         limit = self.broker_timeout_s + self.join_timeout_s
+        starting = [asyncio.ensure_future(self._started(self._consumer.start()))]
+        if self._member is not None:
+            starting.append(asyncio.ensure_future(self._learner_joined()))
         try:
             async with asyncio.timeout(limit):
-                await self._started(self._consumer.start())
-        except (KafkaConnectionError, asyncio.TimeoutError):
+                await asyncio.gather(*starting)
+        except BaseException as exc:
+            for task in starting:  # the other start is not left running on its own
+                task.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
+            if not isinstance(exc, (KafkaConnectionError, asyncio.TimeoutError)):
+                raise
             raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
                               f"{limit:g} s") from None
 
+    async def _learner_joined(self) -> None:
+        """Start this learner's member of its learner group. A broker whose ACLs let this user into the
+        group but not into the learner group: said in one line, and no other learner is looked for there
+        (as where the broker cannot describe groups), rather than a learner that no longer starts."""
+        try:
+            await self._started(self._member.start())
+        except GroupAuthorizationFailedError:
+            member, self._member = self._member, None
+            await closed_quietly(member.stop())
+            self._log(f"group {learner_group(self.group_id)} on {self.bootstrap_servers}: not authorized, so no other "
+                      f"learner in group {self.group_id} is looked for there; allow this user that group as well")
+
     async def _refuse_if_shared(self, admin) -> None:
-        """SourceError when the group has another member now that we joined (members that died were
-        dropped by the join): two learners in one group would split its partitions."""
+        """SourceError when another learner reads in the group now that we joined (members that died were
+        dropped by our joins): two learners in one group would split its partitions, or (ranks, which the
+        group never sees) both read all of them and commit over each other. Only groups this learner has
+        just joined are described, since Tansu still lists a group's first member after it has left, until
+        the next join: the group itself (a one-process learner's) and the learner group (every learner's).
+        Under ranks only rank 0 decides; PrequentialLoop's start makes its refusal every rank's."""
+        if self.partitions is None:
+            members = await self._members(admin, self.group_id)
+            if len(members) > 1:
+                raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {len(members) - 1} other "
+                                  f"running member(s): another learner reads topic {self.topic} in it; stop that "
+                                  f"one, or give this one another --group")
+        if self._member is None:
+            return
+        group = learner_group(self.group_id)
+        learners = [_processes_of(member) for member in await self._members(admin, group)]
+        if len(learners) < 2:
+            return
+        if self._processes in learners:  # (ours: the others are told apart by what they stand for)
+            learners.remove(self._processes)
+        raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has another running learner: "
+                          f"{_learner(learners[0])} reads topic {self.topic} in it (group {group} lists it); "
+                          f"stop that one, or give this one another --group")
+
+    async def _members(self, admin, group: str) -> list:
+        """The members of `group` as the broker describes them; none when it cannot (no check). One group a
+        request: Tansu's answer for several is one aiokafka cannot read (it closes the connection)."""
         try:
             async with asyncio.timeout(self.probe_timeout_s * 5):
-                described = await admin.describe_consumer_groups([self.group_id])
-            members = len(described[0].groups[0][5])
+                described = await admin.describe_consumer_groups([group])
+            return list(described[0].groups[0][5])
         except Exception:  # noqa: BLE001 - a broker that cannot describe groups: no check
-            return
-        if members > 1:
-            raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {members - 1} other running "
-                              f"member(s): another learner reads topic {self.topic} in it; stop that one, or "
-                              f"give this one another --group")
+            return []
 
     async def _refuse_if_elsewhere(self, admin) -> None:
         """SourceError when this run is new (no checkpoint, and not --fresh: seek_on_assign's `new_run`) but
@@ -317,16 +430,23 @@ class KafkaSource:
                               every_rank=True)
 
     async def stop(self) -> None:
-        """Close the clients, leaving the group; a broker that is away does not hold it up (5 s each, 1 s
-        when the last reachable() had no answer)."""
+        """Close the clients, leaving the group and the learner group; a broker that is away does not hold
+        it up (5 s each, 1 s when the last reachable() had no answer; the learner's member beside them)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
+        member, self._member = self._member, None
         if self._asking is not None:
             self._asking.cancel()
             await asyncio.gather(self._asking, return_exceptions=True)
             self._asking = None
-        for client in (consumer, producer):
-            if client is not None:
-                await closed_quietly(client.stop(), 5.0 if self._answering else 1.0)
+        timeout_s = 5.0 if self._answering else 1.0
+        leaving = asyncio.ensure_future(closed_quietly(member.stop(), timeout_s)) if member is not None else None
+        try:
+            for client in (consumer, producer):
+                if client is not None:
+                    await closed_quietly(client.stop(), timeout_s)
+        finally:
+            if leaving is not None:
+                await leaving
 
     async def reachable(self) -> bool:
         """Whether the broker answers a metadata request within `probe_timeout_s`."""

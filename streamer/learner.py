@@ -159,7 +159,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
                          max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
                          broker_timeout_s=config.broker_timeout_s,
-                         partitions=None if ranks is None else ranks.partitions(config.streams))
+                         partitions=None if ranks is None else ranks.partitions(config.streams),
+                         rank_0_of=ranks.world if ranks is not None and ranks.leader else None)
     source.seek_on_assign(batcher.offsets.next_positions, new_run=resume is None and not from_beginning)
     loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,

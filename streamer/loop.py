@@ -15,14 +15,15 @@ kept, the queued batches are learned, nothing is committed), one that answers ag
 the consumer rejoins its group and reads on from the learner's own offsets); one lost for
 `broker_timeout_s` stops the loop with stop_reason "broker_lost" (the learner then checkpoints).
 
-Ranks of a distributed learner (`ranks`, streamer.distributed) step together: before each step every
-rank says, in one collective in the worker thread, whether it has its next batch, whether it stops
-(and why) and (rank 0) whether a checkpoint is due; all step when all have a batch, all stop when one
-stops, and all checkpoint after the step when rank 0 asks. A rank waiting for records says so every
-`agree_every_s`, so a stop reaches every rank within that time. Every `lag_every_s`, and at the stop,
-rank 0 also asks each rank for its records, lag, dead letters and records read again (a gather after
-the agreement), so
-that `across_ranks()` and `waiting_for_records_since` describe the whole learner there.
+Ranks of a distributed learner (`ranks`, streamer.distributed) start together: rank 0's failure to
+start (a refusal only it can make) ends every rank, and rank 0 alone says it. They step together:
+before each step every rank says, in one collective in the worker thread, whether it has its next
+batch, whether it stops (and why) and (rank 0) whether a checkpoint is due; all step when all have a
+batch, all stop when one stops, and all checkpoint after the step when rank 0 asks. A rank waiting
+for records says so every `agree_every_s`, so a stop reaches every rank within that time. Every
+`lag_every_s`, and at the stop, rank 0 also asks each rank for its records, lag, dead letters and
+records read again (a gather after the agreement), so that `across_ranks()` and
+`waiting_for_records_since` describe the whole learner there.
 
 A consumer that sets `snapshot_wanted` lets the next steps run ahead of it: while step k runs, batch
 k + 1 is queued behind it in the worker, so the worker goes from one step to the next without
@@ -245,7 +246,19 @@ class PrequentialLoop:
     async def __aenter__(self) -> PrequentialLoop:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
         self._event_loop = asyncio.get_running_loop()
-        if not await self._start_source():
+        try:
+            try:
+                started = await self._start_source()
+            except Exception as exc:
+                if self.ranks is not None:
+                    await self._after_every_ranks_start(exc)
+                raise
+            if self.ranks is not None:
+                await self._after_every_ranks_start(None)
+        except BaseException:  # no __aexit__ follows
+            self._worker.shutdown(wait=False)
+            raise
+        if not started:
             return self  # stopped while starting (a signal, --minutes or --idle-timeout while it waited)
         self._last_record = time.monotonic()  # (--minutes counts from the loop's start: _started)
         self._fetcher = asyncio.create_task(self._fetch())
@@ -267,6 +280,24 @@ class PrequentialLoop:
                 outlast(lambda: concurrent.futures.wait(in_flight))
             finally:  # an interrupt the wait held back still leaves the group
                 await self.source.stop()
+
+    async def _after_every_ranks_start(self, failure: Exception | None) -> None:
+        """Ranks: rank 0's failure to start is every rank's. A refusal only rank 0 can make (another learner
+        in the group: only rank 0 is a member of the learner group, KafkaSource._refuse_if_shared) left the
+        other ranks waiting for it in their first agreement; its end then failed them as 'another rank is
+        gone', a line of their own. One broadcast of rank 0's line, the loop's first collective, which every
+        rank reaches whether its start went well, failed or was given up: a rank that started ends on rank 0's
+        line as on a refusal every rank makes alike (SourceError, every_rank: rank 0 says it, it says nothing);
+        a rank's own failure is still its own."""
+        line = None
+        if failure is not None and self.ranks.rank == 0:
+            line = (str(failure) or type(failure).__name__).encode()
+        said = await self.in_worker(self.ranks.broadcast_bytes, line)
+        if said is not None and failure is None and self.ranks.rank != 0:
+            from streamer.consumer import SourceError  # (the Kafka side's error; the loop takes any source)
+
+            await self.source.stop()  # started: it leaves now, as no __aexit__ follows
+            raise SourceError(said.decode(errors="replace"), every_rank=True)
 
     async def _start_source(self) -> bool:
         """source.start(), given up when the loop is stopped meanwhile; False then. While the broker has

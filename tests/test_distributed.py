@@ -5,8 +5,8 @@ both nodes on this machine) and poe (by `streamer learn --nproc 2`); a SIGTERM s
 the same step with rank 0's checkpoint of all ranks' offsets, and the same command continues to
 the same losses, as it does after a rank is killed (-9) and after the launcher is (its ranks then
 stop with a checkpoint); the errors a user can make are one line (among them a group's offsets without their
-checkpoint: rank 0 on another host). Real processes through the embedded broker, a tiny LSTM, one
-torch thread per rank."""
+checkpoint: rank 0 on another host), and a learner of ranks and a one-process learner never share a
+consumer group. Real processes through the embedded broker, a tiny LSTM, one torch thread per rank."""
 
 import asyncio
 import contextlib
@@ -34,6 +34,7 @@ from streamer.threads import available_cpus, rank_threads
 from producers.wire import Record
 from tests.conftest import WORDS, write_corpus
 from tests.helpers import small_stream
+from tests.learners import finish, kill_leftovers, line_count, start, wait_for_lines
 
 STREAMER = [sys.executable, "-m", "streamer"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -614,6 +615,50 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert (given.returncode, given.stdout, given.stderr.splitlines()) == (2, "", [
         "streamer learn: error: --nproc 3: --streams 10 is not divisible by 3 ranks (each rank learns streams / "
         "ranks of them); use a multiple of 3"]), given  # the user's own number: the manifest goes unsaid
+
+
+def test_a_learner_in_a_group_where_a_learner_of_the_other_kind_runs_is_refused(broker, stream):
+    """One learner per consumer group, ranks included. Ranks take their partitions by assignment and are no
+    members of the group; rank 0 stands for them in the learner group `<group>.learner`, which a one-process
+    learner joins too. A one-process learner in a group where a learner of 2 ranks runs, and a learner of 2
+    ranks in a group where a one-process learner runs, are refused before they learn anything: exit status
+    2 and one line (under ranks rank 0's, then the launcher's naming rank 0; rank 1 says nothing, as for the
+    refusals every rank makes). Before, each learned the whole topic and committed into the running one's
+    group. The running ones go on. Both pairs run at once."""
+    root, manifest = stream
+
+    def in_group(group: str, run_dir: str, *extra: str) -> list[str]:
+        flags = learn_flags(broker, manifest, root / run_dir, *extra)
+        flags[flags.index("--group") + 1] = group
+        return [*STREAMER, *flags]
+
+    def refused(group: str, learner: str) -> str:
+        return (f"streamer learn: error: group {group} on {broker.bootstrap_servers} has another running learner: "
+                f"{learner} reads topic {TOPIC} in it (group {group}.learner lists it); stop that one, or give "
+                "this one another --group")
+
+    try:  # a daemon each (no manifest, no --max-batches): it learns the topic, then waits for more
+        ranked = start(without(without(in_group("beside-ranks", "ranks-running", "--nproc", "2"), "--manifest"),
+                               "--max-batches"), root)
+        alone = start(without(without(in_group("beside-one", "one-running"), "--manifest"), "--max-batches"), root)
+        wait_for_lines(root / "ranks-running" / "losses.jsonl", ranked, 1, timeout_s=180)
+        wait_for_lines(root / "one-running" / "losses.jsonl", alone, 1, timeout_s=180)
+        one = start(in_group("beside-ranks", "one-beside"), root, stderr_apart=True)
+        ranks = start(in_group("beside-one", "ranks-beside", "--nproc", "2"), root, stderr_apart=True)
+        _, err = one.communicate(timeout=180)
+        assert (one.returncode, err.strip().splitlines()) == (2, [refused("beside-ranks", "a learner of 2 ranks")]), err
+        _, err = ranks.communicate(timeout=180)
+        said = err.strip().splitlines()
+        assert ranks.returncode == 2 and len(said) == 2, err[-3000:]
+        assert said[0] == refused("beside-one", "a learner of one process")
+        assert said[1].startswith("streamer learn: error: rank(s) 0 failed (exit status 2)"), said
+        assert [line_count(root / run_dir / "losses.jsonl") for run_dir in ("one-beside", "ranks-beside")] == [0, 0]
+        assert ranked.poll() is None and alone.poll() is None  # they go on
+        for running in (ranked, alone):
+            running.send_signal(signal.SIGTERM)
+            finish(running)
+    finally:
+        kill_leftovers()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")

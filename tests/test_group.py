@@ -9,16 +9,19 @@ stream to the losses of an uninterrupted run. Real processes through the session
 
 A run's offsets are its own: one with no checkpoint in a group that has committed offsets (the model
 that learned up to them is elsewhere) is refused, and a partition the run has not read starts at the
-earliest offset, never at the group's."""
+earliest offset, never at the group's. A learner group (`<group>.learner`) the user may not join is said
+in one line and not looked at (learners of ranks beside one-process ones: tests/test_distributed.py)."""
 
 import asyncio
 import json
 import signal
 import subprocess
 import time
+from unittest import mock
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import GroupAuthorizationFailedError
 
 from producers.kafka import ensure_topic
 from streamer.consumer import KafkaSource, SourceError
@@ -154,3 +157,29 @@ def test_a_partition_the_run_has_not_read_starts_at_the_earliest_offset_not_the_
                                           rf"\({topic}:0=2, {topic}:1=3\)"):
         asyncio.run(read({}, new_run=True))
     assert asyncio.run(read({}, count=10)) == [(p, o) for p in (0, 1) for o in range(5)]
+
+
+def test_a_learner_group_this_user_may_not_join_is_said_in_a_line_and_the_learner_goes_on(broker, stream):
+    """A broker whose ACLs let the learner's user into its group but not into `<group>.learner`: one line
+    says so and the learner starts, with no look for another learner there (as where the broker cannot
+    describe groups), rather than failing to start where it used to."""
+    said = []
+
+    class NotAuthorized(AIOKafkaConsumer):
+        async def start(self):
+            raise GroupAuthorizationFailedError("not-allowed.learner")
+
+    async def started() -> bool:
+        source = KafkaSource(broker.bootstrap_servers, TOPIC, "not-allowed", dead_letter=False, log=said.append)
+        source.seek_on_assign(dict)
+        with mock.patch.object(KafkaSource, "_learner_member",
+                               lambda self: NotAuthorized(bootstrap_servers=broker.bootstrap_servers)):
+            await source.start()
+        try:
+            return source._consumer is not None and source._member is None
+        finally:
+            await source.stop()
+
+    assert asyncio.run(started())
+    assert said == [f"group not-allowed.learner on {broker.bootstrap_servers}: not authorized, so no other learner in "
+                    "group not-allowed is looked for there; allow this user that group as well"]

@@ -628,6 +628,9 @@ class PeerWithout:
         self.reports.append(json.loads(data))
         return [data, json.dumps(self.REPORT).encode()]
 
+    def broadcast_bytes(self, data):
+        return data
+
 
 def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_waiting_for_the_model(stream):
     """Ranks step together: while the other rank has no batch of its own, this rank's queued batches
@@ -678,6 +681,66 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
                                 "dead_letters": {"bad_utf8": 1}, "read_again": 0, "waiting_for": []}  # the stop's
 
 
+class RankOf2:
+    """A rank's side of the start's broadcast (streamer.distributed.Ranks.broadcast_bytes): rank 0 having
+    failed to start with `line` (None: it started); rank 0's own is what it sends."""
+
+    world = 2
+
+    def __init__(self, line: bytes | None, rank: int = 1):
+        self.line, self.rank, self.leader, self.sent = line, rank, rank == 0, []
+
+    def broadcast_bytes(self, data):
+        self.sent.append(data)
+        return data if self.leader else self.line
+
+
+class StartsThenStops(MemorySource):
+    """A MemorySource that says when it was started and stopped, or fails to start with `failure`."""
+
+    def __init__(self, records, failure: Exception | None = None):
+        super().__init__(records)
+        self.failure, self.calls = failure, []
+
+    async def start(self):
+        self.calls.append("start")
+        if self.failure is not None:
+            raise self.failure
+
+    async def stop(self):
+        self.calls.append("stop")
+
+
+def test_rank_0s_failure_to_start_ends_the_other_ranks_on_its_line(stream):
+    """A refusal only rank 0 makes (another learner in the learner group, which only rank 0 joins) is
+    every rank's: a rank that started stops its source and ends with SourceError, every_rank (it leaves the
+    line to rank 0) rather than wait in its first agreement for a rank 0 that is gone (then its own line,
+    'another rank is gone'). A rank's own failure stays its own, and rank 0's is what it sends; a start that
+    went well on rank 0 too goes on."""
+    from streamer.consumer import SourceError
+
+    records, _ = stream
+    line = b"group g on 127.0.0.1:9092 has another running learner: ..."
+
+    async def enter(loop):
+        async with loop:
+            return True
+
+    source, ranks = StartsThenStops(records), RankOf2(line)
+    with pytest.raises(SourceError, match="has another running learner") as raised:
+        asyncio.run(enter(PrequentialLoop(naive(), Batcher(2, 10), source, ranks=ranks)))
+    assert raised.value.every_rank and source.calls == ["start", "stop"] and ranks.sent == [None]
+    own = SourceError("cannot reach Kafka at 127.0.0.1:9092")
+    for ranks, sent in ((RankOf2(line), None), (RankOf2(None, rank=0), str(own).encode())):
+        source = StartsThenStops(records, own)
+        with pytest.raises(SourceError) as raised:
+            asyncio.run(enter(PrequentialLoop(naive(), Batcher(2, 10), source, ranks=ranks)))
+        assert raised.value is own and ranks.sent == [sent]
+    source, ranks = StartsThenStops(records), RankOf2(None)
+    assert asyncio.run(enter(PrequentialLoop(naive(), Batcher(2, 10), source, ranks=ranks)))
+    assert source.calls == ["start", "stop"] and ranks.sent == [None]
+
+
 class LeaderOfTwo:
     """Rank 0's side of a checkpoint's gather (streamer.checkpoint.save_gathered) with a rank 1 whose part
     says it has read 99 records, one of them dead-lettered."""
@@ -695,6 +758,9 @@ class LeaderOfTwo:
     def all_true(self, value):
         self.said.append(value)
         return value
+
+    def broadcast_bytes(self, data):
+        return data
 
 
 def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letters(tmp_path):
@@ -1120,6 +1186,9 @@ class PeerInStep:
 
     def gather_bytes(self, data):
         return [data]
+
+    def broadcast_bytes(self, data):
+        return data
 
 
 @pytest.mark.usefixtures("one_torch_thread")
