@@ -617,6 +617,7 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
         "ranks of them); use a multiple of 3"]), given  # the user's own number: the manifest goes unsaid
 
 
+@pytest.mark.slow  # two daemons and two refused learners, three of them of ranks: about 35 s (the suite's budget)
 def test_a_learner_in_a_group_where_a_learner_of_the_other_kind_runs_is_refused(broker, stream):
     """One learner per consumer group, ranks included. Ranks take their partitions by assignment and are no
     members of the group; rank 0 stands for them in the learner group `<group>.learner`, which a one-process
