@@ -22,6 +22,7 @@ no `Ranks`, and every function here is then a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import time
@@ -33,7 +34,36 @@ import torch.distributed as dist
 from streamer.settings import torchrun_environment
 
 __all__ = ["Ranks", "Agreement", "start", "current", "stop", "average_gradients", "mean_over_ranks", "ranks_count",
-           "true_on_every_rank", "without_source_location", "STOP_REASONS"]
+           "true_on_every_rank", "without_source_location", "STOP_REASONS", "STALL_S", "in_collective_since",
+           "stalled_s"]
+
+STALL_S = 5.0  # a collective waits this long only for a rank that is not there (stopped, hung, far slower)
+_waits = {"since": None, "stalled_s": 0.0}  # the collective in progress (monotonic start), and past STALL_S
+
+
+@contextlib.contextmanager
+def _collective():
+    """Time a collective of this process: a rank stopped (SIGSTOP), hung or far slower holds every other in
+    its next one, agreement, gradient all-reduce or report alike, without a word (now the loop says it, from
+    in_collective_since), and that wait was counted as compute ('64.7s computing' where the run computed
+    30.6 s): the seconds past STALL_S are kept apart (stalled_s)."""
+    _waits["since"] = started = time.monotonic()
+    try:
+        yield
+    finally:
+        _waits["since"] = None
+        _waits["stalled_s"] += max(0.0, time.monotonic() - started - STALL_S)
+
+
+def in_collective_since() -> float | None:
+    """When (monotonic) this process entered the collective it is in; None when in none."""
+    return _waits["since"]
+
+
+def stalled_s() -> float:
+    """The seconds this process's collectives have waited past STALL_S, in all: waiting for a rank, not work."""
+    return _waits["stalled_s"]
+
 
 # The stop reason all ranks take when several differ in one round: the later in this tuple wins.
 STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "signal")
@@ -144,7 +174,8 @@ class Ranks:
                                                                                          dtype=torch.uint8)
         packed = packed.to(self.device)
         parts = [torch.empty_like(packed) for _ in range(self.world)]
-        dist.all_gather(parts, packed)
+        with _collective():
+            dist.all_gather(parts, packed)
         return torch.stack(parts).cpu()
 
     def _votes_of(self, gathered: torch.Tensor, at: int, votes: bytes) -> list[bytes] | None:
@@ -162,13 +193,15 @@ class Ranks:
         """Every rank's `data` on rank 0 (in rank order), None on the others. Blocking."""
         length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
         lengths = [torch.zeros_like(length) for _ in range(self.world)]
-        dist.all_gather(lengths, length)
+        with _collective():
+            dist.all_gather(lengths, length)
         sizes = [int(size) for size in torch.cat(lengths).tolist()]
         padded = torch.zeros(max(sizes), dtype=torch.uint8)
         if data:
             padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         parts = [torch.empty(max(sizes), dtype=torch.uint8, device=self.device) for _ in range(self.world)]
-        dist.all_gather(parts, padded.to(self.device))
+        with _collective():
+            dist.all_gather(parts, padded.to(self.device))
         if not self.leader:
             return None
         return [part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes)]
@@ -176,7 +209,8 @@ class Ranks:
     def broadcast_bytes(self, data: bytes | None) -> bytes | None:
         """Rank 0's `data` (None included) on every rank. Blocking."""
         length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64, device=self.device)
-        dist.broadcast(length, src=0)
+        with _collective():
+            dist.broadcast(length, src=0)
         size = int(length.item())
         if size < 0:
             return None
@@ -184,13 +218,15 @@ class Ranks:
         if self.leader and size:
             buffer[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         buffer = buffer.to(self.device)
-        dist.broadcast(buffer, src=0)
+        with _collective():
+            dist.broadcast(buffer, src=0)
         return buffer.cpu().numpy().tobytes()
 
     def all_true(self, value: bool) -> bool:
         """Whether `value` holds on every rank. Blocking."""
         flag = torch.tensor([0 if value else 1], dtype=torch.int64, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        with _collective():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return not flag.item()
 
 
@@ -279,7 +315,8 @@ def average_gradients(parameters) -> None:
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
+    with _collective():
+        dist.all_reduce(flat)
     flat /= world
     offset = 0
     for g in grads:
@@ -294,5 +331,6 @@ def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     if world == 1:
         return tensor
     total = tensor.detach().clone()
-    dist.all_reduce(total)
+    with _collective():
+        dist.all_reduce(total)
     return total / world

@@ -61,6 +61,7 @@ from typing import AsyncIterator, NamedTuple
 
 from monitor.results import BatchTruth, StepResult
 from producers.wire import stream_id
+from streamer import distributed
 from streamer.batching import ReadyBatch, vote
 from streamer.spin import outlast
 from streamer.step import prequential_step
@@ -84,7 +85,6 @@ class PrequentialLoop:
                  keep_windows: int = 1024, reread_records: int = 16, slow_agreement_s: float = 5.0):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
-        self.slow_agreement_s = slow_agreement_s  # an agreement this long waited for a rank: said, not compute
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
         self.checkpoint_agreed = False  # the last agreement asks for a checkpoint after its step
         self.broker_timeout_s, self.probe_every_s, self.lost_after_s = broker_timeout_s, probe_every_s, lost_after_s
@@ -148,6 +148,7 @@ class PrequentialLoop:
         self._event_loop: asyncio.AbstractEventLoop | None = None  # the one the loop runs on (__aenter__)
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._rank_watcher: asyncio.Task | None = None  # ranks: says a collective another rank holds
         self._closing = False  # set on leaving the `async with`: the fetch and watch tasks' loops end
         # Held from taking a batch until the consumer of its result asks for the next one with no
         # step in flight (none runs ahead): whoever holds it sees a snapshot point. The generator's own consumer (between two results) is at
@@ -263,12 +264,15 @@ class PrequentialLoop:
         self._last_record = time.monotonic()  # (--minutes counts from the loop's start: _started)
         self._fetcher = asyncio.create_task(self._fetch())
         self._watcher = asyncio.create_task(self._watch())
+        if self.ranks is not None:
+            self._rank_watcher = asyncio.create_task(self._watch_ranks())
         return self
 
     async def __aexit__(self, *exc) -> None:
         self._closing = True  # the fetch and watch tasks end at their next turn even if a cancel is lost
         try:  # (an interrupt, or asyncio.run's cancel, landing while they end still stops the worker)
-            await _ended([task for task in (self._fetcher, self._watcher) if task is not None], self._log)
+            await _ended([task for task in (self._fetcher, self._watcher, self._rank_watcher) if task is not None],
+                         self._log)
             self._count_failed_sends()  # (a stop may end the fetch side before its first fetch ends)
         finally:
             self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
@@ -459,12 +463,13 @@ class PrequentialLoop:
         started = time.perf_counter()
         if self._lockstep_from is not None:  # ranks, every one with its batch: the agreement and hand-over
             self.busy_s += started - self._lockstep_from  # are the price of stepping together, not idle
+        stalled = distributed.stalled_s()
         result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
         self._stepped_loss = result.loss
         # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
         ended = time.perf_counter()
         self._step_s = ended - started
-        self.busy_s += self._step_s
+        self.busy_s += self._step_s - (distributed.stalled_s() - stalled)  # (a rank that held its all-reduce)
         self._lockstep_from = ended if self.ranks is not None else None
         return result
 
@@ -507,13 +512,15 @@ class PrequentialLoop:
             await self._ready_or_stopped(self.agree_every_s)
             has_batch = bool(self._queue)
             votes = json.dumps(self._queue[0].votes).encode() if has_batch else b""
-            agreed, waited_s = await self._slow_said(
-                has_batch, self.stop_reason, self.checkpoint_wanted(), self._records_read(),
-                has_batch or self._more(), self.total_records, time.monotonic() - self._reported_at >= self.lag_every_s,
-                self._idle(), votes, not (lockstep and has_batch))
+            stalled = distributed.stalled_s()
+            agreed = await self.in_worker(self.ranks.agree, has_batch, self.stop_reason,
+                                          self.checkpoint_wanted(), self._records_read(),
+                                          has_batch or self._more(), self.total_records,
+                                          time.monotonic() - self._reported_at >= self.lag_every_s,
+                                          self._idle(), votes, not (lockstep and has_batch))
             others_wait = has_batch and not agreed.go and agreed.stop_reason is None
             lockstep = (lockstep and has_batch and not others_wait and not agreed.waited
-                        and waited_s < self.slow_agreement_s)
+                        and distributed.stalled_s() == stalled)  # (a rank held it: no step's time)
             waited = self._others_waiting  # (a wait that outlasted its freshness, a hang, starts anew)
             self._others_waited_at = time.monotonic() if others_wait else None
             if not others_wait:
@@ -535,35 +542,6 @@ class PrequentialLoop:
                 if agreed.votes is not None:  # rank 0: the global batch's truth (_global_truth)
                     self._queue[0] = dataclasses.replace(self._queue[0], truth=_global_truth(agreed.votes))
                 return self._queue[0]
-
-    async def _slow_said(self, *args):
-        """(Ranks.agree(*args) in the worker thread, the seconds it took there): said in one line when it
-        lasts `slow_agreement_s` and again when it ends. A rank stopped (SIGSTOP), hung or far slower held
-        every other rank in the all-gather without a word, its console 'consuming', and the wait was then
-        counted as compute (a rank frozen 30 s: '64.7s computing (3,726 tokens/s)' where the run computed
-        30.6 s); the caller counts so long an agreement as no step's. Timed from when the worker begins it:
-        a checkpoint written there before it (rank 0's gather and write) is no other rank's delay."""
-        began: list[float] = []
-
-        def agree():
-            began.append(time.monotonic())
-            return self.ranks.agree(*args)
-        agreeing = asyncio.ensure_future(self.in_worker(agree))
-        said = False
-        try:
-            while not agreeing.done():
-                await asyncio.wait({agreeing}, timeout=0.5)
-                if not said and began and time.monotonic() - began[0] >= self.slow_agreement_s:
-                    said = True  # (a rank's lines say its rank: rank_process)
-                    self._log(f"the other ranks have not come to the step's agreement for {self.slow_agreement_s:g} "
-                              "s (a rank stopped, stuck or far slower); waiting for them")
-        except asyncio.CancelledError:  # the agreement runs on in the worker: its outcome is taken, not left
-            agreeing.add_done_callback(lambda task: task.cancelled() or task.exception())
-            raise
-        waited_s = time.monotonic() - began[0] if began else 0.0
-        if said:
-            self._log(f"the ranks agree again after {waited_s:.0f} s")
-        return agreeing.result(), waited_s
 
     async def _report(self) -> None:
         """This rank's records, lag, dead letters and records read again to rank 0 (a gather in the worker
@@ -871,6 +849,21 @@ class PrequentialLoop:
                     if partition in lag:  # (an assigned partition)
                         lag[partition] += unread
                 self.lag = lag
+
+    async def _watch_ranks(self, every_s: float = 0.5) -> None:
+        """Ranks: a collective held past distributed.STALL_S by another rank (stopped, hung or far slower) is
+        said, and again when it ends: the other ranks waited in it without a word, their console 'consuming'."""
+        said = None
+        while not self._closing:
+            await asyncio.sleep(every_s)
+            since = distributed.in_collective_since()
+            if said is None and since is not None and time.monotonic() - since >= distributed.STALL_S:
+                said = since  # (a rank's lines say its rank: rank_process)
+                self._log(f"the other ranks have not come to a collective for {distributed.STALL_S:g} s (a rank "
+                          "stopped, stuck, far slower or writing a checkpoint); waiting for them")
+            elif said is not None and since != said:
+                self._log(f"the ranks meet again after {time.monotonic() - said:.0f} s")
+                said = None
 
     async def _watch(self) -> None:
         """Lost, back, or away too long: see the module's docstring."""

@@ -1245,56 +1245,23 @@ def test_a_word_models_stream_end_is_its_end_however_long_ago_its_last_record_wa
     assert loop.stop_reason == "end_of_stream"
 
 
-def test_a_slow_agreement_is_said_timed_from_its_start_in_the_worker_and_left_to_no_one_when_cancelled():
-    """An agreement that waits `slow_agreement_s` for another rank is said, and again when it ends; the time the
-    worker spent before it (rank 0's checkpoint write) is not counted; and a loop cancelled while it waits
-    takes the agreement's outcome (a dead peer's error was 'Task exception was never retrieved')."""
-    import concurrent.futures
-    import gc
+def test_a_collective_held_past_stall_s_is_timed_apart():
+    """A rank stopped or hung holds the others in their next collective (agreement, all-reduce, report): the
+    seconds past STALL_S are kept apart from the work (they were counted as compute), and the collective in
+    progress is known while it lasts (the loop says it)."""
     import time
-    from types import SimpleNamespace
 
-    from streamer.loop import PrequentialLoop
+    from streamer import distributed
 
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-
-    def fake(agree, before_s=0.0):
-        said = []
-
-        async def in_worker(function, *args):
-            def run():
-                time.sleep(before_s)  # the worker's earlier work (a checkpoint), then the agreement
-                return function(*args)
-            return await asyncio.get_running_loop().run_in_executor(pool, run)
-        return SimpleNamespace(ranks=SimpleNamespace(agree=agree), in_worker=in_worker, slow_agreement_s=0.2,
-                               _log=said.append), said
-
-    def slow(*args):
-        time.sleep(0.6)
-        return "agreed"
-    loop, said = fake(slow)
-    agreed, waited_s = asyncio.run(PrequentialLoop._slow_said(loop, 1, 2))
-    assert agreed == "agreed" and waited_s >= 0.6 and len(said) == 2, said
-    assert said[0].startswith("the other ranks have not come to the step's agreement for 0.2 s")
-    assert said[1].startswith("the ranks agree again after ")
-    loop, said = fake(lambda *args: "quick", before_s=0.6)
-    assert asyncio.run(PrequentialLoop._slow_said(loop))[0] == "quick" and said == []
-
-    def dead_peer(*args):
-        time.sleep(0.4)
-        raise RuntimeError("Connection closed by peer")
-    unretrieved = []
-
-    async def cancelled():
-        asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context))
-        loop, _ = fake(dead_peer)
-        waiting = asyncio.ensure_future(PrequentialLoop._slow_said(loop))
-        await asyncio.sleep(0.1)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        await asyncio.sleep(0.6)  # the agreement fails meanwhile
-        gc.collect()
-    asyncio.run(cancelled())
-    pool.shutdown()
-    assert unretrieved == []
+    before = distributed.stalled_s()
+    with distributed._collective():  # noqa: SLF001 - what every collective runs in
+        assert time.monotonic() - distributed.in_collective_since() < 1
+        time.sleep(0.05)
+    assert distributed.in_collective_since() is None and distributed.stalled_s() == before  # short: work
+    stall, distributed.STALL_S = distributed.STALL_S, 0.1
+    try:
+        with distributed._collective():  # noqa: SLF001
+            time.sleep(0.4)
+    finally:
+        distributed.STALL_S = stall
+    assert 0.25 <= distributed.stalled_s() - before < 1
