@@ -436,6 +436,13 @@ def test_idle_timeout_is_the_learners_not_one_ranks_while_another_ranks_records_
     assert len(losses(run_dir)) >= 10
 
 
+def rank_1_of(launcher: subprocess.Popen) -> int:
+    """The pid of rank 1 of a --nproc launcher."""
+    found = rank_process(launcher.pid, 1)
+    assert found is not None, "rank 1 not found among the launcher's children"
+    return found
+
+
 def rank_process(launcher: int, rank: int) -> int | None:
     """The pid of global rank `rank` among the launcher's children (torchrun's agent runs in the launcher)."""
     for entry in Path("/proc").iterdir():
@@ -461,8 +468,7 @@ def test_a_rank_frozen_a_while_is_said_and_its_wait_is_not_compute(broker, strea
     run_dir = root / "rank-frozen"
 
     def freeze_rank_1(process: subprocess.Popen) -> None:
-        frozen = rank_process(process.pid, 1)
-        assert frozen is not None, "rank 1 not found among the launcher's children"
+        frozen = rank_1_of(process)
         os.kill(frozen, signal.SIGSTOP)
         time.sleep(7)
         os.kill(frozen, signal.SIGCONT)
@@ -486,9 +492,7 @@ def test_kill_9_of_a_rank_is_one_line_and_the_same_command_continues(broker, str
     run_dir = root / "rank-killed"
 
     def kill_rank_1(process: subprocess.Popen) -> None:
-        victim = rank_process(process.pid, 1)
-        assert victim is not None, "rank 1 not found among the launcher's children"
-        os.kill(victim, signal.SIGKILL)
+        os.kill(rank_1_of(process), signal.SIGKILL)
 
     with paced(broker, root, "rank-killed", run_dir) as topic:
         command = [*STREAMER, *learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2",
