@@ -327,6 +327,7 @@ def continued(command: list[str], root: Path, run_dir: Path, step: int, one_proc
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
 
 
+@pytest.mark.slow  # two hosts' agents, one killed, then both again: about 35 s of the default suite's 8 minutes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal")
 def test_one_hosts_agent_killed_ends_the_other_host_at_once_and_the_two_commands_continue(
         broker, stream, one_process_naive):
@@ -391,6 +392,7 @@ def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream,
     continued(command, root, run_dir, step, one_process_naive)
 
 
+@pytest.mark.slow  # a paced producer for one rank's partitions and --idle-timeout: about 30 s (the suite's budget)
 def test_idle_timeout_is_the_learners_not_one_ranks_while_another_ranks_records_arrive(broker, stream):
     """`--idle-timeout` stops the ranks as it stops one process: once the learner as a whole has read no
     record for that long, not once one rank's partitions are quiet. Rank 1's streams 5-9 are written at
