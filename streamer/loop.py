@@ -82,7 +82,7 @@ class PrequentialLoop:
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
                  log=None, ranks=None, agree_every_s: float = 0.2, burst: int = 32, burst_span_s: float = 0.25,
                  lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
-                 keep_windows: int = 1024, reread_records: int = 16, slow_agreement_s: float = 5.0):
+                 keep_windows: int = 1024, reread_records: int = 16):
         self.strategy, self.batcher, self.source = strategy, batcher, source
         self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement

@@ -357,10 +357,10 @@ def _launch(args) -> int:
         line = failed_ranks(statuses)
         if line is not None:
             raise UserError(line) from None
-        sigval = signal.SIGTERM  # sent to a rank by someone else: every rank stopped, checkpointed (a stop, not an
+        # a SIGTERM sent to a rank by someone else: every rank stopped and checkpointed, a stop (2 was a failure)
         print(f"streamer learn: SIGTERM to rank(s) {', '.join(map(str, sorted(statuses)))}: the ranks stopped "
-              "(see their lines above)", file=sys.stderr, flush=True)  # error: 2 was a failure to systemd)
-        return 128 + sigval
+              "(see their lines above)", file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
     except Exception as exc:
         # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
         # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
@@ -471,11 +471,12 @@ def _without_nproc(argv: list[str]) -> list[str]:
         return len(flag) > len("--n") and "--nproc".startswith(flag)
     kept, skip = [], False
     for word in argv:
+        flag, given, _ = word.partition("=")
         if skip:
             skip = False
         elif nproc(word):
             skip = True
-        elif not nproc(word.partition("=")[0]) or "=" not in word:
+        elif not (given and nproc(flag)):
             kept.append(word)
     return kept
 
