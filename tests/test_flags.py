@@ -289,6 +289,21 @@ def test_a_bad_value_in_a_config_files_table_is_named_by_the_file_not_by_set(tmp
                           f"{config}: [strategy.replay] r_interval=ten: expected an integer")
 
 
+def test_set_overrides_a_config_files_table_and_its_bad_value_is_not_refused(tmp_path):
+    """The command line wins over the file: `--set r_interval=5` beside a file's `r_interval = "ten"` was
+    refused for the file's value."""
+    from streamer.cli.checks import check_args
+
+    config = tmp_path / "c.toml"
+    config.write_text('[strategy.replay]\nr_interval = "ten"\nn_replay = 3\n')
+    args = parse(["learn", "--strategy", "replay", "--config", str(config), "--set", "r_interval=5"])
+    check_args(args)
+    assert dict(args.strategy_options) == {"r_interval": 5, "n_replay": 3}
+    args = parse(["compare", "--strategies", "replay,naive", "--config", str(config), "--set", "r_interval=5"])
+    check_args(args)
+    assert dict(args.strategy_tables["replay"]) == {"n_replay": 3}
+
+
 def test_device_cuda_without_one_is_refused_before_any_work(tmp_path, capsys):
     """compare built and produced its stream, then failed at its first run; the files it had left in --out
     refused the same command with --device cpu."""

@@ -164,7 +164,8 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> ConfigFile:
 def apply_config_file(path: Path, parser: argparse.ArgumentParser,
                       parse_again: Callable[[], argparse.Namespace]) -> argparse.Namespace:
     """Make the file's values the subcommand's defaults and parse the command line again, so its
-    flags win; then put the file's hyperparameters and model options before the command line's.
+    flags win; then put the file's hyperparameters and model options before the command line's (a
+    hyperparameter given with --set is dropped from every table of the file, so its bad value is not refused).
 
     Sets `args.strategy_tables` (strategy -> hyperparameters) for commands that run several."""
     config = read_config_file(path, parser)
@@ -174,8 +175,10 @@ def apply_config_file(path: Path, parser: argparse.ArgumentParser,
         args.model_options = [*config.model.items(), *args.model_options]
     elif config.model:
         raise ConfigError(f"{path}: [model]: this command has no model options")
+    given = {key for key, _ in args.strategy_options}  # a --set KEY wins: the file's KEY is neither taken
+    tables = {name: {key: value for key, value in table.items() if key not in given}  # nor checked
+              for name, table in config.strategies.items()}
     if hasattr(args, "strategy"):  # learn and demo: the chosen strategy's table
-        chosen = config.strategies.get(args.strategy, {})
-        args.strategy_options = [*chosen.items(), *args.strategy_options]
-    args.strategy_tables = config.strategies
+        args.strategy_options = [*tables.get(args.strategy, {}).items(), *args.strategy_options]
+    args.strategy_tables = tables
     return args
