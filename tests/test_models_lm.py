@@ -88,6 +88,20 @@ def test_lstm_word_reads_a_vocabulary_file_and_appends_unk(tmp_path):
     assert built.encode("three one four") == [2, 0, 3]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path):
+    """A vocabulary file saved with a BOM (Windows editors) mapped "one" to <unk>: its first word was
+    "\\ufeffone". So did CALM's rule over class files that start with one (the producer drops the BOM)."""
+    path = tmp_path / "words.txt"
+    path.write_bytes("\ufeffone\ntwo\n".encode("utf-8"))
+    built = build_model(ModelRequest("lstm-word", lstm=TINY, options=(("vocab", str(path)),)))
+    assert built.encode("one two") == [0, 1]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes("\ufeffalpha beta\n".encode("utf-8"))
+    built = build_model(ModelRequest("lstm-word", lstm=TINY, manifest={"corpus": str(corpus), "classes": ["a"]}))
+    assert built.encode("alpha beta") == [0, 1] and built.model.config.vocab == 3
+
+
 def test_lstm_word_names_a_vocabulary_file_that_is_not_utf8(tmp_path):
     """A Latin-2 vocabulary file was "'utf-8' codec can't decode byte 0xc5 ...", naming no file: now one line
     naming the file, its line and the byte."""

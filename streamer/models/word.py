@@ -88,7 +88,7 @@ def load_vocabulary(path: Path) -> Vocabulary:
     except OSError as exc:
         raise ValueError(f"lstm-word: cannot read the vocabulary file {path}: {exc.strerror or exc}") from None
     try:
-        lines = data.decode("utf-8").splitlines()
+        lines = data.decode("utf-8").removeprefix("\ufeff").splitlines()  # a BOM is not part of the first word
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ValueError(f"lstm-word: the vocabulary file {path}:{line} is not valid UTF-8: "
@@ -122,7 +122,7 @@ def corpus_vocabulary(manifest: dict, per_class: int = PER_CLASS) -> Vocabulary:
 @functools.lru_cache(maxsize=4)
 def _rule_over_files(stamps: tuple[tuple[str, int, int], ...], per_class: int) -> tuple[str, ...]:
     """vocabulary_rule over the files, once per (path, size, mtime) set: --params builds the model many times."""
-    texts = [Path(path).read_text(encoding="utf-8", errors="replace") for path, _, _ in stamps]
+    texts = [Path(path).read_text(encoding="utf-8-sig", errors="replace") for path, _, _ in stamps]  # (as streamed)
     return tuple(vocabulary_rule(texts, per_class))
 
 
