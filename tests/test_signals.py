@@ -247,3 +247,34 @@ def test_a_signal_that_surfaces_as_another_error_is_still_the_signal():
     except NameError as exc:
         assert caused_by(exc, SignalException).sigval == signal.SIGTERM
     assert caused_by(ValueError("a real error"), KeyboardInterrupt) is None
+
+
+def test_a_ctrl_c_during_freshs_put_back_waits_until_the_old_run_is_whole(tmp_path, monkeypatch):
+    """A second Ctrl-C while --fresh put the old run back (its first run ended before a checkpoint) stopped the
+    moving midway: the old run was split between its directory and the aside, and the plain command refused
+    it. Now the Ctrl-C takes effect once every file is back."""
+    from streamer import resume
+    from streamer.cli.learn import _fresh_start
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "losses.jsonl", "status.json", "probes.jsonl"):
+        (run / name).write_text(name)
+    rename = Path.rename
+
+    def rename_then_ctrl_c(self, target):  # the Ctrl-C comes after the first file moved back
+        moved = rename(self, target)
+        if target.parent == run and target.name == "config.json":
+            os.kill(os.getpid(), signal.SIGINT)
+        return moved
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt):
+        with _fresh_start(run, None, True) as before_run:
+            before_run()
+            assert sorted(p.name for p in run.iterdir()) == []
+            monkeypatch.setattr(Path, "rename", rename_then_ctrl_c)
+            raise KeyboardInterrupt  # the first Ctrl-C, before the new run's first checkpoint
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "losses.jsonl", "probes.jsonl", "status.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # the aside is gone
+    assert resume.check_set_aside(run) is None

@@ -26,7 +26,8 @@ from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flag
                                 positive_float, positive_int)
 from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
-from streamer.cli.runs import default_manifest_path, learn_under_view, run_with_report_on_interrupt, unwind_on_sigterm
+from streamer.cli.runs import (default_manifest_path, learn_under_view, run_with_report_on_interrupt, signals_deferred,
+                                unwind_on_sigterm)
 from streamer.config import LearnConfig, default_group
 from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, started_by_torchrun_agent,
                                torchrun_environment, torchrun_local_world)
@@ -550,10 +551,11 @@ def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
     moved = []
 
     def before_run() -> None:
-        if fresh and (aside := set_aside(run_dir)):
-            moved.append(aside)
-            unwind_on_sigterm("--fresh's old run, moved aside")
-            print(f"--fresh: the old run moved to {aside}", flush=True)
+        with signals_deferred():  # (a Ctrl-C amid the move left the old run split, and nothing to put back)
+            if fresh and (aside := set_aside(run_dir)):
+                moved.append(aside)
+                unwind_on_sigterm("--fresh's old run, moved aside")
+                print(f"--fresh: the old run moved to {aside}", flush=True)
         if manifest is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -561,9 +563,10 @@ def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
         yield None if fresh is None else before_run
     except BaseException:
         if moved and not (run_dir / "checkpoint.pt").exists():
-            put_back(run_dir, moved[0])
-            print(f"--fresh: the new run ended before its first checkpoint; the old run is back in {run_dir.resolve()}",
-                  flush=True)
+            with signals_deferred():  # a second Ctrl-C waits for the old run to be whole again
+                put_back(run_dir, moved[0])
+                print("--fresh: the new run ended before its first checkpoint; the old run is back in "
+                      f"{run_dir.resolve()}", flush=True)
         raise
 
 

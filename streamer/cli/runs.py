@@ -3,9 +3,11 @@ under its live view, and the report written even when a run is interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -16,9 +18,9 @@ from streamer.config import LearnConfig, RunSummary
 from streamer.settings import cache_root
 from streamer.spin import in_passing
 
-__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "unwind_on_sigterm", "corpus_dir", "ensure_corpus",
-           "default_run_dir", "default_manifest_path", "prepare_and_say", "stream_notes", "learn_under_view",
-           "run_with_report_on_interrupt"]
+__all__ = ["sigterm_as_interrupt", "sigterm_before_learning", "unwind_on_sigterm", "signals_deferred", "corpus_dir",
+           "ensure_corpus", "default_run_dir", "default_manifest_path", "prepare_and_say", "stream_notes",
+           "learn_under_view", "run_with_report_on_interrupt"]
 
 
 def sigterm_as_interrupt() -> None:
@@ -58,6 +60,32 @@ def unwind_on_sigterm(why: str) -> None:
     """From here on a SIGTERM before learning raises SystemExit even during an import: `why` (--fresh's old
     run, moved aside) is put back only by the unwinding."""
     _UNWIND.append(why)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """A Ctrl-C or SIGTERM inside the block takes effect when it ends: files moved one by one (--fresh's old
+    run set aside, or put back) are never left half in one place and half in the other. A second Ctrl-C
+    during the put-back had left the old run split, and the plain command then refused the directory.
+    The signal's own handler runs after the block, as if it had come then. In the main thread only (the
+    only one Python signal handlers run in); elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    handlers = {number: signal.signal(number, lambda signum, frame: caught.append(signum))
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    for number in dict.fromkeys(caught):
+        handler = handlers[number]
+        if callable(handler):
+            handler(number, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), number)
 
 
 def _importing() -> bool:
