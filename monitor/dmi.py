@@ -21,15 +21,16 @@ inertia kept), so a run's DMI is reproducible. Torch-free: numpy and scipy.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment
+
+from monitor.forgetting import probe_rows
 
 __all__ = ["FEATURES_DIR", "kmeans", "matched_correct", "dmi_matrix", "dmi_scores", "dmi", "dmi_from_run"]
 
@@ -105,12 +106,13 @@ def dmi(stages: Sequence[np.ndarray | None], tasks: np.ndarray, labels: np.ndarr
             "clusters": int(min(len(np.unique(labels)), len(labels)))}
 
 
-def _stage_rows(rows: list[dict], order: list[str]) -> dict[str, dict]:
-    """Per task, the first probe row that ended it (a true switch, or the end of the run)."""
+def _stage_rows(rows: Iterable[dict], order: list[str]) -> dict[str, dict]:
+    """Per task, the first probe row that ended it (a true switch, or the end of the run); read once."""
     stages: dict[str, dict] = {}
-    for row in sorted(rows, key=lambda r: r["batch"]):
+    for row in rows:
         ended = row.get("ended_class")
-        if row.get("trigger") in ("switch", "end") and ended in order and ended not in stages:
+        if row.get("trigger") in ("switch", "end") and ended in order and (
+                ended not in stages or row["batch"] < stages[ended]["batch"]):
             stages[ended] = row
     return stages
 
@@ -121,9 +123,8 @@ def dmi_from_run(run_dir: str | Path, records: Sequence[Mapping], *, seed: int =
     probe_log, features = run_dir / "probes.jsonl", run_dir / FEATURES_DIR
     if not probe_log.is_file() or not features.is_dir():
         return None
-    rows = [json.loads(line) for line in probe_log.read_text(encoding="utf-8").splitlines() if line.strip()]
     order = list(dict.fromkeys(r["domain_name"] for r in records))
-    stage_rows = _stage_rows(rows, order)
+    stage_rows = _stage_rows(probe_rows(probe_log), order)  # (a torn last row, a kill -9's, is left out)
     notes = []
     n_stages = max((order.index(name) + 1 for name in stage_rows), default=0)
     if n_stages == 0:

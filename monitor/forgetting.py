@@ -27,14 +27,16 @@ it from their average, with a note counting them.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = [
     "ProbeMatrix", "aultc", "bwt", "chaudhry_forgetting", "cur_acc", "final_performance",
     "forgetting_mhamdi", "forgetting_summary", "fwt", "intransigence", "last_acc",
-    "matrix_from_probe_log", "transfer", "zero_shot_transfer",
+    "matrix_from_probe_log", "probe_rows", "transfer", "zero_shot_transfer",
 ]
 
 Value = float | None
@@ -331,6 +333,23 @@ def forgetting_summary(matrix: ProbeMatrix, *, before: PerClass | None = None, r
     }
 
 
+def probe_rows(probe_log: Path) -> Iterator[dict]:
+    """The rows of probes.jsonl, one at a time (a run left for weeks probes at every switch); a last line torn
+    by a crash is left out, as a resume drops it (the report failed with a bare JSON error); a bad line
+    before it is a ValueError naming the file and line."""
+    with probe_log.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                if not line.endswith("\n"):  # (only the last line can lack one)
+                    return
+                raise ValueError(f"{probe_log}:{number}: not JSON ({exc})") from None
+            yield row
+
+
 def matrix_from_probe_log(rows: Iterable[Mapping], classes_in_first_seen_order: Sequence[str],
                           higher_is_better: bool = False, *, probe_every: int | None = None) -> ProbeMatrix:
     """The ProbeMatrix of a probes.jsonl log written by streamer.learner.
@@ -341,9 +360,10 @@ def matrix_from_probe_log(rows: Iterable[Mapping], classes_in_first_seen_order: 
     A row at batch 0 (the untrained model) gives ``before``. The curve is the periodic rows, the
     batch-0 row and, with ``probe_every``, the switch rows at a multiple of it (the learner labels a
     probe "switch" when both apply); each point is the mean over all classes (skipped if one is missing).
+    The rows may come in any order and are read once, one at a time (a weeks-long run's log is not held):
+    of rows at one batch, the first read counts.
     """
     classes = tuple(classes_in_first_seen_order)
-    rows = sorted(rows, key=lambda row: row["batch"])
     notes: list[str] = []
     stage_rows: dict[str, Mapping] = {}
     before, curve, skipped = None, {}, 0
@@ -355,7 +375,7 @@ def matrix_from_probe_log(rows: Iterable[Mapping], classes_in_first_seen_order: 
         if trigger == "switch" and ended is not None:
             if ended not in classes:
                 notes.append(f"switch at batch {batch}: ended class {ended!r} is not in the class list")
-            elif ended not in stage_rows:
+            elif ended not in stage_rows or batch < int(stage_rows[ended]["batch"]):
                 stage_rows[ended] = row
         on_grid = trigger == "periodic" or batch == 0 or (
             probe_every and trigger == "switch" and batch % probe_every == 0)

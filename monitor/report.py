@@ -28,7 +28,7 @@ from monitor.calm import CalmAccumulator
 from monitor.detection import DetectionReport
 from monitor.figures import GateCurve, plot_probe_heatmap
 from monitor.files import replace_text
-from monitor.forgetting import forgetting_summary, matrix_from_probe_log
+from monitor.forgetting import forgetting_summary, matrix_from_probe_log, probe_rows
 from monitor.losslog import iter_loss_log, read_loss_log, torn_tail
 from monitor.plots import LossCurve
 
@@ -254,38 +254,24 @@ def _classifier_metrics(path: Path, order: list[str], accuracy: dict | None) -> 
 def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
     """The forgetting family from the run's probes.jsonl, when the run scored a probe split."""
     probe_log = path / "probes.jsonl" if path.is_dir() else path.with_name("probes.jsonl")
-    rows = _probe_rows(probe_log) if probe_log.is_file() else []
-    if not rows:  # (an empty log, a run with no probe evaluation, reported as if probed: a bogus row)
+    seen, accuracy, seconds, evaluations = set(), False, 0.0, 0  # a survey: the log is read twice, never held
+    for row in probe_rows(probe_log) if probe_log.is_file() else ():
+        seen.update(row["scores"])
+        accuracy = accuracy or row.get("unit") == "accuracy"  # classifier probes: higher is better
+        seconds, evaluations = seconds + row.get("seconds", 0.0), evaluations + 1
+    if not evaluations:  # (an empty log, a run with no probe evaluation, reported as if probed: a bogus row)
         return {"forgetting": None, "probe_matrix": None}
-    classes = order + sorted({c for row in rows for c in row["scores"]} - set(order))
-    accuracy = any(row.get("unit") == "accuracy" for row in rows)  # classifier probes: higher is better
+    classes = order + sorted(seen - set(order))
     # a classifier run's end-of-run probe closes the last class's first fragment (its stage, as in DMI)
-    rows = [{**row, "trigger": "switch"} if row.get("trigger") == "end" else row for row in rows]
+    rows = ({**row, "trigger": "switch"} if row.get("trigger") == "end" else row for row in probe_rows(probe_log))
     matrix = matrix_from_probe_log(rows, classes, higher_is_better=accuracy, probe_every=config.get("probe_every"))
     summary = forgetting_summary(matrix)
-    summary["probe_seconds"] = round(sum(row.get("seconds", 0.0) for row in rows), 3)
-    summary["probe_evaluations"] = len(rows)
+    summary["probe_seconds"] = round(seconds, 3)
+    summary["probe_evaluations"] = evaluations
     return {"forgetting": summary,
             "probe_matrix": {"stages": list(matrix.stages), "classes": list(matrix.classes),
                              "values": matrix.values,
                              "unit": "held-out accuracy" if accuracy else "held-out loss (nats)"}}
-
-
-def _probe_rows(probe_log: Path) -> list[dict]:
-    """The rows of probes.jsonl; a last line torn by a crash is left out, as a resume drops it (the report
-    failed with a bare JSON error); a bad line before it is a ValueError naming the file and line."""
-    lines = probe_log.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError as exc:
-            if number == len(lines) and not line.endswith("\n"):
-                break
-            raise ValueError(f"{probe_log}:{number}: not JSON ({exc})") from None
-    return rows
 
 
 def json_safe(value: Any) -> Any:

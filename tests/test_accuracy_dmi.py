@@ -161,6 +161,9 @@ def test_dmi_from_a_run_takes_each_task_first_ending_and_the_end_of_run(tmp_path
     assert report["probe_matrix"]["unit"] == "held-out accuracy" and report["probe_matrix"]["stages"] == [1, 4]
     assert report["forgetting"]["last_acc"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2 after the last stage
     assert report["forgetting"]["bwt"] == pytest.approx(0.5 - 1.0)
+    with open(tmp_path / "run" / "probes.jsonl", "a") as log:  # a row torn by a kill -9: left out, as the report does
+        log.write('{"batch": 5, "trigger": "swi')
+    assert dmi_from_run(tmp_path / "run", records)["stages"] == [1, 4]
 
 
 def test_no_saved_representations_no_dmi(tmp_path):

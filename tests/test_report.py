@@ -203,6 +203,37 @@ def test_the_report_of_a_long_rotated_log_stays_in_memory_independent_of_its_len
     assert report["detection"]["evaluation"]["n_true"] == 399
 
 
+def write_probe_log(run, rows):
+    """probes.jsonl as a long run leaves it with --probe-every 0: a probe at every switch of write_long_log's
+    stream (fragments of 50), each scoring the three classes."""
+    names = [NAMES.get(domain, "C") for domain in range(3)]
+    with open(run / "probes.jsonl", "w", encoding="utf-8") as log:
+        for number in range(rows):
+            batch = number * 50
+            trigger = "start" if batch == 0 else "switch"
+            ended = names[(number - 1) % 3] if trigger == "switch" else None
+            scores = {name: 2.0 + (index + number % 7) / 10 for index, name in enumerate(names)}
+            log.write(json.dumps({"batch": batch, "trigger": trigger, "ended_class": ended, "scores": scores,
+                                  "seconds": 0.01, "time": 1.7e9 + number}) + "\n")
+
+
+def test_the_report_holds_no_more_of_a_long_probe_log_than_of_a_short_one(tmp_path):
+    """A run left for weeks probes at every switch: the report held every row of probes.jsonl (and DMI
+    read it whole too). Measured: the peak grew by 6.4 MB from 1,000 to 10,000 rows; now it does not."""
+    short, long = tmp_path / "short", tmp_path / "long"
+    write_long_log(short, 2_000)
+    write_long_log(long, 2_000)
+    write_probe_log(short, 1_000)
+    write_probe_log(long, 10_000)
+    write_report(short), write_report(long)  # imports and caches (a second report's peak is 1.4 MB lower)
+    peaks = report_peak_bytes(short), report_peak_bytes(long)
+    assert peaks[1] < peaks[0] + 500_000, f"peak {peaks[0] / 1e6:.1f} MB at 1k rows, {peaks[1] / 1e6:.1f} MB at 10k"
+    forgetting = json.loads((long / "results.json").read_text())["forgetting"]
+    assert forgetting["probe_evaluations"] == 10_000 and forgetting["probe_seconds"] == 100.0
+    matrix = json.loads((long / "results.json").read_text())["probe_matrix"]
+    assert matrix["stages"] == [50, 100, 150] and matrix["classes"] == ["A", "B", "C"]
+
+
 def test_the_summary_line_of_a_resumed_run_counts_its_own_batches_and_tokens():
     """A resumed run's rate is its own tokens over its own compute time; its total stands beside."""
     from pathlib import Path
