@@ -238,3 +238,45 @@ def test_sigterm_stops_produce_like_ctrl_c_and_says_how_many_records_were_sent(b
     assert 0 < sent < total
     assert main(produce_args(broker, tiny_corpus, "paced", manifest, "--resume")) == 0
     assert sum(map(len, topic_contents(broker, "paced").values())) == total
+
+
+def test_a_looped_production_resumes_in_its_second_lap_with_neither_a_gap_nor_a_repeat(broker, tiny_corpus, tmp_path):
+    """`produce --loop --resume` onto a topic that holds one lap and a half continues each stream's replay
+    where it stopped: what the topic then holds is, stream by stream, the start of one uninterrupted
+    looped production (positions continued from lap to lap)."""
+    import itertools
+    import signal
+    import subprocess
+    import time
+
+    from producers.kafka import produce
+    from producers.stream import looped, prepare_stream
+    from streamer.cli.configs import schedule, stream_options
+    from streamer.cli.main import parse
+    from tests.learners import STREAMER
+
+    argv = produce_args(broker, tiny_corpus, "laps", tmp_path / "laps.json", "--partitions", "3", "--loop")
+    records, manifest = prepare_stream(tiny_corpus, schedule(parse(argv)), **stream_options(parse(argv)))
+    uninterrupted: dict[str, list[tuple[int, str]]] = {}
+    for record in itertools.islice(looped(records, manifest), len(records) * 4):
+        uninterrupted.setdefault(record.stream, []).append((record.truth.position, record.text))
+    asyncio.run(produce(list(itertools.islice(looped(records, manifest), len(records) * 3 // 2)),
+                        broker.bootstrap_servers, "laps", partitions=3, truth_topic="laps.truth"))
+    before = sum(map(len, topic_contents(broker, "laps").values()))
+    resumed = subprocess.Popen([*STREAMER, *argv, "--resume", "--rate", "200"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(map(len, topic_contents(broker, "laps").values())) < len(records) * 5 // 2:
+            assert resumed.poll() is None and time.monotonic() < deadline, resumed.communicate()[0][-2000:]
+            time.sleep(0.5)
+        resumed.send_signal(signal.SIGTERM)
+        output = resumed.communicate(timeout=60)[0]
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert "resuming: topic laps holds" in output and "Traceback" not in output, output[-2000:]
+    held = topic_contents(broker, "laps")
+    assert sum(map(len, held.values())) >= len(records) * 5 // 2 > before
+    for stream, got in held.items():
+        assert got == uninterrupted[stream][:len(got)], stream
