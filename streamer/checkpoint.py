@@ -283,7 +283,8 @@ class Checkpointer:
     The written checkpoint covers every record read (learned, or carried over in the loop's state),
     so once it is on disk, and only then, the Kafka offsets it holds are committed: Kafka never runs
     ahead of it. At most one write is in flight: one due meanwhile waits for the next snapshot point.
-    `writing` and `last_written` (wall time of the last write on disk, or None) are plain state."""
+    `writing`, `last_written` (wall time of the last write on disk, or None) and `step_written` are plain
+    state."""
 
     def __init__(self, path: str | os.PathLike, every_s: float, *, config, loop, monitor, labels=None):
         """`config`: the run's LearnConfig; `loop`: its streamer.loop.PrequentialLoop; `monitor`: its
@@ -293,6 +294,7 @@ class Checkpointer:
         self.config, self.loop, self.monitor, self.labels = config, loop, monitor, labels
         self.written_at = time.monotonic()
         self.last_written: float | None = None
+        self.step_written: int | None = None  # the batch count the last checkpoint on disk holds
         self.copy_s = self.write_s = 0.0  # the last snapshot copy (event loop) and write (background thread)
         self._in_flight: asyncio.Task | None = None
         self._one_at_a_time = asyncio.Lock()  # the periodic write never waits on it (it starts none while one runs)
@@ -385,7 +387,7 @@ class Checkpointer:
         started = time.perf_counter()
         await asyncio.get_running_loop().run_in_executor(self._writer, save, self.path, state)
         self.write_s = time.perf_counter() - started
-        self.written_at, self.last_written = time.monotonic(), time.time()
+        self.written_at, self.last_written, self.step_written = time.monotonic(), time.time(), state["step"]
         self.monitor.checkpointed(self.last_written)
         await self.loop.commit(state["loop"]["offsets"])  # refused (a rebalance): the checkpoint holds them
 

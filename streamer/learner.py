@@ -376,13 +376,20 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
             with loss_log as losses:
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
                     monitor.probed(row)
-                async for result in loop:
-                    losses.write(monitor.observe(result))
-                    if checkpointer.due():
-                        losses.sync()  # on disk before a checkpoint past its lines (a power cut keeps both)
-                        checkpointer.start()  # copied here, written in the background
-                    if probes and (row := await probes.before_next(loop)):
-                        monitor.probed(row)
+                idle = asyncio.create_task(_checkpoint_while_idle(loop, checkpointer, losses))
+                try:
+                    async for result in loop:
+                        losses.write(monitor.observe(result))
+                        if checkpointer.due():
+                            losses.sync()  # on disk before a checkpoint past its lines (a power cut keeps both)
+                            checkpointer.start()  # copied here, written in the background
+                        if probes and (row := await probes.before_next(loop)):
+                            monitor.probed(row)
+                finally:
+                    idle.cancel()
+                    failed = (await asyncio.gather(idle, return_exceptions=True))[0]
+                if isinstance(failed, Exception):  # its checkpoint's write failed (a full disk): the run's error
+                    raise failed
             if probes and final_probe and loop.step:  # the model after the whole stream: the last task's stage
                 monitor.probed(await probes.score(loop, "end"))
             _sync(loop, monitor, checkpointer, probes)
@@ -393,6 +400,30 @@ async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, pr
     finally:
         publisher.cancel()
         await asyncio.gather(publisher, return_exceptions=True)
+
+
+async def _checkpoint_while_idle(loop: PrequentialLoop, checkpointer: Checkpointer, losses, every_s: float = 0.5):
+    """A learner caught up with its topic takes no result until records come, so the checkpoint due at the
+    next result waited: the batches learned since the last one stayed out of it (their offsets uncommitted)
+    for as long as the topic was quiet, hours for a daemon, and a kill -9 then cost them. Once a checkpoint
+    is due and the loop waits for records, one is written here at a snapshot point. One process only: the
+    ranks checkpoint where they agree, at a step."""
+    if checkpointer.ranks is not None:
+        return
+    covered = loop.step  # (a resumed run's checkpoint holds its batches)
+    while True:
+        await asyncio.sleep(every_s)
+        covered = max(covered, checkpointer.step_written or 0)
+        if loop.step > covered and loop.waiting_since is not None and checkpointer.time_due():
+            async with loop.snapshot_point():  # no step in flight, the last result taken in
+                if loop.step > covered and loop.waiting_since is not None and not checkpointer.writing:
+                    losses.sync()
+                    try:
+                        checkpointer.start()  # (raises the last write's failure, as at a result)
+                    except Exception:
+                        loop.stop("checkpoint_failed")  # the consumer ends and raises it
+                        raise
+                    covered = loop.step
 
 
 class _NoLossLog:

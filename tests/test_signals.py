@@ -107,7 +107,9 @@ def test_sigterm_mid_run_checkpoints_and_the_restart_finishes_equal(broker, refe
 
 
 def test_without_a_manifest_it_learns_records_as_they_arrive_and_sigterm_while_idle_is_quick(broker, corpus, tmp_path):
-    command = learn_command(broker, "arriving")
+    """And while it waits for records its checkpoint catches up: the one due at the next result waited for
+    a record, so a kill -9 of a quiet daemon lost what it had learned since its last checkpoint."""
+    command = learn_command(broker, "arriving", "--checkpoint-every", "1")
     run_dir = tmp_path / "runs" / "arriving-streamer-arriving-naive"
     produce(broker, corpus, "arriving", tmp_path / "first.json", fragments=2, mean_tokens=600)
     process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -118,6 +120,8 @@ def test_without_a_manifest_it_learns_records_as_they_arrive_and_sigterm_while_i
     produce(broker, corpus, "arriving", tmp_path / "second.json", 2, 600, "--append")  # more of the same
     second = wait_for_lines(run_dir / "losses.jsonl", process, first + 10)
     time.sleep(3)  # idle again
+    learned = line_count(run_dir / "losses.jsonl")
+    assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == learned  # (before SIGTERM's own checkpoint)
     said, reader = timed_lines(process)
     sent = time.monotonic()
     seconds = stop_with(process, signal.SIGTERM)
