@@ -56,7 +56,7 @@ def _class_table(snapshot: ViewSnapshot) -> Table:
         table.add_column(column, justify="left" if column == "class" else "right")
     for name, values in sorted(snapshot.per_class.items()):
         marker = " ◀" if name == snapshot.current_class else ""
-        table.add_row(name + marker, str(values["n_batches"]), _fmt(values["ppl"]),
+        table.add_row(Text(name + marker), str(values["n_batches"]), _fmt(values["ppl"]),
                       _fmt(values["ppl@sw"]), _fmt(values["rec"]))
     o = snapshot.overall
     table.add_row("all", "", _fmt(o["ppl"]), _fmt(o["ppl@sw"]), _fmt(o["rec"]), style="bold")
@@ -195,7 +195,8 @@ def render(snapshot: ViewSnapshot) -> Panel:
     body = Group(activity_line(snapshot), progress_row(snapshot), status_line(snapshot), spark,
                  rate_line(snapshot), io_line(snapshot), _class_table(snapshot))
     oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
-    return Panel(body, title=f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}", expand=False)
+    title = Text(f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}")  # a name's [..]: no markup
+    return Panel(body, title=title, expand=False)
 
 
 def render_waiting() -> Text:

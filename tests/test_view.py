@@ -268,3 +268,13 @@ def test_the_log_says_when_the_learning_waits_for_streams_and_when_it_learns_on(
     assert waiting_for_line((3, 7), 4, 9).startswith(
         "the next batch waits for streams 3, 7: no batch for 9s while another stream holds more than 4 windows")
     assert learning_on_line((3, 7), 184) == "streams 3, 7: records came, learning on after 3m04s of waiting"
+
+
+def test_names_with_rich_markup_are_shown_as_written():
+    """Class and run names are the user's: a class `[/bold]es` raised rich's MarkupError at the end of a run,
+    `[red]en` showed as a red "en", and a run dir `exp[v2]` was titled "run exp"."""
+    per_class = {"[/bold]es": VIEW.per_class["en"], "[red]en": VIEW.per_class["fr"]}
+    snapshot = replace(SNAPSHOT, run="exp[v2]", per_class=per_class, current_class="[red]en")
+    text = _text(render(snapshot))
+    assert "run exp[v2] · strategy naive" in text
+    assert "[/bold]es" in text and "[red]en ◀" in text and "class [red]en" in text
