@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from monitor.plots import literal
 
 __all__ = [
     "GateCurve",
@@ -119,7 +120,7 @@ def plot_after_switch(
     for colour, (strategy, curve) in zip(palette, curves.items()):
         runs = curve["n_runs"]
         axes.plot(offsets, curve["mean"], color=colour, marker="o", markersize=3, linewidth=1.6,
-                  label=f"{strategy} (mean of {runs} run{'s' if runs != 1 else ''})")
+                  label=literal(f"{strategy} (mean of {runs} run{'s' if runs != 1 else ''})"))
         if runs > 1:
             axes.fill_between(offsets, curve["min"], curve["max"], color=colour, alpha=0.2, linewidth=0)
     if any(curve["n_runs"] > 1 for curve in curves.values()):
@@ -136,7 +137,7 @@ def plot_after_switch(
     axes.set_xticks(offsets[:: max(1, horizon // 15)])
     axes.grid(alpha=0.3)
     title = "Loss after a switch (mean over switches, then over runs)"
-    axes.set_title(f"{title}\n{k_label}" if k_label else title, fontsize="medium")
+    axes.set_title(f"{title}\n{literal(k_label)}" if k_label else title, fontsize="medium")
     figure.tight_layout()
     figure.savefig(path)
     return PlotResult(Path(path))
@@ -177,12 +178,12 @@ def plot_probe_heatmap(
                 if not math.isfinite(value):
                     colour = "0.3"
                 axes.text(column, row, text, ha="center", va="center", color=colour, fontsize="small")
-    axes.set_xticks(range(shape[1]), [str(c) for c in classes], rotation=45 if shape[1] > 6 else 0)
-    axes.set_yticks(range(shape[0]), [str(s) for s in stages])
+    axes.set_xticks(range(shape[1]), [literal(c) for c in classes], rotation=45 if shape[1] > 6 else 0)
+    axes.set_yticks(range(shape[0]), [literal(s) for s in stages])
     axes.set_xlabel("class")
     axes.set_ylabel("stage")
     if title:
-        axes.set_title(title, fontsize="medium")
+        axes.set_title(literal(title), fontsize="medium")
     figure.tight_layout()
     figure.savefig(path)
     return PlotResult(Path(path))

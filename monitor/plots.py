@@ -8,7 +8,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["LossCurve", "plot_loss_curve", "rolling_mean"]
+__all__ = ["LossCurve", "literal", "plot_loss_curve", "rolling_mean"]
+
+
+def literal(text) -> str:
+    """`text` as matplotlib is to show it: a `$` (a class `tweets_$AAPL_$TSLA`, a run dir `US$ and CA$`) escaped, so
+    it is not read as mathtext (which raised ValueError at a lone `^`, or set a pair's text in italics)."""
+    return str(text).replace("$", r"\$")
 
 
 def rolling_mean(values: Sequence[float], window: int) -> np.ndarray:
@@ -112,7 +118,7 @@ class LossCurve:
         axes.set_xlabel("batch")
         axes.set_ylabel("loss (nats)")
         if title:
-            axes.set_title(title)
+            axes.set_title(literal(title))
         figure.tight_layout()
         figure.savefig(path)
 
@@ -154,7 +160,7 @@ class LossCurve:
         if self.width > 1:
             axes.plot([], [], color="0.5", linewidth=0.7, label=f"max (band: min) per {self.width} batches")
         for name in class_names:
-            axes.plot([], [], color=colours[name], linewidth=2.5, label=name)
+            axes.plot([], [], color=colours[name], linewidth=2.5, label=literal(name))
         axes.set_xlim(-0.5, self.n - 0.5)
         axes.set_ylim(bottom - margin, top + margin)
         axes.grid(axis="y", alpha=0.3)

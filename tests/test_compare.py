@@ -249,3 +249,15 @@ def test_the_forgetting_table_names_losses_as_losses_and_counts_as_integers():
     assert "| 24 |" in row and "24.00" not in row  # the probe evaluations too
     assert "3.39" in row and "-3.39" not in row  # the loss itself, sign restored
     assert "0.25" in row  # forgetting keeps its sign: positive means worse
+
+
+def test_a_dollar_in_a_run_or_class_name_does_not_break_the_comparisons_figures(tmp_path):
+    """A run named `tweets_$AAPL_$TSLA` with a class `cs $^$`: its probe heatmap's title and ticks were mathtext,
+    and compare ended in a ValueError."""
+    records = [{**record, "domain_name": "cs $^$" if record["domain"] else "tweets_$AAPL_$TSLA"}
+               for record in synthetic_run(0, 6.0)]
+    runs = load_runs([write_run(tmp_path / "tweets_$AAPL_$TSLA", records, {"strategy": "naive", "seed": 0})])
+    runs[0][0]["probe_matrix"] = {"stages": [0, 1], "classes": ["cs $^$", "a$"], "values": [[1.0, None], [1.5, 0.9]]}
+    comparison = write_comparison(runs, tmp_path / "compare")
+    assert comparison["skipped"] == {}
+    assert_png(tmp_path / "compare" / "probe_matrix_tweets_$AAPL_$TSLA.png", min_bytes=2000)

@@ -439,3 +439,26 @@ def test_the_runs_own_span_past_what_it_logged_is_empty_not_refused_and_several_
     assert "the runs were learned over different spans; all scored from fragment 'half'" in err
     both = json.loads((tmp_path / "ab" / "run" / "results.json").read_text())
     assert both["span"]["from_fragment"] == 3
+
+
+def test_a_dollar_in_a_class_or_run_name_is_drawn_as_written(tmp_path):
+    """matplotlib reads text between `$`s as mathtext: a class file `cs $^$.txt` made every figure raise
+    (learn, report and compare ended in a traceback), and `US$ and CA$` was set in italics."""
+    names = {0: "cs $^$", 1: "US$ and CA$"}
+    run = tmp_path / "run $^$"
+    with LossLogWriter(run / "losses.jsonl") as log:
+        for index, record in enumerate(project_records()):
+            log.write({**record, "domain_name": names[record["domain"]], "gates": [index / 20, 1 - index / 20]})
+    with open(run / "probes.jsonl", "w", encoding="utf-8") as probes:
+        for batch, ended in ((0, None), (2, names[0]), (5, names[1])):
+            scores = {name: 2.0 + batch / 10 for name in names.values()}
+            probes.write(json.dumps({"batch": batch, "trigger": "switch" if batch else "start",
+                                     "ended_class": ended, "scores": scores, "seconds": 0.01}) + "\n")
+    write_report(run)
+    for name in ("loss_curve.png", "gate_weights.png", "probe_matrix.png"):
+        assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    from matplotlib import cbook
+
+    from monitor.plots import literal
+
+    assert not cbook.is_math_text(literal("US$ and CA$")) and not cbook.is_math_text(literal(r"a\$b$"))
