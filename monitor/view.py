@@ -19,7 +19,7 @@ from rich.text import Text
 
 from monitor.compare import ORACLE_STRATEGIES
 from monitor.console import ConsoleSnapshot, as_console
-from monitor.tracker import ViewSnapshot
+from monitor.tracker import ViewSnapshot, exp_or_inf
 
 __all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line",
            "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
@@ -33,6 +33,8 @@ def _fmt(value, digits: int = 2) -> str:
         return "n/a"
     if value == float("inf"):
         return "inf"
+    if abs(value) >= 1e6:  # a diverging run's ppl of 1e217: not 218 digits
+        return f"{value:.{digits + 1}g}"
     return f"{value:.{digits}f}"
 
 
@@ -160,7 +162,7 @@ def progress_row(snapshot: ViewSnapshot) -> Table:
 def status_line(snapshot: ViewSnapshot) -> Text:
     return Text.assemble(
         ("loss ", "dim"), _fmt(snapshot.last_loss, 3), ("  ppl ", "dim"),
-        _fmt(None if snapshot.last_loss is None else 2.718281828459045 ** snapshot.last_loss),
+        _fmt(exp_or_inf(snapshot.last_loss)),  # (a loss of 3e4 overflowed a float power)
         ("  rolling ppl ", "dim"), _fmt(snapshot.rolling_ppl),
         ("  class ", "dim"), snapshot.current_class or "n/a",
         ("  switches ", "dim"), f"{snapshot.switches} true / {snapshot.detected_switches} detected",

@@ -2,6 +2,7 @@
 The operator's readings (activity, rates, compute and waiting time) come from monitor.console's clock,
 driven here with explicit times."""
 
+import math
 import time
 from dataclasses import replace
 
@@ -278,3 +279,11 @@ def test_names_with_rich_markup_are_shown_as_written():
     text = _text(render(snapshot))
     assert "run exp[v2] · strategy naive" in text
     assert "[/bold]es" in text and "[red]en ◀" in text and "class [red]en" in text
+
+
+def test_a_huge_finite_loss_shows_an_infinite_perplexity():
+    """`learn --lr 10000` logs losses of 3e4..6e5 nats: e ** loss raised OverflowError in the live view (and in
+    `streamer status` on a terminal); a loss of 500 showed a perplexity of 218 digits."""
+    text = _text(render(replace(SNAPSHOT, last_loss=6e5, rolling_ppl=math.inf)))
+    assert "loss 600000.000  ppl inf  rolling ppl inf" in text
+    assert "loss 500.000  ppl 1.4e+217" in _text(render(replace(SNAPSHOT, last_loss=500.0)))
