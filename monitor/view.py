@@ -1,7 +1,7 @@
 """The terminal view: a pure function from a snapshot to a rich renderable.
 
 `LiveView` has rich.live.Live redraw it (``get_renderable``) on a terminal and falls back
-to one plain log line every few seconds when stdout is not a terminal (less often while the
+to one plain log line every few seconds when stdout is not a terminal (or a dumb one) (less often while the
 run waits, and at once when its activity changes). The snapshot is a monitor.console
 ConsoleSnapshot (a tracker's ViewSnapshot renders too, without the operator's readings).
 """
@@ -248,7 +248,9 @@ class LiveView:
 
     @property
     def interactive(self) -> bool:
-        return self.enabled and self.console.is_terminal
+        """Live redraws: on a terminal that is not dumb (rich's Live draws nothing on TERM=dumb, and the run
+        showed nothing till its end) nor told not to animate (TTY_INTERACTIVE=0)."""
+        return self.enabled and self.console.is_interactive
 
     def renderable(self):
         """What Live draws now: the latest snapshot, rendered."""

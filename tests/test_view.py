@@ -111,7 +111,7 @@ def test_on_a_terminal_live_redraws_the_latest_snapshot(tmp_path):
     import io
 
     out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=140, color_system=None)
+    console = Console(file=out, force_terminal=True, width=140, color_system=None, _environ={"TERM": "xterm"})
     view = LiveView(console=console)
     assert view.interactive
     assert "waiting for the first reading" in _text(view.renderable())
@@ -287,3 +287,15 @@ def test_a_huge_finite_loss_shows_an_infinite_perplexity():
     text = _text(render(replace(SNAPSHOT, last_loss=6e5, rolling_ppl=math.inf)))
     assert "loss 600000.000  ppl inf  rolling ppl inf" in text
     assert "loss 500.000  ppl 1.4e+217" in _text(render(replace(SNAPSHOT, last_loss=500.0)))
+
+
+def test_a_dumb_terminal_gets_the_plain_lines():
+    """rich's Live draws nothing on TERM=dumb: the view was live there, and the run showed nothing till its end."""
+    import io
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=400, color_system=None, _environ={"TERM": "dumb"})
+    with LiveView(console=console) as view:
+        assert not view.interactive
+        view.update(SNAPSHOT)
+    assert out.getvalue() == plain_line(SNAPSHOT) + "\n"
