@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -52,17 +53,53 @@ def sparkline(values, switches=()) -> Text:
     return text
 
 
-def _class_table(snapshot: ViewSnapshot) -> Table:
-    table = Table(title=f"CALM metrics (fragments >= {snapshot.from_fragment})", expand=False)
-    for column in ("class", "batches", "ppl", "ppl@sw", "rec"):
-        table.add_column(column, justify="left" if column == "class" else "right")
-    for name, values in sorted(snapshot.per_class.items()):
-        marker = " ◀" if name == snapshot.current_class else ""
-        table.add_row(Text(name + marker), str(values["n_batches"]), _fmt(values["ppl"]),
-                      _fmt(values["ppl@sw"]), _fmt(values["rec"]))
-    o = snapshot.overall
-    table.add_row("all", "", _fmt(o["ppl"]), _fmt(o["ppl@sw"]), _fmt(o["rec"]), style="bold")
-    return table
+_NUMBERS = ("batches", "ppl", "ppl@sw", "rec")  # the CALM table's columns after the class
+_TABLE_CHROME = 3 * (1 + len(_NUMBERS)) + 1  # its borders and cells' padding
+
+
+class _ClassTable:
+    """The CALM table, laid out for the width it is drawn at: numbers are never cut (a 40-column terminal showed
+    `33.…`); a header gives way to its values' width first, then the class names (with an ellipsis, the current
+    class's marker kept)."""
+
+    def __init__(self, snapshot: ViewSnapshot):
+        self.snapshot = snapshot
+
+    def _table(self, max_width: int) -> Table:
+        s, o = self.snapshot, self.snapshot.overall
+        rows = [(name, name == s.current_class, (str(values["n_batches"]), _fmt(values["ppl"]),
+                                                  _fmt(values["ppl@sw"]), _fmt(values["rec"])))
+                for name, values in sorted(s.per_class.items())]
+        total = ("", _fmt(o["ppl"]), _fmt(o["ppl@sw"]), _fmt(o["rec"]))
+        values = [max(len(cells[i]) for cells in [total] + [row[2] for row in rows]) for i in range(len(_NUMBERS))]
+        widths = [max(width, len(header)) for width, header in zip(values, _NUMBERS)]
+        names = max([len("all")] + [len(name) + 2 * current for name, current, _ in rows])
+        over = sum(widths) + names - (max_width - _TABLE_CHROME)
+        edges = over <= 0  # else without the outer borders and their padding: 4 columns more
+        over -= 0 if edges else 4
+        for index, value in enumerate(values):
+            cut = max(0, min(over, widths[index] - value))
+            widths[index], over = widths[index] - cut, over - cut
+        names = max(3, names - max(0, over))
+        table = Table(title=f"CALM metrics (fragments >= {s.from_fragment})", expand=False, show_edge=edges,
+                      pad_edge=edges)
+        table.add_column("class", width=names, no_wrap=True, overflow="ellipsis")
+        for header, width in zip(_NUMBERS, widths):
+            table.add_column(header, justify="right", width=width, no_wrap=True, overflow="ellipsis")
+        for name, current, cells in rows:
+            label = Text(name, no_wrap=True, overflow="ellipsis")
+            if current:
+                label.truncate(max(1, names - 2), overflow="ellipsis")
+                label.append(" ◀")
+            table.add_row(label, *cells)
+        table.add_row(Text("all"), *total, style="bold")
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions):
+        yield self._table(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self._table(options.max_width))
 
 
 def _clock(wall: float | None) -> str:
@@ -195,7 +232,7 @@ def render(snapshot: ViewSnapshot) -> Panel:
     snapshot = as_console(snapshot)
     spark = Text.assemble(("recent loss ", "dim"), sparkline(snapshot.recent_losses, snapshot.recent_switches))
     body = Group(activity_line(snapshot), progress_row(snapshot), status_line(snapshot), spark,
-                 rate_line(snapshot), io_line(snapshot), _class_table(snapshot))
+                 rate_line(snapshot), io_line(snapshot), _ClassTable(snapshot))
     oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
     title = Text(f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}")  # a name's [..]: no markup
     return Panel(body, title=title, expand=False)

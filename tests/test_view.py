@@ -299,3 +299,25 @@ def test_a_dumb_terminal_gets_the_plain_lines():
         assert not view.interactive
         view.update(SNAPSHOT)
     assert out.getvalue() == plain_line(SNAPSHOT) + "\n"
+
+
+def _text_at(renderable, width: int) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_narrow_terminal_shortens_class_names_never_numbers():
+    """At 40 columns rich cut the metric values (`33.…`); the class names are shortened now, the marker kept."""
+    values = {"ppl": 33.17, "ppl@sw": 9.5, "rec": 2.25, "n_batches": 120}
+    five = replace(SNAPSHOT, per_class={name: values for name in ("en", "fr", "de", "es", "cs")})
+    long = replace(SNAPSHOT, per_class={"a_rather_long_class_name": values, "fr": values})
+    for snapshot in (five, long):
+        rows = [line for line in _text_at(render(snapshot), 40).splitlines() if "33.17" in line]
+        assert len(rows) == len(snapshot.per_class)
+        assert all([cell.strip() for cell in row.split("│")[-5:-1]] == ["120", "33.17", "9.50", "2.25"]
+                   for row in rows), rows
+    assert "fr ◀ │" in _text_at(render(five), 40)
+    narrow = _text_at(render(long), 40)
+    assert "a_rather_long_class_name" not in narrow and "│ a_rathe… │" in narrow
+    assert "│ a_rather_long_class_name │" in _text_at(render(long), 140)  # whole where it fits
