@@ -22,8 +22,8 @@ from monitor.compare import ORACLE_STRATEGIES
 from monitor.console import ConsoleSnapshot, as_console
 from monitor.tracker import ViewSnapshot, exp_or_inf
 
-__all__ = ["render", "render_waiting", "sparkline", "plain_line", "progress_row", "status_line", "io_line",
-           "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
+__all__ = ["render", "render_waiting", "shown_classes", "sparkline", "plain_line", "progress_row", "status_line",
+           "io_line", "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
            "learning_on_line", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -57,23 +57,37 @@ _NUMBERS = ("batches", "ppl", "ppl@sw", "rec")  # the CALM table's columns after
 _TABLE_CHROME = 3 * (1 + len(_NUMBERS)) + 1  # its borders and cells' padding
 
 
+def shown_classes(names, current: str | None, rows: int | None) -> tuple[list, int]:
+    """The classes a table of at most `rows` class rows shows (all of them when None): the first ones in `names`'
+    order with `current` among them, one row left to say how many more there are; and that many."""
+    names = list(names)
+    if rows is None or len(names) <= rows:
+        return names, 0
+    room = max(1, rows - 1) - (current in names)
+    first = set([name for name in names if name != current][:room])
+    shown = [name for name in names if name in first or name == current]
+    return shown, len(names) - len(shown)
+
+
 class _ClassTable:
     """The CALM table, laid out for the width it is drawn at: numbers are never cut (a 40-column terminal showed
     `33.…`); a header gives way to its values' width first, then the class names (with an ellipsis, the current
-    class's marker kept)."""
+    class's marker kept). At most `class_rows` rows of classes (see shown_classes); the row "all" always."""
 
-    def __init__(self, snapshot: ViewSnapshot):
-        self.snapshot = snapshot
+    def __init__(self, snapshot: ViewSnapshot, class_rows: int | None = None):
+        self.snapshot, self.class_rows = snapshot, class_rows
 
     def _table(self, max_width: int) -> Table:
         s, o = self.snapshot, self.snapshot.overall
-        rows = [(name, name == s.current_class, (str(values["n_batches"]), _fmt(values["ppl"]),
-                                                  _fmt(values["ppl@sw"]), _fmt(values["rec"])))
-                for name, values in sorted(s.per_class.items())]
+        names, more = shown_classes(sorted(s.per_class), s.current_class, self.class_rows)
+        cells = {name: (str(v["n_batches"]), _fmt(v["ppl"]), _fmt(v["ppl@sw"]), _fmt(v["rec"]))
+                 for name, v in s.per_class.items()}
+        rows = [(name, name == s.current_class, cells[name]) for name in names]
+        more_row = Text(f"+{more} more", style="dim") if more else None
         total = ("", _fmt(o["ppl"]), _fmt(o["ppl@sw"]), _fmt(o["rec"]))
         values = [max(len(cells[i]) for cells in [total] + [row[2] for row in rows]) for i in range(len(_NUMBERS))]
         widths = [max(width, len(header)) for width, header in zip(values, _NUMBERS)]
-        names = max([len("all")] + [len(name) + 2 * current for name, current, _ in rows])
+        names = max([len("all"), len(more_row or "")] + [len(name) + 2 * current for name, current, _ in rows])
         over = sum(widths) + names - (max_width - _TABLE_CHROME)
         edges = over <= 0  # else without the outer borders and their padding: 4 columns more
         over -= 0 if edges else 4
@@ -92,6 +106,8 @@ class _ClassTable:
                 label.truncate(max(1, names - 2), overflow="ellipsis")
                 label.append(" ◀")
             table.add_row(label, *cells)
+        if more_row is not None:
+            table.add_row(more_row)
         table.add_row(Text("all"), *total, style="bold")
         return table
 
@@ -226,13 +242,13 @@ def io_line(snapshot: ConsoleSnapshot) -> Text:
     )
 
 
-def render(snapshot: ViewSnapshot) -> Panel:
+def render(snapshot: ViewSnapshot, class_rows: int | None = None) -> Panel:
     """Pure: the same snapshot always renders the same text (a tracker's ViewSnapshot renders without
-    the operator's readings)."""
+    the operator's readings). `class_rows`: the most rows the CALM table gives classes (see shown_classes)."""
     snapshot = as_console(snapshot)
     spark = Text.assemble(("recent loss ", "dim"), sparkline(snapshot.recent_losses, snapshot.recent_switches))
     body = Group(activity_line(snapshot), progress_row(snapshot), status_line(snapshot), spark,
-                 rate_line(snapshot), io_line(snapshot), _ClassTable(snapshot))
+                 rate_line(snapshot), io_line(snapshot), _ClassTable(snapshot, class_rows))
     oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
     title = Text(f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}")  # a name's [..]: no markup
     return Panel(body, title=title, expand=False)
@@ -290,9 +306,17 @@ class LiveView:
         return self.enabled and self.console.is_interactive
 
     def renderable(self):
-        """What Live draws now: the latest snapshot, rendered."""
+        """What Live draws now: the latest snapshot, rendered to fit the terminal's height (Live cut what did not
+        fit: with 22 classes the table lost its last rows, the row "all" and the current class among them, for
+        the whole run)."""
         snapshot = self._snapshot
-        return render_waiting() if snapshot is None else render(snapshot)
+        if snapshot is None:
+            return render_waiting()
+        panel = render(snapshot)
+        over = len(self.console.render_lines(panel, pad=False)) - self.console.height
+        if over > 0:
+            panel = render(snapshot, class_rows=len(snapshot.per_class) - over)
+        return panel
 
     def __enter__(self) -> "LiveView":
         if self.interactive:

@@ -321,3 +321,26 @@ def test_a_narrow_terminal_shortens_class_names_never_numbers():
     narrow = _text_at(render(long), 40)
     assert "a_rather_long_class_name" not in narrow and "│ a_rathe… │" in narrow
     assert "│ a_rather_long_class_name │" in _text_at(render(long), 140)  # whole where it fits
+
+
+def test_many_classes_keep_the_row_all_and_the_current_class_on_a_short_terminal():
+    """Live cuts what does not fit the terminal: with 22 classes the table lost its last rows ("..." after
+    class08), the row "all" and the current class's marker among them, for the whole run."""
+    import io
+
+    values = {"ppl": 3.0, "ppl@sw": None, "rec": None, "n_batches": 5}
+    many = replace(SNAPSHOT, per_class={f"class{i:02d}": values for i in range(22)}, current_class="class17")
+    console = Console(file=io.StringIO(), force_terminal=True, width=140, height=30, color_system=None,
+                      _environ={"TERM": "xterm"})
+    view = LiveView(console=console)
+    view.update(many)
+    lines = _text(view.renderable()).splitlines()
+    assert len(lines) == 30  # all the room there is
+    shown = [line.split("│")[2].strip() for line in lines if line.count("│") >= 6]
+    assert shown[-3:] == ["class17 ◀", f"+{22 - len(shown) + 2} more", "all"] and shown[0] == "class00", shown
+    assert len(_text(render(many)).splitlines()) > 30  # all of them where there is room (streamer status)
+    from monitor.view import shown_classes
+
+    assert shown_classes(["a", "b", "c", "d"], "d", 3) == (["a", "d"], 2)
+    assert shown_classes(["a", "b", "c", "d"], None, 3) == (["a", "b"], 2)
+    assert shown_classes(["a", "b", "c", "d"], "a", 4) == (["a", "b", "c", "d"], 0)
