@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from monitor.plots import literal
+from monitor.plots import legend, line_styles, literal
 
 __all__ = [
     "GateCurve",
@@ -116,22 +116,20 @@ def plot_after_switch(
     figure = _figure(8, 4.5)
     axes = figure.add_subplot()
     offsets = np.arange(horizon)
-    palette = _palette(len(curves))
-    for colour, (strategy, curve) in zip(palette, curves.items()):
+    handles, labels = [], []
+    for style, (strategy, curve) in zip(line_styles(len(curves)), curves.items()):
         runs = curve["n_runs"]
-        axes.plot(offsets, curve["mean"], color=colour, marker="o", markersize=3, linewidth=1.6,
-                  label=literal(f"{strategy} (mean of {runs} run{'s' if runs != 1 else ''})"))
+        handles += axes.plot(offsets, curve["mean"], color=style["color"], linestyle=style["linestyle"], marker="o",
+                             markersize=3, linewidth=1.6)
+        labels.append(f"{strategy} (mean of {runs} run{'s' if runs != 1 else ''})")
         if runs > 1:
-            axes.fill_between(offsets, curve["min"], curve["max"], color=colour, alpha=0.2, linewidth=0)
+            axes.fill_between(offsets, curve["min"], curve["max"], color=style["color"], alpha=0.2, linewidth=0)
     if any(curve["n_runs"] > 1 for curve in curves.values()):
         from matplotlib.patches import Patch
 
-        handles, labels = axes.get_legend_handles_labels()
         handles.append(Patch(facecolor="0.5", alpha=0.3))
         labels.append("band: min-max over runs")
-        axes.legend(handles, labels, fontsize="small", frameon=False)
-    else:
-        axes.legend(fontsize="small", frameon=False)
+    axes.legend(handles, [literal(label) for label in labels], fontsize="small", frameon=False)
     axes.set_xlabel("batches after the switch")
     axes.set_ylabel("loss (nats)")
     axes.set_xticks(offsets[:: max(1, horizon // 15)])
@@ -257,17 +255,20 @@ class GateCurve:
         weights = np.array(self._sums) / np.array(self._counts, dtype=float)[:, None]
         figure = _figure(12, 4)
         axes = figure.add_subplot()
-        axes.stackplot(x, weights.T, colors=_palette(self.experts),
-                       labels=[f"expert {e}" for e in range(self.experts)], alpha=0.85)
+        styles = line_styles(self.experts)
+        handles = axes.stackplot(x, weights.T, colors=[style["color"] for style in styles],
+                                 hatch=[style["hatch"] for style in styles], alpha=0.85)
+        labels = [f"expert {e}" for e in range(self.experts)]
         switches = [point[pick] for point in self._switches]
         if 0 < len(switches) <= self.MAX_SWITCHES:
-            axes.vlines(switches, 0, 1, transform=axes.get_xaxis_transform(), colors="0.2",
-                        linestyles="dashed", linewidth=0.7, label="true switch")
+            handles.append(axes.vlines(switches, 0, 1, transform=axes.get_xaxis_transform(), colors="0.2",
+                                       linestyles="dashed", linewidth=0.7))
+            labels.append("true switch")
         axes.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)
         axes.set_xlabel("step" if self.use_step else "batch")
         axes.set_ylabel("gate weight" + (f" (mean per {self.width} batches)" if self.width > 1 else ""))
         axes.set_title("Gate weights over time")
-        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        legend(axes, handles, labels)
         figure.tight_layout()
         figure.savefig(path)
         return PlotResult(Path(path))
@@ -279,11 +280,3 @@ def plot_gate_weights(rows: Iterable[Mapping], path: str | os.PathLike, *, max_p
     for row in rows:
         curve.update(row)
     return curve.save(path)
-
-
-def _palette(count: int) -> list:
-    import matplotlib
-
-    name = "tab10" if count <= 10 else "tab20"
-    colormap = matplotlib.colormaps[name]
-    return [colormap(i % colormap.N) for i in range(count)]

@@ -8,13 +8,34 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["LossCurve", "literal", "plot_loss_curve", "rolling_mean"]
+__all__ = ["LossCurve", "legend", "line_styles", "literal", "plot_loss_curve", "rolling_mean"]
+
+LEGEND_ROWS = 16  # a legend's entries per column beside a 4-inch-high plot (more ran off the image)
 
 
 def literal(text) -> str:
     """`text` as matplotlib is to show it: a `$` (a class `tweets_$AAPL_$TSLA`, a run dir `US$ and CA$`) escaped, so
     it is not read as mathtext (which raised ValueError at a lone `^`, or set a pair's text in italics)."""
     return str(text).replace("$", r"\$")
+
+
+def line_styles(count: int) -> list[dict]:
+    """A colour, a line style and a hatch for each of `count` lines (or areas), no two alike: tab10's colours
+    (tab20's past 10 lines), then the same colours dashed and hatched, dotted, ... (tab20 alone repeated itself
+    past 20: class20 looked like class00)."""
+    import matplotlib
+
+    colormap = matplotlib.colormaps["tab10" if count <= 10 else "tab20"]
+    dashes, hatches = ("solid", "dashed", "dotted", "dashdot"), ("", "//", "..", "xx")
+    return [{"color": colormap(i % colormap.N), "linestyle": dashes[i // colormap.N % len(dashes)],
+             "hatch": hatches[i // colormap.N % len(hatches)]} for i in range(count)]
+
+
+def legend(axes, handles: list, labels: list) -> None:
+    """A legend right of the plot, of these handles and labels as they are (matplotlib drops a label that starts
+    with `_`, as a class named `_other`), in as many columns as keep it within the figure."""
+    axes.legend(handles, [literal(label) for label in labels], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                fontsize="small", frameon=False, ncols=max(1, math.ceil(len(labels) / LEGEND_ROWS)))
 
 
 def rolling_mean(values: Sequence[float], window: int) -> np.ndarray:
@@ -123,16 +144,19 @@ class LossCurve:
         figure.savefig(path)
 
     def _draw(self, axes) -> None:
+        from matplotlib.lines import Line2D
+
         b = self._buckets
         x = np.arange(len(b["count"])) * self.width
         high = np.array([v if math.isfinite(v) else np.nan for v in b["high"]])
         class_names = sorted(self.class_names)
-        colours = dict(zip(class_names, _palette(len(class_names))))
+        styles = {name: {key: style[key] for key in ("color", "linestyle")}
+                  for name, style in zip(class_names, line_styles(len(class_names)))}
         marker = "." if self.n <= 500 else None  # short runs: show single-batch fragments
         if self.width == 1:  # one line per fragment, as many as the run has (at most max_points)
             for start, end in _runs(b["sequence"]):
-                axes.plot(x[start:end], high[start:end], color=colours[b["name"][start]], linewidth=0.7,
-                          alpha=0.6, marker=marker)
+                axes.plot(x[start:end], high[start:end], **styles[b["name"][start]], linewidth=0.7, alpha=0.6,
+                          marker=marker)
         else:  # one line through the buckets' maxima, each piece in its bucket's class colour, over a min-max band
             from matplotlib.collections import LineCollection
 
@@ -140,31 +164,36 @@ class LossCurve:
             axes.fill_between(x, low, high, color="0.6", alpha=0.25, linewidth=0)
             points = np.column_stack([x, high])
             axes.add_collection(LineCollection(np.stack([points[:-1], points[1:]], axis=1), linewidths=0.7,
-                                               colors=[colours[name] for name in b["name"][:-1]], alpha=0.8))
+                                               colors=[styles[name]["color"] for name in b["name"][:-1]],
+                                               linestyles=[styles[name]["linestyle"] for name in b["name"][:-1]],
+                                               alpha=0.8))
         bottom, top = (self.low, self.high) if self.high >= self.low else (0.0, 1.0)
         margin = 0.05 * (top - bottom) or 0.5
         window = max(5, min(200, self.n // 100))
         count = np.array(b["count"], dtype=float)
         means = (np.array(b["total"]) + (count - np.array(b["finite"])) * top) / count  # one inf must not blank the rest
         smooth = max(1, round(window / self.width))
-        axes.plot(x, rolling_mean(means, smooth), color="black", linewidth=1.3,
-                  label=f"rolling mean ({smooth * self.width} batches)")
+        handles = axes.plot(x, rolling_mean(means, smooth), color="black", linewidth=1.3)
+        labels = [f"rolling mean ({smooth * self.width} batches)"]
         for key, what, style in (("switch", "true switch", {"colors": "0.35", "linestyles": "dashed", "linewidth": 0.7}),
                                  ("detected", "detected switch",
                                   {"colors": "tab:red", "linestyles": "dotted", "linewidth": 1.2})):
             lines = [v for v in b[key] if v >= 0]
             if len(lines) > self.MAX_LINES:  # they would cover the trace: said in the legend instead
-                axes.plot([], [], linewidth=0, label=f"{len(lines)}+ {what}es, not drawn")
+                handles.append(Line2D([], [], linewidth=0))
+                labels.append(f"{len(lines)}+ {what}es, not drawn")
             elif lines:
-                axes.vlines(lines, bottom, top, label=what, **style)
+                handles.append(axes.vlines(lines, bottom, top, **style))
+                labels.append(what)
         if self.width > 1:
-            axes.plot([], [], color="0.5", linewidth=0.7, label=f"max (band: min) per {self.width} batches")
-        for name in class_names:
-            axes.plot([], [], color=colours[name], linewidth=2.5, label=literal(name))
+            handles.append(Line2D([], [], color="0.5", linewidth=0.7))
+            labels.append(f"max (band: min) per {self.width} batches")
+        handles += [Line2D([], [], **styles[name], linewidth=2.5) for name in class_names]
+        labels += class_names
         axes.set_xlim(-0.5, self.n - 0.5)
         axes.set_ylim(bottom - margin, top + margin)
         axes.grid(axis="y", alpha=0.3)
-        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        legend(axes, handles, labels)
 
 
 def _runs(values: list) -> list[tuple[int, int]]:
@@ -192,11 +221,3 @@ def plot_loss_curve(
     for index, record in enumerate(records):
         curve.update(record["loss"], record["sequence"], record["domain_name"], index in detected)
     curve.save(path, title=title)
-
-
-def _palette(count: int) -> list:
-    import matplotlib
-
-    name = "tab10" if count <= 10 else "tab20"
-    colormap = matplotlib.colormaps[name]
-    return [colormap(i % colormap.N) for i in range(count)]

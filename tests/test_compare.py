@@ -261,3 +261,48 @@ def test_a_dollar_in_a_run_or_class_name_does_not_break_the_comparisons_figures(
     comparison = write_comparison(runs, tmp_path / "compare")
     assert comparison["skipped"] == {}
     assert_png(tmp_path / "compare" / "probe_matrix_tweets_$AAPL_$TSLA.png", min_bytes=2000)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures saved during a test, as matplotlib Figures (still saved to their files)."""
+    from matplotlib.figure import Figure
+
+    figures, savefig = [], Figure.savefig
+
+    def saving(self, *args, **kwargs):
+        figures.append(self)
+        return savefig(self, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", saving)
+    return figures
+
+
+def _legend_of(figure):
+    """The legend's labels and handles, and whether it lies within the image."""
+    legend = figure.axes[0].get_legend()
+    box = legend.get_window_extent(figure.canvas.get_renderer())
+    inside = box.x0 >= 0 and box.y0 >= 0 and box.x1 <= figure.bbox.x1 and box.y1 <= figure.bbox.y1
+    return [text.get_text() for text in legend.get_texts()], legend.legend_handles, inside
+
+
+def test_many_classes_and_experts_each_get_a_legend_entry_of_their_own_within_the_image(tmp_path, drawn):
+    """A class named `_other` was dropped from the legend (matplotlib skips labels that start with `_`); 22 classes
+    ran off the image; past 20 the colours repeated (class20 looked like class00); with 30 experts the gate
+    figure's legend showed experts 0 to 19."""
+    from monitor.plots import LossCurve
+
+    names = ["_other"] + [f"class{i:02d}" for i in range(21)]
+    curve = LossCurve()
+    for index in range(len(names) * 5):
+        curve.update(1.0 + index % 5, index // 5, names[index // 5])
+    curve.save(tmp_path / "loss.png")
+    labels, handles, inside = _legend_of(drawn[-1])
+    assert labels[-22:] == sorted(names) and inside
+    looks = {(handle.get_color(), str(handle.get_linestyle())) for handle in handles[-22:]}
+    assert len(looks) == 22
+
+    rows = [{"gates": [1 / 30] * 30, "sequence": index // 10, "step": index} for index in range(60)]
+    assert plot_gate_weights(rows, tmp_path / "gates.png").path is not None
+    labels, handles, inside = _legend_of(drawn[-1])
+    assert labels[:30] == [f"expert {e}" for e in range(30)] and inside
+    assert len({(tuple(handle.get_facecolor()), handle.get_hatch()) for handle in handles[:30]}) == 30
