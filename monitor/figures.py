@@ -245,7 +245,8 @@ class GateCurve:
 
     def save(self, path: str | os.PathLike) -> PlotResult:
         """CALM Fig. 1d: the gate weight of each expert over time, stacked, with dashed lines at the true
-        switches (up to 200); buckets of several rows show their mean."""
+        switches (up to 200); buckets of several rows show their mean. Gates that are not weights (a value below
+        0, or rows that do not sum to 1) are drawn as a line each, not stacked."""
         if self.problem:
             return PlotResult(None, self.problem)
         if not self.n:
@@ -256,8 +257,13 @@ class GateCurve:
         figure = _figure(12, 4)
         axes = figure.add_subplot()
         styles = line_styles(self.experts)
-        handles = axes.stackplot(x, weights.T, colors=[style["color"] for style in styles],
-                                 hatch=[style["hatch"] for style in styles], alpha=0.85)
+        shares = bool((weights >= 0).all()) and bool(np.allclose(weights.sum(axis=1), 1.0, atol=1e-3))
+        if shares:
+            handles = axes.stackplot(x, weights.T, colors=[style["color"] for style in styles],
+                                     hatch=[style["hatch"] for style in styles], alpha=0.85)
+        else:  # (poe's signed gate values, rows summing to 3.57, were stacked as if shares of a whole)
+            handles = [axes.plot(x, weights[:, e], color=styles[e]["color"], linestyle=styles[e]["linestyle"],
+                                 linewidth=1.0)[0] for e in range(self.experts)]
         labels = [f"expert {e}" for e in range(self.experts)]
         switches = [point[pick] for point in self._switches]
         if 0 < len(switches) <= self.MAX_SWITCHES:
@@ -266,8 +272,9 @@ class GateCurve:
             labels.append("true switch")
         axes.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)
         axes.set_xlabel("step" if self.use_step else "batch")
-        axes.set_ylabel("gate weight" + (f" (mean per {self.width} batches)" if self.width > 1 else ""))
-        axes.set_title("Gate weights over time")
+        axes.set_ylabel(("gate weight" if shares else "gate value") + (f" (mean per {self.width} batches)"
+                                                                       if self.width > 1 else ""))
+        axes.set_title("Gate weights over time" if shares else "Gate values over time (not weights summing to 1)")
         legend(axes, handles, labels)
         figure.tight_layout()
         figure.savefig(path)

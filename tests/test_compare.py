@@ -306,3 +306,19 @@ def test_many_classes_and_experts_each_get_a_legend_entry_of_their_own_within_th
     labels, handles, inside = _legend_of(drawn[-1])
     assert labels[:30] == [f"expert {e}" for e in range(30)] and inside
     assert len({(tuple(handle.get_facecolor()), handle.get_hatch()) for handle in handles[:30]}) == 30
+
+
+def test_gate_values_that_are_not_weights_are_drawn_as_lines_not_stacked(tmp_path, drawn):
+    """poe logs signed raw gate values (-0.53..1.26, rows summing to 3.57): stacked, they read as shares of 1."""
+    from matplotlib.collections import PolyCollection
+
+    signed = [{"gates": [-0.53, 1.26, 2.84], "sequence": index // 10, "step": index} for index in range(40)]
+    assert plot_gate_weights(signed, tmp_path / "signed.png").path is not None
+    axes = drawn[-1].axes[0]
+    assert len(axes.lines) == 3 and not any(isinstance(c, PolyCollection) for c in axes.collections)
+    assert axes.get_ylabel() == "gate value"
+    weights = [{**row, "gates": [0.2, 0.3, 0.5]} for row in signed]
+    assert plot_gate_weights(weights, tmp_path / "weights.png").path is not None
+    axes = drawn[-1].axes[0]
+    assert not axes.lines and sum(isinstance(c, PolyCollection) for c in axes.collections) == 3
+    assert axes.get_ylabel() == "gate weight"
