@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ExactSum", "OpenFragment", "Summary", "calm_metrics", "calm_result",
-           "check_params", "format_table", "perplexity", "recovery_duration"]
+           "check_params", "format_table", "markdown_cell", "perplexity", "recovery_duration"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
 
@@ -284,6 +284,12 @@ def _cell(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def markdown_cell(text) -> str:
+    """`text` as one cell of a Markdown table: a `|` escaped and a line break a space (a class named `a|b` split its
+    row into one cell more than the header's)."""
+    return " ".join(str(text).splitlines()).replace("|", r"\|")
+
+
 def format_table(result: Mapping) -> str:
     """A Markdown table of a :func:`calm_metrics` result (row "all", then one per class) and its notes."""
     lines = [
@@ -293,7 +299,7 @@ def format_table(result: Mapping) -> str:
     rows = [("all", result)] + list(result.get("per_class", {}).items())
     for name, entry in rows:
         lines.append(
-            f"| {name} | {_cell(entry['ppl'])} | {_cell(entry['ppl@sw'])} | {_cell(entry['rec'])} "
+            f"| {markdown_cell(name)} | {_cell(entry['ppl'])} | {_cell(entry['ppl@sw'])} | {_cell(entry['rec'])} "
             f"| {entry['n_batches']} | {entry['n_revisits']} |"
         )
     notes = result.get("notes", [])

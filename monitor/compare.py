@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from monitor.calm import markdown_cell
 from monitor.figures import plot_after_switch, plot_probe_heatmap, strategy_after_switch
 from monitor.reference import add_oracle_reference
 from monitor.report import build_report, json_safe, load_run
@@ -178,9 +179,11 @@ def _parameters_text(parameters) -> str:
 
 
 def _label(entry: Mapping) -> str:
+    """The strategy's name as a Markdown table cell (a run's config.json says it), with what it is."""
+    name = markdown_cell(entry["strategy"])
     if entry.get("oracle"):
-        return f"{entry['strategy']} (oracle)"
-    return f"{entry['strategy']} (reference)" if entry["strategy"] in REFERENCE_STRATEGIES else entry["strategy"]
+        return f"{name} (oracle)"
+    return f"{name} (reference)" if entry["strategy"] in REFERENCE_STRATEGIES else name
 
 
 def table1_markdown(summary: Sequence[Mapping]) -> str:

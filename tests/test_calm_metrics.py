@@ -235,3 +235,14 @@ def test_format_table_shows_na_and_notes():
     assert lines[2] == "| all | 20.09 | 2.72 | 0.00 | 5 | 1 |"
     assert "| C | 148.41 | n/a | n/a | 1 | 0 |" in lines
     assert any(line.startswith("- class 'C'") for line in lines)
+
+
+def test_a_pipe_in_a_class_name_stays_in_its_cell_of_the_markdown_table():
+    """A class named `a|b` split its row into one cell more than the header's."""
+    import re
+
+    records = [{**record, "domain_name": {0: "a|b", 1: "two\nlines"}.get(record["domain"], "C")} for record in SWITCHY]
+    lines = format_table(calm_metrics(records)).splitlines()
+    cells = [len(re.split(r"(?<!\\)\|", line)) for line in lines if line.startswith("|")]
+    assert len(set(cells)) == 1 and len(cells) == 5
+    assert r"| a\|b | " in lines[3] and "| two lines | " in lines[4]

@@ -322,3 +322,11 @@ def test_gate_values_that_are_not_weights_are_drawn_as_lines_not_stacked(tmp_pat
     axes = drawn[-1].axes[0]
     assert not axes.lines and sum(isinstance(c, PolyCollection) for c in axes.collections) == 3
     assert axes.get_ylabel() == "gate weight"
+
+
+def test_a_pipe_in_a_strategy_name_stays_in_its_cell():
+    """A run's config.json names its strategy: `a|b` split Table 1's row (and the forgetting table's)."""
+    reports = [report("x-0", "a|b", 0, 10.0, 12.0, 4.0)]
+    reports[0]["forgetting"] = {"forgetting": 0.3}
+    assert r"| a\|b | 1 | 10.00 |" in table1_markdown(summarise_runs(reports))
+    assert r"| a\|b | 1/1 | 0.30 |" in forgetting_table_markdown(reports)
