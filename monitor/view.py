@@ -8,6 +8,7 @@ ConsoleSnapshot (a tracker's ViewSnapshot renders too, without the operator's re
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich.console import Console, ConsoleOptions, Group
@@ -40,14 +41,17 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def sparkline(values, switches=()) -> Text:
-    """Loss bars scaled to the window's range; switch positions in bold red."""
+    """Loss bars scaled to the window's finite range; switch positions in bold red, a non-finite loss (a diverged
+    batch's inf or nan, which raised ValueError here and stopped the view) as a bold red ×."""
     text = Text()
-    if not values:
-        return text
-    low, high = min(values), max(values)
+    finite = [value for value in values if math.isfinite(value)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
     span = (high - low) or 1.0
     switches = tuple(switches) + (False,) * (len(values) - len(switches))
     for value, switched in zip(values, switches):
+        if not math.isfinite(value):
+            text.append("×", style="bold red")
+            continue
         bar = _BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))]
         text.append("┃" if switched else bar, style="bold red" if switched else "cyan")
     return text

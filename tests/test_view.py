@@ -81,6 +81,8 @@ def test_sparkline_marks_switches_and_scales_to_the_window():
     line = sparkline([1.0, 2.0, 3.0, 2.0], [False, False, True, False])
     assert line.plain == "▁▅┃▅"
     assert sparkline([]).plain == ""
+    assert sparkline([1.0, math.inf, 3.0, math.nan]).plain == "▁×█×"  # a diverged batch (it raised ValueError)
+    assert sparkline([math.nan]).plain == "×"
 
 
 def test_the_plain_line_says_everything_in_one_line():
