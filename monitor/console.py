@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from monitor.files import replace_text
+from monitor.files import json_safe, replace_text
 from monitor.tracker import ViewSnapshot
 
 __all__ = ["ActivityClock", "ConsoleSnapshot", "LoopReading", "TimeSplit", "COMPUTE_ACTIVITIES",
@@ -275,18 +275,32 @@ def snapshot_to_json(snapshot: ConsoleSnapshot) -> dict:
     return {"version": STATUS_VERSION, **asdict(snapshot)}
 
 
+def _numbers(value):
+    """json_safe's "inf", "-inf" and "nan" back to floats, in a value of numbers (or lists and dicts of them)."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_numbers(item) for item in value]
+    return value
+
+
 def snapshot_from_json(data: dict) -> ConsoleSnapshot:
-    """Inverse of snapshot_to_json (tuples back from lists); unknown keys are ignored."""
+    """Inverse of snapshot_to_json (tuples back from lists; a numeric field's "inf" and "nan", as status.json
+    writes them, back to floats); unknown keys are ignored."""
+    numeric = {f.name for f in fields(ConsoleSnapshot) if "str" not in str(f.type)}  # (names: a class "inf")
     known = {f.name for f in fields(ConsoleSnapshot)}
-    values = {key: value for key, value in data.items() if key in known}
+    values = {key: _numbers(value) if key in numeric else value for key, value in data.items() if key in known}
     for name in ("recent_losses", "recent_switches", "waiting_for"):
         values[name] = tuple(values.get(name, ()))
     return ConsoleSnapshot(**values)
 
 
 def write_status(path: Path, snapshot: ConsoleSnapshot) -> None:
-    """`status.json` in the run directory, replaced atomically (a reader never sees half a file)."""
-    replace_text(path, json.dumps(snapshot_to_json(snapshot), default=str))
+    """`status.json` in the run directory, replaced atomically (a reader never sees half a file); strict JSON: a
+    diverged run's inf is "inf" (see monitor.files.json_safe)."""
+    replace_text(path, json.dumps(json_safe(snapshot_to_json(snapshot)), default=str, allow_nan=False))
 
 
 def read_status(path: Path) -> ConsoleSnapshot | None:

@@ -1,13 +1,28 @@
 """Small files that other programs read while a learner runs (status.json, config.json, results.json):
-written beside the old one and renamed over it, so a reader never sees half a file; and the learner that
-holds a run directory (its .lock's pid), as those programs see it."""
+written beside the old one and renamed over it, so a reader never sees half a file, as strict JSON (json_safe);
+and the learner that holds a run directory (its .lock's pid), as those programs see it."""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["learner_process", "replace_text"]
+__all__ = ["json_safe", "learner_process", "replace_text"]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by "inf", "-inf" or "nan": strict JSON (``json.dumps`` wrote
+    bare Infinity and NaN, which other JSON readers refuse), written with ``allow_nan=False``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def replace_text(path: str | os.PathLike, text: str) -> None:

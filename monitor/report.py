@@ -21,13 +21,12 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from monitor.accuracy import AccuracyTracker
 from monitor.calm import CalmAccumulator
 from monitor.detection import DetectionReport
 from monitor.figures import GateCurve, plot_probe_heatmap
-from monitor.files import replace_text
+from monitor.files import json_safe, replace_text
 from monitor.forgetting import forgetting_summary, matrix_from_probe_log, probe_rows
 from monitor.losslog import iter_loss_log, read_loss_log, torn_tail
 from monitor.plots import LossCurve
@@ -272,17 +271,6 @@ def _probe_metrics(path: Path, order: list[str], config: Mapping) -> dict:
             "probe_matrix": {"stages": list(matrix.stages), "classes": list(matrix.classes),
                              "values": matrix.values,
                              "unit": "held-out accuracy" if accuracy else "held-out loss (nats)"}}
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by "inf", "-inf" or "nan" (see module doc)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
-    return value
 
 
 def _title(report: Mapping) -> str:

@@ -234,3 +234,20 @@ def test_the_metrics_line_leaves_out_reasons_at_0_and_says_when_the_counters_res
     assert "dead letters bad_key 2" in line and "bad_utf8" not in line and "lag 0 0" in line
     _print_metrics({"url": "http://h:1/metrics", "values": {**values, "batches": 3194.0}}, logged=3194)
     assert "since this learner's start" not in capsys.readouterr().out
+
+
+def test_the_json_status_of_a_diverged_run_is_strict_json(tmp_path, capsys):
+    """`streamer status --json` printed bare Infinity for a diverged run's perplexity (not JSON to jq and others)."""
+    from dataclasses import replace
+
+    from monitor.console import write_status
+    from tests.test_view import SNAPSHOT
+
+    config = {"topic": "t", "group_id": "g", "strategy": "naive", "model_name": "lstm", "bootstrap_servers": "x:1",
+              "device": "cpu"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "losses.jsonl").write_text(json.dumps({"batch": 0, "loss": 1e5, "domain_name": "en"}) + "\n")
+    write_status(tmp_path / "status.json", replace(SNAPSHOT, rolling_ppl=float("inf")))
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-standard {name}"))
+    assert status["status"]["rolling_ppl"] == "inf"

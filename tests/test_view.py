@@ -346,3 +346,22 @@ def test_many_classes_keep_the_row_all_and_the_current_class_on_a_short_terminal
     assert shown_classes(["a", "b", "c", "d"], "d", 3) == (["a", "d"], 2)
     assert shown_classes(["a", "b", "c", "d"], None, 3) == (["a", "b"], 2)
     assert shown_classes(["a", "b", "c", "d"], "a", 4) == (["a", "b", "c", "d"], 0)
+
+
+def test_the_status_file_of_a_diverged_run_is_strict_json_and_reads_back(tmp_path):
+    """status.json had bare Infinity and NaN (not JSON to other readers): they are "inf" and "nan" now, read back as
+    floats, except in a name (a class called "inf")."""
+    import json
+
+    import pytest
+
+    diverged = replace(SNAPSHOT, last_loss=math.nan, rolling_ppl=math.inf, current_class="inf",
+                       overall={"ppl": math.inf, "ppl@sw": None, "rec": None}, recent_losses=(1.0, math.inf),
+                       per_class={"inf": {"ppl": math.inf, "ppl@sw": None, "rec": None, "n_batches": 3}})
+    write_status(tmp_path / "status.json", diverged)
+    data = json.loads((tmp_path / "status.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert data["rolling_ppl"] == "inf" and data["overall"]["ppl"] == "inf" and data["last_loss"] == "nan"
+    again = read_status(tmp_path / "status.json")
+    assert again.current_class == "inf" and again.rolling_ppl == math.inf and math.isnan(again.last_loss)
+    assert again.recent_losses == (1.0, math.inf) and again.per_class["inf"]["ppl"] == math.inf
+    assert "rolling ppl inf" in _text(render(again))

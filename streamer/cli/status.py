@@ -44,7 +44,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     status = run_status(args.run_dir, timeout_s=args.timeout)  # the monitor's modules: imported here, not for --help
     if args.json:
-        print(json.dumps(status, default=str))
+        from monitor.files import json_safe
+
+        print(json.dumps(json_safe(status), default=str, allow_nan=False))  # strict JSON: a diverged run's "inf"
     else:
         _print(status)
     return 0
