@@ -237,7 +237,8 @@ def rate_line(snapshot: ConsoleSnapshot) -> Text:
 def io_line(snapshot: ConsoleSnapshot) -> Text:
     share = ("none yet" if snapshot.probe_share is None or not snapshot.probe_s
              else f"{snapshot.probe_share:.0%} of wall ({duration(snapshot.probe_s)})")
-    age = "none yet" if snapshot.checkpoint_age_s is None else f"{duration(snapshot.checkpoint_age_s)} ago"
+    none = "none" if snapshot.activity == "stopped" else "none yet"  # (a finished run's may have been removed)
+    age = none if snapshot.checkpoint_age_s is None else f"{duration(snapshot.checkpoint_age_s)} ago"
     again = (("  read again ", "dim"), f"{snapshot.read_again:,}") if snapshot.read_again else ()
     return Text.assemble(
         ("lag ", "dim"), _lag_text(snapshot), *again, ("  queue ", "dim"), str(snapshot.queue_depth),

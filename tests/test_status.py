@@ -205,7 +205,21 @@ def test_the_status_of_a_finished_compare_run_says_it_is_over(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "checkpoint: none (the run is over: its report is results.json)" in out
-    assert "console: none (a run learned offline, as compare's multitask, writes no status.json)" in out
+    assert "console: no status.json (the run's report is results.json)" in out  # (it said why, and wrongly)
+
+    # a run of compare's that wrote status.json: its checkpoint's age was shown from it, stale, once deleted
+    from dataclasses import replace
+
+    from monitor.console import write_status
+    from monitor.view import io_line
+    from tests.test_view import SNAPSHOT
+
+    write_status(tmp_path / "status.json", replace(SNAPSHOT, activity="stopped", checkpoint_age_s=0.0))
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint_age none " in out and "checkpoint_age 0s" not in out
+    assert "checkpoint none  " in io_line(replace(SNAPSHOT, activity="stopped", checkpoint_age_s=None)).plain
+    (tmp_path / "status.json").unlink()
 
     # a report of a learner still running (before its first checkpoint) writes results.json too: not over
     import subprocess

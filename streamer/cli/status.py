@@ -224,13 +224,13 @@ def _print_console(status: dict) -> None:
     from monitor.console import snapshot_from_json
     from monitor.view import duration, plain_line, render
 
-    if status["status"] is None:
-        print("console: none (a run learned offline, as compare's multitask, writes no status.json)"
+    if status["status"] is None:  # (why not, it cannot tell: an offline run's, or one removed)
+        print("console: no status.json (the run's report is results.json)"
               if status.get("reported") else "console: no status.json yet (the learner writes it every few seconds)")
         return
-    snapshot = snapshot_from_json(status["status"])
-    if status["checkpoint_age_s"] is not None:  # now, not when the snapshot was written
-        snapshot = replace(snapshot, checkpoint_age_s=status["checkpoint_age_s"])
+    # the checkpoint's age now, not when the snapshot was written; none without checkpoint.pt (compare deletes a
+    # finished run's: its snapshot's age was shown, stale, below "checkpoint: none")
+    snapshot = replace(snapshot_from_json(status["status"]), checkpoint_age_s=status["checkpoint_age_s"])
     stale = "" if status["learner"]["running"] else " (its last state: the learner is not running)"
     print(f"console, written {duration(status['status_age_s'])} ago{stale}:")
     console = Console(highlight=False)
