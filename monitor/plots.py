@@ -71,6 +71,7 @@ class LossCurve:
         self.n = 0
         self.class_names: set[str] = set()
         self.low, self.high = math.inf, -math.inf  # finite losses
+        self.counts = {"switch": 0, "detected": 0}  # every true and detected switch (a bucket keeps its first)
         self._buckets: dict[str, list] = {name: [] for name in self._FIELDS}
         self._last_sequence = None
 
@@ -96,6 +97,8 @@ class LossCurve:
             b["total"][last] += loss
             b["finite"][last] += 1
             self.low, self.high = min(self.low, loss), max(self.high, loss)
+        self.counts["switch"] += switch
+        self.counts["detected"] += bool(detected)
         if switch and b["switch"][last] < 0:
             b["switch"][last] = index
         if detected and b["detected"][last] < 0:
@@ -145,6 +148,7 @@ class LossCurve:
 
     def _draw(self, axes) -> None:
         from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
 
         b = self._buckets
         x = np.arange(len(b["count"])) * self.width
@@ -181,7 +185,7 @@ class LossCurve:
             lines = [v for v in b[key] if v >= 0]
             if len(lines) > self.MAX_LINES:  # they would cover the trace: said in the legend instead
                 handles.append(Line2D([], [], linewidth=0))
-                labels.append(f"{len(lines)}+ {what}es, not drawn")
+                labels.append(f"{self.counts[key]:,} {what}es, not drawn")  # (not the buckets holding one)
             elif lines:
                 handles.append(axes.vlines(lines, bottom, top, **style))
                 labels.append(what)
@@ -191,6 +195,7 @@ class LossCurve:
         handles += [Line2D([], [], **styles[name], linewidth=2.5) for name in class_names]
         labels += class_names
         axes.set_xlim(-0.5, self.n - 0.5)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # (1 batch: ticks at -0.4 .. 0.4)
         axes.set_ylim(bottom - margin, top + margin)
         axes.grid(axis="y", alpha=0.3)
         legend(axes, handles, labels)

@@ -330,3 +330,21 @@ def test_a_pipe_in_a_strategy_name_stays_in_its_cell():
     reports[0]["forgetting"] = {"forgetting": 0.3}
     assert r"| a\|b | 1 | 10.00 |" in table1_markdown(summarise_runs(reports))
     assert r"| a\|b | 1/1 | 0.30 |" in forgetting_table_markdown(reports)
+
+
+def test_the_loss_curve_counts_every_switch_it_does_not_draw_and_a_short_run_gets_whole_batch_ticks(tmp_path, drawn):
+    """The legend said "651+ true switches" of 661 (it counted the buckets holding one); a 1-batch run's x ticks
+    were at -0.4 .. 0.4."""
+    from monitor.plots import LossCurve
+
+    curve = LossCurve(max_points=400)
+    for index in range(800):  # a fragment a batch: 799 switches, in 400 buckets of 2
+        curve.update(2.0, index, "ab"[index % 2], detected=index % 2 == 1)
+    curve.save(tmp_path / "loss.png")
+    labels, _, _ = _legend_of(drawn[-1])
+    assert "799 true switches, not drawn" in labels and "400 detected switches, not drawn" in labels, labels
+    single = LossCurve()
+    single.update(2.0, 0, "a")
+    single.save(tmp_path / "one.png")
+    ticks = drawn[-1].axes[0].get_xticks()
+    assert all(float(tick).is_integer() for tick in ticks), ticks
