@@ -200,7 +200,9 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
             gates.update(record)
     seen = len(survey.sequences)
     metrics = span.result()
-    if own and start > survey.max_sequence:
+    if not survey.count:  # (it said "past the fragments it logged (0 to -1)")
+        metrics["notes"].append("no batches logged: nothing to score")
+    elif own and start > survey.max_sequence:
         metrics["notes"].append(f"the run's span starts at fragment {start} (its config.json), past the fragments "
                                 f"it logged (0 to {survey.max_sequence}): nothing to score there; --from-fragment "
                                 "chooses another")

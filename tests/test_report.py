@@ -462,3 +462,13 @@ def test_a_dollar_in_a_class_or_run_name_is_drawn_as_written(tmp_path):
     from monitor.plots import literal
 
     assert not cbook.is_math_text(literal("US$ and CA$")) and not cbook.is_math_text(literal(r"a\$b$"))
+
+
+def test_the_report_of_a_run_that_logged_no_batch_says_so(tmp_path):
+    """It said the run's span was "past the fragments it logged (0 to -1)"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "losses.jsonl").write_text("")
+    (run / "config.json").write_text(json.dumps({"from_fragment": 2, "n_fragments": 4}))
+    notes = write_report(run)["metrics"]["notes"]
+    assert "no batches logged: nothing to score" in notes and not any("-1" in note for note in notes), notes
