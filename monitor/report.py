@@ -31,12 +31,14 @@ from monitor.forgetting import forgetting_summary, matrix_from_probe_log, probe_
 from monitor.losslog import iter_loss_log, read_loss_log, torn_tail
 from monitor.plots import LossCurve
 
-__all__ = ["build_report", "json_safe", "load_run", "read_config", "resolve_from_fragment", "write_report"]
+__all__ = ["build_report", "json_safe", "load_run", "read_config", "report_files", "resolve_from_fragment",
+           "write_report"]
 
 LOSS_LOG_NAME = "losses.jsonl"
 CONFIG_NAME = "config.json"
 RESULTS_NAME = "results.json"
 PLOT_NAME = "loss_curve.png"
+FIGURE_NAMES = (PLOT_NAME, "probe_matrix.png", "gate_weights.png")  # the last two: runs that have them
 DEFAULT_K, DEFAULT_SPAN = 10, "half"  # a log without a config.json: CALM's k and the paper's span
 
 
@@ -311,14 +313,20 @@ def write_report(
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     replace_text(out / RESULTS_NAME, text + "\n")  # a stop mid-write leaves the last one whole
     curve.save(out / PLOT_NAME, title=_title(report))
-    if gates.n or gates.problem:  # mixtures log their expert weights (CALM Fig. 1d)
-        gates.save(out / "gate_weights.png")
-    else:  # a figure of an earlier run into the same directory is not this one's
+    # mixtures log their expert weights (CALM Fig. 1d); a figure not drawn: an earlier run's in the same directory
+    # is not this one's
+    if not (gates.n or gates.problem) or gates.save(out / "gate_weights.png").path is None:
         (out / "gate_weights.png").unlink(missing_ok=True)
-    if report.get("probe_matrix"):
-        matrix = report["probe_matrix"]
-        plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",
-                           title=f"{matrix['unit']} per class after each stage: {Path(report['run']).name}")
-    else:
+    matrix = report.get("probe_matrix")
+    if not matrix or plot_probe_heatmap(matrix["values"], matrix["stages"], matrix["classes"], out / "probe_matrix.png",
+                                        title=f"{matrix['unit']} per class after each stage: "
+                                              f"{Path(report['run']).name}").path is None:
         (out / "probe_matrix.png").unlink(missing_ok=True)
     return report
+
+
+def report_files(out_dir: str | os.PathLike) -> list[str]:
+    """The files of the report written into `out_dir`: results.json and the figures it drew (write_report removes
+    those of an earlier report there that it does not draw)."""
+    out = Path(out_dir)
+    return [name for name in (RESULTS_NAME, *FIGURE_NAMES) if (out / name).is_file()]

@@ -472,3 +472,24 @@ def test_the_report_of_a_run_that_logged_no_batch_says_so(tmp_path):
     (run / "config.json").write_text(json.dumps({"from_fragment": 2, "n_fragments": 4}))
     notes = write_report(run)["metrics"]["notes"]
     assert "no batches logged: nothing to score" in notes and not any("-1" in note for note in notes), notes
+
+
+def test_report_names_the_figures_it_wrote(tmp_path, capsys):
+    """`streamer report` said "written to ...: results.json, loss_curve.png" of a run it also drew the probe matrix
+    and the gate weights of."""
+    from streamer.cli.main import main
+
+    run = tmp_path / "run"
+    with LossLogWriter(run / "losses.jsonl") as log:
+        for index, record in enumerate(project_records()):
+            log.write({**record, "gates": [index / 20, 1 - index / 20]})
+    with open(run / "probes.jsonl", "w", encoding="utf-8") as probes:
+        for batch, ended in ((0, None), (2, "A"), (5, "B")):
+            probes.write(json.dumps({"batch": batch, "trigger": "switch" if batch else "start", "ended_class": ended,
+                                     "scores": {"A": 2.0, "B": 2.5}, "seconds": 0.01}) + "\n")
+    assert main(["report", str(run)]) == 0
+    written = capsys.readouterr().out.strip().splitlines()[-1]
+    assert written == f"written to {run}: results.json, loss_curve.png, probe_matrix.png, gate_weights.png"
+    (run / "probes.jsonl").unlink()
+    assert main(["report", str(run)]) == 0  # (and an earlier report's probe matrix is not this one's)
+    assert capsys.readouterr().out.strip().endswith(": results.json, loss_curve.png, gate_weights.png")

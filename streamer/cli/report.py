@@ -97,7 +97,7 @@ def accuracy_line(report: dict) -> str | None:
 
 def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict:
     """The run's one-line summary, its report written over the run's span, and CALM's metrics printed."""
-    from monitor.report import write_report  # river and scipy: loaded by the commands that report
+    from monitor.report import report_files, write_report  # river and scipy: loaded by the commands that report
 
     print(summary_line(summary))
     report = write_report(summary.run_dir, from_fragment=from_fragment)
@@ -109,7 +109,7 @@ def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAUL
     for line in (accuracy_line(report), detection_line(report)):
         if line:
             print(f"\n{line}")
-    print(f"run directory: {summary.run_dir} (losses.jsonl, results.json, loss_curve.png, checkpoint.pt)")
+    print(f"run directory: {summary.run_dir} (losses.jsonl, {', '.join(report_files(summary.run_dir))}, checkpoint.pt)")
     return report
 
 
@@ -128,7 +128,7 @@ def run(args) -> int:
         raise UserError(f"--out {args.out} is a file; give a directory")
     if len(args.paths) > 1:
         return _several(args)
-    from monitor.report import json_safe, write_report  # river and scipy: after the paths are checked
+    from monitor.report import json_safe, report_files, write_report  # river and scipy: after the paths are checked
     path = args.paths[0]
     try:
         report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
@@ -145,7 +145,7 @@ def run(args) -> int:
             if line:
                 print(f"\n{line}")
         written = args.out or (path if path.is_dir() else path.parent)
-        print(f"\nwritten to {written}: results.json, loss_curve.png")
+        print(f"\nwritten to {written}: {', '.join(report_files(written))}")  # (it named two, whatever it drew)
     return 0
 
 
@@ -204,5 +204,5 @@ def _several(args) -> int:
     print((out / "forgetting.md").read_text())
     for name, reason in comparison.get("skipped", {}).items():
         print(f"skipped {name}: {reason}")
-    print(f"written to {out}: table1.md, forgetting.md, after_switch.png, comparison.json and one folder per run")
+    print(f"written to {out}: {', '.join(comparison['files'])} and one folder per run")  # (the figures drawn)
     return 0
