@@ -150,7 +150,8 @@ def plot_probe_heatmap(
     title: str = "",
 ) -> PlotResult:
     """The probe matrix R (rows: stages, columns: classes) as a heatmap with each value in its cell;
-    ``None`` or non-finite cells are blank and marked "n/a"."""
+    ``None`` or non-finite cells are blank and marked "n/a". Stage i is the model after the first fragment of
+    ``classes[i]``: a stage given as a batch number is labelled "after <class> (batch N)"."""
     if not matrix_values or not stages or not classes:
         return PlotResult(None, "empty probe matrix")
     shape = (len(stages), len(classes))
@@ -160,7 +161,11 @@ def plot_probe_heatmap(
     finite = np.isfinite(values)
     if not finite.any():
         return PlotResult(None, "probe matrix has no finite value")
-    figure = _figure(max(4.5, 1.0 + 0.7 * shape[1]), max(3.5, 1.2 + 0.45 * shape[0]))
+    rows = [_stage_label(stage, name) for stage, name in zip(stages, classes)]
+    rotate = shape[1] > 6 or max(len(str(c)) for c in classes) > 8  # (long names ran into each other)
+    tilted = 0.06 * max(len(str(c)) for c in classes) if rotate else 0.0  # inches the tilted names take
+    figure = _figure(max(4.5, 1.6 + 0.7 * shape[1] + 0.075 * max(map(len, rows)), 0.08 * len(title)),
+                     max(3.5, 1.2 + 0.45 * shape[0] + tilted))
     axes = figure.add_subplot()
     masked = np.ma.masked_invalid(values)
     image = axes.imshow(masked, cmap="viridis", aspect="auto", interpolation="nearest")
@@ -176,8 +181,9 @@ def plot_probe_heatmap(
                 if not math.isfinite(value):
                     colour = "0.3"
                 axes.text(column, row, text, ha="center", va="center", color=colour, fontsize="small")
-    axes.set_xticks(range(shape[1]), [literal(c) for c in classes], rotation=45 if shape[1] > 6 else 0)
-    axes.set_yticks(range(shape[0]), [literal(s) for s in stages])
+    axes.set_xticks(range(shape[1]), [literal(c) for c in classes], rotation=45 if rotate else 0,
+                    ha="right" if rotate else "center", rotation_mode="anchor")
+    axes.set_yticks(range(shape[0]), [literal(row) for row in rows])
     axes.set_xlabel("class")
     axes.set_ylabel("stage")
     if title:
@@ -185,6 +191,14 @@ def plot_probe_heatmap(
     figure.tight_layout()
     figure.savefig(path)
     return PlotResult(Path(path))
+
+
+def _stage_label(stage, name) -> str:
+    """Row i of a probe matrix: the model after class i's first fragment; a stage given as its batch (the report's)
+    is said so (the rows were bare batch numbers beside "stage")."""
+    if isinstance(stage, int) and not isinstance(stage, bool):
+        return f"after {name} (batch {stage:,})"
+    return f"after {name}" if stage is None else str(stage)
 
 
 class GateCurve:

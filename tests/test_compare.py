@@ -348,3 +348,14 @@ def test_the_loss_curve_counts_every_switch_it_does_not_draw_and_a_short_run_get
     single.save(tmp_path / "one.png")
     ticks = drawn[-1].axes[0].get_xticks()
     assert all(float(tick).is_integer() for tick in ticks), ticks
+
+
+def test_the_probe_heatmap_says_what_each_stage_is_and_tilts_long_class_names(tmp_path, drawn):
+    """Its rows were bare batch numbers beside "stage"; long class names ran into each other."""
+    names = ["english_news", "french_news", "czech_news"]
+    values = [[2.1, None, None], [2.5, 1.9, None]]
+    assert plot_probe_heatmap(values, [50, 1200], names, tmp_path / "probe.png").path is not None
+    axes = drawn[-1].axes[0]
+    assert [label.get_text() for label in axes.get_yticklabels()] == [
+        "after english_news (batch 50)", "after french_news (batch 1,200)"]
+    assert all(label.get_rotation() == 45 for label in axes.get_xticklabels())
