@@ -113,6 +113,36 @@ rule_files:
     assert process.returncode is not None
 
 
+def test_a_running_prometheus_keeps_the_process_start_that_learner_stalled_reads(prometheus_binaries, tmp_path):
+    """StreamerLearnerStalled stays silent while the learner's process is under 2 minutes old (a restart
+    that re-joins its group with a batch queued): it reads the start from streamer_batches_learned_created,
+    which prometheus_client exports beside the counter; this Prometheus must keep that series."""
+    from monitor.exporter import create_metrics, serve
+    from monitor.sink import PrometheusSink
+
+    metrics = create_metrics()
+    PrometheusSink(metrics, "r", "naive")  # the learner's sink exports the counter at 0 from its start
+    server, _ = serve(metrics, 0)
+    config = f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{RULES}]
+scrape_configs:
+  - job_name: streamer
+    static_configs: [{{targets: ["127.0.0.1:{server.server_address[1]}"]}}]
+"""
+    process, base_url = start_prometheus(config, tmp_path)
+    try:
+        deadline, age = time.monotonic() + 15, []
+        while not age and time.monotonic() < deadline:
+            age = query(base_url, 'time() - streamer_batches_learned_created{run="r",strategy="naive"}')
+            time.sleep(0.2)
+        assert age and 0 <= float(age[0]["value"][1]) < 60, age
+        assert "streamer_batches_learned_created" in RULES.read_text(encoding="utf-8")
+    finally:
+        stop(process)
+        server.shutdown()
+
+
 def test_the_readme_says_what_each_alert_says():
     readme = (DEPLOY.parents[1] / "README.md").read_text(encoding="utf-8")
     paragraph = readme.split("Prometheus alerts (`deploy/prometheus/rules.yml`")[1].split("\n\n")[0]
