@@ -217,6 +217,14 @@ class CalmTracker:
         self._open = None if state["open"] is None else _OpenFragment.from_state(state["open"])
         self._loss, self._intensity = _RunningMean.from_state(state["loss"]), _RunningMean.from_state(state["intensity"])
 
+    def loss_mean(self, domain: int | None = None) -> float | None:
+        """Mean loss over the evaluated span of class `domain` (None: of every class), the loss of
+        ppl; None before the class has a batch there. O(1), for a reading at every batch."""
+        if domain is None:
+            return self._loss.mean
+        state = self._classes.get(domain)
+        return None if state is None else state.loss.mean
+
     def snapshot(self) -> dict:
         """The metrics over the records seen so far, plus the ``"live"`` sub-dict."""
         n_revisits = self._intensity.count

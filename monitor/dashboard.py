@@ -164,11 +164,14 @@ def _panels() -> list[dict]:
         _panel("bargauge", "ppl and ppl@sw per class",
                [(f"exp({_m('class_loss_mean')})", "{{class}} ppl " + per_run),
                 (f"exp({_m('loss_after_switch_mean')})", "{{class}} ppl@sw " + per_run)],
-               unit=PPL, description="ppl = exp(mean loss of the class so far); ppl@sw = exp(mean loss of the "
-               "first k batches after a revisit). The gap is the switch spike; class 'all' is overall.",
+               unit=PPL, description="Both over CALM's evaluated span, fragments >= --from-fragment (N/2 with a "
+               "manifest, the whole stream without one), as the run's report and console: ppl = exp(mean loss of "
+               "the class there); ppl@sw = exp(mean loss of the first k batches after a revisit there). The gap is "
+               "the switch spike; class 'all' is overall. No bars until the span starts.",
                **_bar_options()),
         _panel("bargauge", "Recovery time per class", [(_m("recovery_batches_mean"), "{{class}} " + per_run)],
-               unit=BATCHES, description="Mean batches until the loss falls below the previous fragment's mean (rec).",
+               unit=BATCHES, description="Mean batches until the loss falls below the previous fragment's mean (rec), "
+               "over the revisits in CALM's evaluated span (as ppl@sw beside it).",
                **_bar_options()),
         _panel("timeseries", "Forgetting per class", [(_m("forgetting"), "{{class}} " + per_run)], unit=NATS,
                optional=True, width=24, description="Loss increase on each class's probe set; only runs with probes."),

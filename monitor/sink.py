@@ -61,7 +61,9 @@ class PrometheusSink:
         self._child(m.batch_loss, name).set(result.loss)
         self._loss_counters(result, seen)
         self._last_switch(result, seen, tracker)
-        self._child(m.class_loss_mean, name).set(tracker.class_loss_mean(seen.class_name))
+        for label, mean in ((name, tracker.class_loss_mean(seen.class_name)), ("all", tracker.class_loss_mean())):
+            if mean is not None:  # (before the evaluated span starts: no ppl, as no ppl@sw)
+                self._child(m.class_loss_mean, label).set(mean)
         if tracker.has_detector:  # (none: "batches since" counted from the start, and recall was 0)
             self._child(m.batches_since_detected_switch).set(tracker.batches_since_detected)
         if seen.detected:

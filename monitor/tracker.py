@@ -111,7 +111,7 @@ class RunTracker:
         self._detector = make_detector(detector)
         self._detected = 0
         self._since_detected = 0
-        self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches]
+        self._class_sums: dict[str, list] = {}  # class -> [sum of losses, batches], whole stream: classes seen
         self._probe_trained: set[str] = set()  # classes whose first fragment has ended
         self._probe_best: dict[str, float] = {}
         self._fragment = [0.0, 0]  # the current fragment's summed finite loss and batches
@@ -238,9 +238,10 @@ class RunTracker:
     def batches_since_detected(self) -> int:
         return self._since_detected
 
-    def class_loss_mean(self, name: str) -> float:
-        total, count = self._class_sums[name]
-        return total / count
+    def class_loss_mean(self, name: str | None = None) -> float | None:
+        """Mean loss of class `name` (None: of every class) over the evaluated span, fragments >=
+        from_fragment: the span of ppl@sw, of the view and of the report; None before it has a batch there."""
+        return self.calm.loss_mean(None if name is None else self.class_id(name))
 
     def rolling_perplexity(self) -> float | None:
         """exp of the mean loss of the last 100 batches (None before the first)."""

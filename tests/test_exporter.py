@@ -1,5 +1,6 @@
 """The metric catalogue on a fresh registry, fed by the live monitor from step results."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,6 +10,8 @@ from prometheus_client import generate_latest
 
 from monitor.exporter import CATALOGUE, LOSS_BUCKETS, UNITS, create_metrics
 from monitor.live import LiveMonitor
+from monitor.losslog import LossLogWriter
+from monitor.report import build_report
 
 LABELS = {"run", "strategy", "class", "partition", "reason", "phase", "kind", "slot"}  # slot: at most SWITCH_SLOTS values
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -69,6 +72,34 @@ def test_switch_metrics_follow_the_calm_definitions():
     assert value("streamer_batch_loss", **{"class": "b"}) == 6.0
     # rolling perplexity over the last 100 batches = exp(mean of all 8 losses) = exp(26 / 8)
     assert math.isclose(value("streamer_rolling_perplexity"), math.exp(26 / 8))
+
+
+def test_class_means_and_after_switch_means_cover_the_reports_span(tmp_path):
+    """ppl per class (streamer_class_loss_mean) was the class's mean over the whole stream while ppl@sw
+    (streamer_loss_after_switch_mean) covers CALM's span, fragments >= from_fragment: the dashboard's bars
+    and streamer:switch_spike_ratio compared two spans. Both are now the report's, per class and for all."""
+    metrics = create_metrics()
+    k, start = 2, 5
+    monitor = LiveMonitor(run="r", strategy="naive", classes=("a", "b"), k=k, from_fragment=start, metrics=metrics)
+    run_dir = tmp_path / "run"
+    with LossLogWriter(run_dir / "losses.jsonl") as log:
+        index = 0
+        for fragment in range(10):  # a b a b a | b a b a b: high losses before the span, lower in it
+            for position in range(4):
+                loss = (6.0 if fragment < start else 2.0) + (0.5 if fragment % 2 else 0.0) + 0.3 / (1 + position)
+                log.write(monitor.observe(_result(index, loss, "ab"[fragment % 2], fragment)))
+                index += 1
+    (run_dir / "config.json").write_text(json.dumps({"k": k, "from_fragment": start}))
+    report = build_report(run_dir)["metrics"]
+    got = _values(metrics)
+
+    def gauge(name, cls):
+        return got[(f"streamer_{name}", frozenset({("class", cls)}))]
+
+    for cls, entry in (("a", report["per_class"]["a"]), ("b", report["per_class"]["b"]), ("all", report)):
+        assert entry["n_revisits"] and entry["ppl"] < 20, (cls, entry)
+        assert math.isclose(math.exp(gauge("class_loss_mean", cls)), entry["ppl"]), cls
+        assert math.isclose(math.exp(gauge("loss_after_switch_mean", cls)), entry["ppl@sw"]), cls
 
 
 def test_loss_log_line_is_calm_format():

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import gc
 import json
+import math
 import os
 import re
 import signal
@@ -115,6 +116,38 @@ class LagReadings(LiveMonitor):
         if reading.lag:
             self.lags.append((reading.step, reading.lag[0]))
         super().read(reading)
+
+
+def test_the_exported_ppl_and_ppl_at_switch_are_the_reports_over_its_span(broker, tmp_path):
+    """A run scored over fragments >= N/2 (the default span): streamer_class_loss_mean was each class's
+    mean over the whole stream beside ppl@sw over the span, so the dashboard's ppl and ppl@sw bars (and
+    streamer:switch_spike_ratio) compared two spans. Both gauges are the run's report's now."""
+    from monitor.report import build_report
+
+    records, manifest = small_stream(CORPUS, fragments=12, mean_tokens=500, streams=3, window=10, seed=3)
+    asyncio.run(produce(records, broker.bootstrap_servers, "span"))
+    config = _config(broker, "span", tmp_path, manifest, from_fragment=manifest["n_fragments"] // 2)
+    metrics = create_metrics()
+    monitor = LiveMonitor(run=config.run_name, strategy="naive", classes=config.classes, k=config.k,
+                          from_fragment=config.from_fragment, metrics=metrics)
+    summary = asyncio.run(run_learner(config, monitor=monitor))
+    assert summary.stop_reason == "end_of_stream"
+    report = build_report(summary.run_dir)["metrics"]
+    assert report["from_fragment"] == 6 and report["n_revisits"] > 0
+    exported = generate_latest(metrics.registry).decode()
+
+    def gauge(name: str, cls: str) -> float | None:
+        found = re.search(rf'^streamer_{name}{{class="{re.escape(cls)}",run="span",strategy="naive"}} (\S+)$',
+                          exported, flags=re.MULTILINE)
+        return None if found is None else math.exp(float(found.group(1)))
+
+    compared = 0
+    for cls, entry in [*report["per_class"].items(), ("all", report)]:
+        assert gauge("class_loss_mean", cls) == pytest.approx(entry["ppl"], rel=1e-9), cls
+        if entry["ppl@sw"] is not None:
+            assert gauge("loss_after_switch_mean", cls) == pytest.approx(entry["ppl@sw"], rel=1e-9), cls
+            compared += 1
+    assert compared >= 2
 
 
 def test_a_backlog_shows_its_lag_falling_while_the_fetch_side_waits_for_room(broker, tmp_path):
