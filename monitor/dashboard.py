@@ -194,11 +194,12 @@ def _panels() -> list[dict]:
                            "results are not yet taken in (the step in flight included); streams the next batch "
                            "waits for while the others send (a stream that stopped: the learning stops)."),
         _panel("timeseries", "Dead letters by reason",
-               [(f"sum by (run, strategy, reason) ({_m('dead_letter_total')}) > 0 or on (run, strategy) "
+               [(f"sum by (run, strategy, reason) ({_m('run_dead_letters')}) > 0 or on (run, strategy) "
                  f"label_replace(0 * sum by (run, strategy) ({_m('batches_learned_total')}), \"reason\", \"none\", \"run\", \".*\")",
                  "{{reason}} " + per_run)],
-               unit=RECORDS, description="Records sent to the dead-letter topic, by reason (a reason's line "
-               "from its first); a run without dead letters draws one line at 0, reason 'none'."),
+               unit=RECORDS, description="Records sent to the dead-letter topic over the whole run, by reason (a "
+               "reason's line from its first): the run's totals, which a restart takes from the checkpoint, as the "
+               "console and status.json show them; a run without dead letters draws one line at 0, reason 'none'."),
         _panel("timeseries", "Records read again", [(_m("records_read_again_total"), per_run)],
                unit=RECORDS, width=24, height=6,
                description="Records the consumer read more than once (each read after the first), the run's "
@@ -208,8 +209,10 @@ def _panels() -> list[dict]:
                "again, once it has room. A flat line at 0: no stream was ever that far ahead."),
         _row("Drift detector"),
         _panel("timeseries", "Switches: true vs detected",
-               [(_m("switches_total"), "true " + per_run), (_m("switches_detected_total"), "detected " + per_run)],
-               unit=SWITCHES, description="Ground-truth class switches (evaluation only) beside the drift detector's detections."),
+               [(_m("run_switches"), "{{kind}} " + per_run)],
+               unit=SWITCHES, description="Ground-truth class switches (true, evaluation only) beside the drift "
+               "detector's detections, over the whole run: the run's totals, which a restart takes from the "
+               "checkpoint, as the console and the report count them."),
         _panel("timeseries", "Batches since detected switch", [(_m("batches_since_detected_switch"), per_run)],
                unit=BATCHES, description="The drift detector's state: batches since it last fired."),
         _panel("timeseries", "Detector precision, recall and delay",

@@ -39,6 +39,8 @@ class LiveMonitor:
             total_batches=total_batches, spark_width=spark_width, detector=detector,
             detection_tolerance=detection_tolerance)
         self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy, dead_letter_reasons)
+        if self.sink is not None:
+            self.sink.totals(self.run_tracker)
         for name in classes if metrics is not None else ():
             # the manifest's classes: their loss and token counters exist, at 0, before their first batch;
             # else the first scrape of a class holds its first batches already, and increase() over a window
@@ -141,7 +143,7 @@ class LiveMonitor:
     def dead_letter(self, reason: str) -> None:
         self.run_tracker.dead_letter(reason)
         if self.sink is not None:
-            self.sink.dead_letter(reason)
+            self.sink.dead_letter(reason, self.run_tracker.dead_letters[reason])
 
     @property
     def dead_letters(self) -> dict:
@@ -167,3 +169,5 @@ class LiveMonitor:
         self.run_tracker.load_state_dict(state["tracker"])
         if self.sink is not None and state["prometheus"] is not None:
             self.sink.load_state_dict(state["prometheus"], counters=counters)
+        if self.sink is not None:  # the run's totals from the tracker (a checkpoint older than their gauges)
+            self.sink.totals(self.run_tracker)

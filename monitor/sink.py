@@ -44,6 +44,7 @@ class PrometheusSink:
             metric.labels(run, strategy)
         for reason in dead_letter_reasons:
             metrics.dead_letter_total.labels(run, strategy, reason)
+            metrics.run_dead_letters.labels(run, strategy, reason)
         self._read_again = 0  # the loop's total of records read again, as published
 
     def _child(self, metric, *extra):
@@ -88,6 +89,8 @@ class PrometheusSink:
         if seen.switched:
             self._child(m.switches_total).inc()
             self._switch_metrics(tracker)
+        if seen.switched or seen.detected:
+            self.totals(tracker)
         if seen.reference is not None:  # a revisit: what StreamerSwitchSpike compares its first batches with
             self._child(m.previous_fragment_loss_nats, name).set(seen.reference)
 
@@ -167,8 +170,20 @@ class PrometheusSink:
             self._child(self.metrics.records_read_again_total).inc(total - self._read_again)
             self._read_again = total
 
-    def dead_letter(self, reason: str) -> None:
+    def dead_letter(self, reason: str, run_total: int) -> None:
+        """One more record of `reason` dead-lettered; `run_total`: the run's, checkpoint included."""
         self.metrics.dead_letter_total.labels(*self.labels, reason).inc()
+        self.metrics.run_dead_letters.labels(*self.labels, reason).set(run_total)
+
+    def totals(self, tracker: RunTracker) -> None:
+        """The run's totals the checkpoint carries (switches true and detected, dead letters by reason), as
+        gauges: after a crash the counters start again at 0 (right for rate()), these stay the console's,
+        status.json's and the report's."""
+        self._child(self.metrics.run_switches, "true").set(tracker.switches)
+        if tracker.has_detector:
+            self._child(self.metrics.run_switches, "detected").set(tracker.detected_switches)
+        for reason, count in tracker.dead_letters.items():
+            self._child(self.metrics.run_dead_letters, reason).set(count)
 
     def forgetting(self, by_class: dict[str, float], tracker: RunTracker) -> None:
         for name, value in by_class.items():

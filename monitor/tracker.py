@@ -230,6 +230,15 @@ class RunTracker:
         return dict(self._dead)
 
     @property
+    def switches(self) -> int:
+        """True switches so far in the run (a resumed tracker's include the checkpoint's)."""
+        return self._switches
+
+    @property
+    def detected_switches(self) -> int:
+        return self._detected
+
+    @property
     def batches_since_switch(self) -> int:
         """Batches since the latest true switch (0 at the switch's batch)."""
         return self._since_switch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 from prometheus_client import generate_latest
@@ -203,6 +204,42 @@ def test_a_series_this_version_no_longer_exports_is_left_out_on_resume():
 def _value(live: LiveMonitor, sample: str) -> float:
     """A sample's value in the exposition, by its name and labels as written there."""
     return next(float(line.rsplit(" ", 1)[1]) for line in exported(live) if line.startswith(sample + " "))
+
+
+def test_the_dashboards_switch_and_dead_letter_panels_show_the_runs_totals_after_a_crash():
+    """The panels "Dead letters by reason" and "Switches: true vs detected" plotted the counters, which a
+    resume after a crash starts at 0 (right for rate()): they showed `none 0` and 4 true / 0 detected
+    where the console, status.json and the report had the run's 3 dead letters and 11 switches. They plot
+    gauges of the run's totals now, which the checkpoint carries."""
+    from monitor.dashboard import panel_queries
+
+    live, crashed = monitor("page-hinkley"), monitor("page-hinkley")
+    feed(live, stream(200))
+    crashed.load_state_dict(json.loads(json.dumps(live.state_dict())), counters=False)
+    for resumed in (live, crashed):
+        feed(resumed, stream(230)[200:])
+    totals = crashed.snapshot()
+    assert (totals.switches, totals.detected_switches, totals.dead_letters) == (
+        live.snapshot().switches, live.snapshot().detected_switches, live.dead_letters)
+    assert totals.switches > 5 and totals.detected_switches > 1 and sum(totals.dead_letters.values()) > 3
+
+    def plotted(title: str) -> dict:
+        """{labels other than run and strategy: value} of the series the panel's targets plot."""
+        names = {name for t, expr, _ in panel_queries() if t == title
+                 for name in re.findall(r"\b(streamer_\w+)\{", expr)} - {"streamer_batches_learned_total"}
+        found = {}
+        for line in exported(crashed):
+            match = re.match(r"(\w+)\{([^}]*)\} (\S+)$", line)
+            if match and match.group(1) in names:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+                found[tuple(sorted((k, v) for k, v in labels.items() if k not in ("run", "strategy")))] = \
+                    float(match.group(3))
+        return found
+
+    dead = {dict(labels)["reason"]: value for labels, value in plotted("Dead letters by reason").items() if value}
+    assert dead == totals.dead_letters
+    switches = plotted("Switches: true vs detected")
+    assert sorted(switches.values()) == sorted([totals.switches, totals.detected_switches]), switches
 
 
 def test_counters_exist_at_0_from_the_start_and_a_resume_after_a_crash_starts_them_at_0():

@@ -265,3 +265,23 @@ def test_the_json_status_of_a_diverged_run_is_strict_json(tmp_path, capsys):
     assert main(["status", str(tmp_path), "--json"]) == 0
     status = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-standard {name}"))
     assert status["status"]["rolling_ppl"] == "inf"
+
+
+def test_the_metrics_line_counts_the_runs_dead_letters_after_a_crashs_restart():
+    """After a crash the dead-letter counters start again at 0: status's metrics line said 0 beside a
+    console (status.json) that had the run's; it reads the gauge of the run's totals now."""
+    from monitor.exporter import create_metrics, serve
+    from monitor.live import LiveMonitor
+    from streamer.cli.status import _scrape
+
+    before = LiveMonitor(run="r", strategy="naive", metrics=create_metrics(), dead_letter_reasons=("bad_utf8",))
+    for _ in range(3):
+        before.dead_letter("bad_utf8")
+    restarted = LiveMonitor(run="r", strategy="naive", metrics=create_metrics(), dead_letter_reasons=("bad_utf8",))
+    restarted.load_state_dict(before.state_dict(), counters=False)
+    server, _ = serve(restarted.metrics, 0)
+    try:
+        values = _scrape(f"http://127.0.0.1:{server.server_address[1]}/metrics", 5, {})["values"]
+    finally:
+        server.shutdown()
+    assert values["dead letters"] == {"bad_utf8": 3} == restarted.dead_letters

@@ -27,7 +27,7 @@ __all__ = ["add_parser", "run", "run_status"]
 _SHOWN_METRICS = {  # sample name -> what it is called here
     "streamer_batches_learned_total": "batches", "streamer_tokens_per_second": "tokens/s",
     "streamer_consumer_lag_records": "lag", "streamer_queue_depth": "queue",
-    "streamer_dead_letter_total": "dead letters", "streamer_checkpoint_age_seconds": "checkpoint age",
+    "streamer_run_dead_letters": "dead letters", "streamer_checkpoint_age_seconds": "checkpoint age",
     "streamer_ready": "ready", "streamer_rolling_perplexity": "rolling ppl",
 }
 
