@@ -173,8 +173,15 @@ def _panels() -> list[dict]:
                unit=BATCHES, description="Mean batches until the loss falls below the previous fragment's mean (rec), "
                "over the revisits in CALM's evaluated span (as ppl@sw beside it).",
                **_bar_options()),
-        _panel("timeseries", "Forgetting per class", [(_m("forgetting"), "{{class}} " + per_run)], unit=NATS,
-               optional=True, width=24, description="Loss increase on each class's probe set; only runs with probes."),
+        _panel("timeseries", "Forgetting per class",
+               [(f"{_m('forgetting')} unless on (run, strategy) {_m('accuracy')}",
+                 "{{class}} loss increase " + per_run),
+                (f"{_m('forgetting')} and on (run, strategy) {_m('accuracy')}", "{{class}} accuracy drop " + per_run)],
+               unit=NATS, units={"B": "percentunit"}, optional=True, width=24,
+               description="Forgetting of each class on its probe set; only runs with probes. A language model's "
+               "is a loss increase, nats: the class's held-out loss now minus its best (lowest) since it was first "
+               "learned. A classifier's (a run that exports prequential accuracy) is an accuracy drop, a ratio "
+               "shown in %: its best held-out accuracy minus now."),
         _row("Throughput and latency"),
         _panel("timeseries", "Throughput",
                [(_m("tokens_per_second"), "tokens/s " + per_run),

@@ -132,6 +132,22 @@ def test_expected_panels_and_queries():
     assert "by (run, strategy, reason)" in by_title["Dead letters by reason"][0]
 
 
+def test_the_forgetting_panel_shows_a_classifiers_accuracy_drop_as_a_ratio_and_a_loss_increase_in_nats():
+    """The panel said "Loss increase" in nats for every run, but a classifier's probes score accuracy and
+    its forgetting is a drop in accuracy (monitor.tracker.RunTracker.probed): a classifier run (one that
+    exports streamer_accuracy) is drawn as a ratio, any other's in nats, and the description names both."""
+    panel = next(p for p in build_dashboard()["panels"] if p["title"] == "Forgetting per class")
+    units = {o["matcher"]["options"]: prop["value"] for o in panel["fieldConfig"]["overrides"]
+             for prop in o["properties"] if prop["id"] == "unit"}
+    by_unit = {units.get(t["refId"], panel["fieldConfig"]["defaults"]["unit"]): t["expr"] for t in panel["targets"]}
+    assert set(by_unit) == {"suffix: nats", "percentunit"}, by_unit
+    classifier = 'on (run, strategy) streamer_accuracy{run=~"$run", strategy=~"$strategy"}'
+    accuracy_drop, loss_increase = by_unit["percentunit"], by_unit["suffix: nats"]
+    assert accuracy_drop.startswith("streamer_forgetting{") and f"and {classifier}" in accuracy_drop
+    assert loss_increase.startswith("streamer_forgetting{") and f"unless {classifier}" in loss_increase
+    assert "loss" in panel["description"] and "accuracy" in panel["description"]
+
+
 def test_cli_writes_and_checks_the_dashboard(tmp_path, capsys):
     out = tmp_path / "grafana" / "streamer.json"
     assert cmd_monitor(_parse(["monitor", "dashboard", "--out", str(out)])) == 0
