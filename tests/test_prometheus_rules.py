@@ -143,6 +143,16 @@ scrape_configs:
         server.shutdown()
 
 
+def test_the_readme_counts_the_alerts_rules_yml_has():
+    """The README's compose table said "the six alerts below" when rules.yml had seven."""
+    readme = (DEPLOY.parents[1] / "README.md").read_text(encoding="utf-8")
+    words = ("one two three four five six seven eight nine ten eleven twelve").split()
+    counts = {word: n for n, word in enumerate(words, start=1)} | {str(n): n for n in range(1, 13)}
+    said = [counts[word.lower()] for word in re.findall(r"\b(\w+) alerts\b", " ".join(readme.split()))
+            if word.lower() in counts]
+    assert all(n == len(alert_names(RULES.read_text(encoding="utf-8"))) for n in said), said
+
+
 def test_the_readme_says_what_each_alert_says():
     readme = (DEPLOY.parents[1] / "README.md").read_text(encoding="utf-8")
     paragraph = readme.split("Prometheus alerts (`deploy/prometheus/rules.yml`")[1].split("\n\n")[0]
