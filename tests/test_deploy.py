@@ -143,3 +143,20 @@ def test_the_learner_reads_the_producers_manifest(stack):
     assert f"--manifest {written}" in learner, learner
     assert f"-s {written}" in learner  # it waits until the producer has written it
     assert "--metrics-host 0.0.0.0" in learner  # inside the container: the compose network, where Prometheus is
+
+
+def test_the_stacks_stream_never_ends_and_each_fragment_spans_several_scrapes(stack):
+    """The producer sent 500 records a second (--rate 500): 99 of its 100 fragments were shorter than one
+    5 s scrape, so most switch spikes never showed; and the stream ended, the learner's container exited at
+    its end and StreamerExporterDown fired for good. It is looped now (the manifest says so: the learner
+    goes on) and paced in bytes (--token-rate): a fragment of --lambda bytes lasts lambda / rate seconds on
+    average, several scrapes, as benchmarks/spikes.py measured it; the README says the same."""
+    command = stack["services"]["producer"]["command"]
+    producer = " ".join(command) if isinstance(command, list) else command
+    flags = dict(re.findall(r"--([\w-]+)(?: +([^-\s]\S*))?", producer))
+    assert "loop" in flags and "rate" not in flags, producer
+    scrape = re.search(r"scrape_interval: (\d+)s", (ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert float(flags["lambda"]) / float(flags["token-rate"]) >= 3 * int(scrape.group(1)), producer
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| producer |"))
+    assert f"`--token-rate {flags['token-rate']}`" in row and "`--loop`" in row and "records/s" not in row, row
