@@ -30,8 +30,10 @@ and, after decoding, by the learner's batcher (streamer.batching, streamer.utter
     missing_label   a classifier run's record without the streamer.label header
     label_overflow  a new label beyond the head's max_labels
 
-One more counter, not a record's fault: `dead_letter_failed` counts dead-letter sends that failed
-anyway (the record itself is counted under its reason too). `REASONS` lists them all.
+Two more counters, not a record's fault: `dead_letter_failed` counts dead-letter sends that failed
+anyway (the record itself is counted under its reason too), and `deleted_before_read` the records
+retention deleted from the topic before the learner read them (never read, so never copied to the
+dead-letter topic). `REASONS` lists them all.
 
 A dead-lettered record goes to `<topic>.dlq` as `dead_letter_copy` makes it: the key, value and
 headers cut to a size whose send cannot fail (a `streamer.truncated` header says when), with
@@ -49,7 +51,8 @@ __all__ = ["Record", "Truth", "WireError", "encode", "decode", "stream_id", "rec
            "REASONS", "MAX_STREAM_ID", "MAX_RECORD_BYTES", "MAX_NAME_BYTES"]
 
 REASONS = ("too_large", "missing_key", "bad_key", "missing_value", "empty_value", "bad_utf8", "nul_byte",
-           "bad_headers", "unreadable", "extra_stream", "missing_label", "label_overflow", "dead_letter_failed")
+           "bad_headers", "unreadable", "extra_stream", "missing_label", "label_overflow", "dead_letter_failed",
+           "deleted_before_read")
 MAX_STREAM_ID = 2**31  # stream ids are 0 <= id < MAX_STREAM_ID
 MAX_RECORD_BYTES = 1_000_000  # the default of --max-record-bytes
 

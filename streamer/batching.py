@@ -193,6 +193,21 @@ class OffsetTracker:
         self._next[tp] = onward
         return "jump"
 
+    def deleted_before(self, tp, beginning: int) -> None:
+        """The log of `tp` begins at `beginning` now: the records before it that were not read (retention
+        deleted them) are never read, so reading (and a restart) goes on from there, not from the offset
+        before the gap (a checkpoint then would count the gap again), and no row waits for a record of it."""
+        if beginning <= self._next.get(tp, 0):
+            return
+        self._next[tp] = beginning
+        self._furthest[tp] = max(self._furthest.get(tp, 0), beginning)
+        untaken = self._untaken.get(tp, {})
+        for row, first in untaken.items():
+            untaken[row] = max(first, beginning)
+        self._onwards.pop(tp, None)
+        if tp in self._passed:
+            self._passed[tp] = {offset for offset in self._passed[tp] if offset >= beginning}
+
     def skipping(self, tp) -> frozenset:
         """The rows whose records in `tp` are skipped now."""
         return frozenset(self._skipping.get(tp, ()))

@@ -22,6 +22,7 @@ over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 import time
@@ -33,7 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedError, IllegalStateError,
-                             KafkaConnectionError, KafkaError)
+                             KafkaConnectionError, KafkaError, OffsetOutOfRangeError)
 
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
@@ -191,6 +192,9 @@ class KafkaSource:
         self._listener: SeekOnAssign | None = None
         self._answering = True  # the broker answered the last reachable()
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
+        self.refusal: str | None = None  # not_this_log's line once a partition's log is not the learner's
+        self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
+        self._checking: asyncio.Task | None = None  # a log's offsets asked after a lag read saw its end low
 
     def seek_on_assign(self, positions, new_run: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
@@ -211,7 +215,7 @@ class KafkaSource:
             await self._until_topic_exists(admin)
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
-                enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=15_000,
+                enable_auto_commit=False, auto_offset_reset="none", request_timeout_ms=15_000,  # (seek_to_own)
                 session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
                 # A slow strategy (30 experts, MbPA++'s local steps, a pretrained model on a CPU) keeps the
                 # bounded queue full, so fetches pause for minutes; the background heartbeat still proves
@@ -223,9 +227,12 @@ class KafkaSource:
             if self.partitions is not None:
                 await self._assigned(admin)
             else:
-                self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._log)
+                self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._log,
+                                              deleted=self._deleted, refuse=self._refuse)
                 self._consumer.subscribe([self.topic], listener=self._listener)
                 await self._joined()
+                if self.refusal is not None:  # (the first assignment's, made in the join)
+                    raise SourceError(self.refusal)
                 await self._refuse_if_shared(admin)
                 await self._refuse_if_elsewhere(admin)
             if self.dead_letter:
@@ -333,7 +340,7 @@ class KafkaSource:
         await self._refuse_if_elsewhere(admin)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
-        seek_to_own(self._consumer, assigned, self._seek_positions())
+        await seek_to_own(self._consumer, assigned, self._seek_positions(), self._deleted)
 
     async def _joined(self) -> None:
         """Start the consumer (bootstrap and, subscribed, the group's JoinGroup) and this learner's member of
@@ -434,10 +441,11 @@ class KafkaSource:
         it up (5 s each, 1 s when the last reachable() had no answer; the learner's member beside them)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
         member, self._member = self._member, None
-        if self._asking is not None:
-            self._asking.cancel()
-            await asyncio.gather(self._asking, return_exceptions=True)
-            self._asking = None
+        for task in (self._asking, self._checking):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._asking = self._checking = None
         timeout_s = 5.0 if self._answering else 1.0
         leaving = asyncio.ensure_future(closed_quietly(member.stop(), timeout_s)) if member is not None else None
         try:
@@ -503,12 +511,19 @@ class KafkaSource:
 
     async def fetch(self, timeout_s: float = 0.5, max_records: int | None = None) -> AsyncIterator[Fetched]:
         """The records of one getmany: at most `max_records` (None: the source's `max_records`)."""
+        if self.refusal is not None:  # the learner stops (streamer.loop): nothing more is read
+            await asyncio.sleep(timeout_s)
+            return
         before = await self._positions()
         self._taking_from = before  # until every record this fetch returns has been taken (lag())
         self._sought = set()
         try:
             batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000),
                                                    max_records=self.max_records if max_records is None else max_records)
+        except OffsetOutOfRangeError as exc:  # (real Kafka; auto_offset_reset "none" resets nothing silently)
+            await self._placed(exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {})
+            self._taking_from = None
+            return
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             self.hold(set())  # it reads each partition on its own, held ones too
             async for fetched in self._step_past_unreadable(before, exc):
@@ -519,6 +534,64 @@ class KafkaSource:
             for message in messages:
                 yield await self._decoded(message, messages[-1].offset)
         self._taking_from = None
+
+    def _deleted(self, tp: tuple[str, int], own: int, beginning: int) -> None:
+        """Records `own`..`beginning` - 1 of `tp` were deleted before the learner read them: said, and kept
+        for take_gaps()."""
+        self._log(deleted_unread(tp, own, beginning))
+        self._gaps.append((tp, beginning, beginning - own))
+
+    def take_gaps(self) -> list:
+        """[((topic, partition), the log's beginning, records lost)] for the records deleted unread since the
+        last call (the learner counts them and reads on from the beginning: OffsetTracker.deleted_before)."""
+        gaps, self._gaps = self._gaps, []
+        return gaps
+
+    def _refuse(self, line: str) -> None:
+        """A partition's log is not the learner's (not_this_log): `refusal`, which stops the learner."""
+        if self.refusal is None:
+            self.refusal = line
+
+    async def _placed(self, positions: dict) -> None:
+        """Seek each assigned partition of {TopicPartition: offset} (where a fetch found its offset out of
+        range) as where_to_read places that offset in its log, asked of the broker: on from the log's
+        beginning past records deleted unread, or refused (`refusal`) past its end. A broker that does not
+        answer leaves it to the next fetch, which fails again."""
+        tps = [tp for tp in positions if tp in self._consumer.assignment()]
+        try:
+            async with asyncio.timeout(self.probe_timeout_s * 5):
+                beginnings = await self._consumer.beginning_offsets(tps)
+                ends = await self._consumer.end_offsets(tps)
+        except (KafkaError, asyncio.TimeoutError, OSError):
+            return
+        for tp in tps:
+            try:
+                offset, lost = where_to_read((tp.topic, tp.partition), positions[tp], beginnings[tp], ends[tp])
+            except SourceError as exc:
+                self._refuse(str(exc))
+                continue
+            if lost:
+                self._deleted((tp.topic, tp.partition), positions[tp], offset)
+            if tp in self._consumer.assignment():
+                self._consumer.seek(tp, offset)
+
+    def _check_ends(self, following: dict) -> None:
+        """A lag read saw a partition's end (as last fetched) before the learner's offset in {TopicPartition:
+        offset}: its end is asked of the broker in a task of its own, and one still before it is refused
+        (not_this_log; Tansu answers a fetch past a log's end with nothing, real Kafka with OffsetOutOfRange)."""
+        if self._checking is not None and not self._checking.done():
+            return
+        self._checking = asyncio.get_running_loop().create_task(self._ends_checked(self._consumer, following))
+
+    async def _ends_checked(self, consumer: AIOKafkaConsumer, following: dict) -> None:
+        try:
+            async with asyncio.timeout(self.probe_timeout_s * 5):
+                ends = await consumer.end_offsets(list(following))
+        except (KafkaError, asyncio.TimeoutError, OSError):  # asked again at the next lag read
+            return
+        for tp, end in ends.items():
+            if end < following[tp]:
+                self._refuse(not_this_log((tp.topic, tp.partition), following[tp], end))
 
     async def _positions(self) -> dict:
         positions = {}
@@ -646,7 +719,7 @@ class KafkaSource:
         held partition (hold()) is not fetched, so its end is asked of the broker in the background
         (_ask_held_ends): the records written while it is held count from the next read on, and after
         the hold until a fetch of it has seen as far. Never waits on the network."""
-        lags = {}
+        lags, below = {}, {}
         if self._consumer is None:
             return lags
         self._ask_held_ends()
@@ -672,7 +745,11 @@ class KafkaSource:
                 except IllegalStateError:  # revoked meanwhile
                     continue
             following = max(following, (read or {}).get((tp.topic, tp.partition), following))
+            if highwater < following:  # the log ends before what the learner read: asked (_check_ends)
+                below[tp] = following
             lags[tp.partition] = max(0, highwater - following)
+        if below and self._answering:
+            self._check_ends(below)
         return lags
 
     def _ask_held_ends(self) -> None:
@@ -694,25 +771,68 @@ class KafkaSource:
             self._asked_ends[tp] = max(end, self._asked_ends.get(tp, end))  # a log's end only grows
 
 
-def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict) -> None:
+def not_this_log(tp: tuple[str, int], own: int, end: int) -> str:
+    """The one line of a partition whose log ends before the learner's own next offset."""
+    return (f"{tp[0]}:{tp[1]} ends at offset {end}, before this learner's offset {own} there (its checkpoint's, "
+            "or read so far): the topic was re-created or truncated, so the checkpoint's offsets are not this "
+            "log's; start a new model with --fresh (from the topic's beginning), or give another --run-dir or "
+            "--group")
+
+
+def deleted_unread(tp: tuple[str, int], own: int, beginning: int) -> str:
+    """The one line of records retention deleted before the learner read them."""
+    return (f"records {own}..{beginning - 1} of {tp[0]}:{tp[1]} were deleted by retention before they were learned "
+            f"({beginning - own} records, counted as dead letters: deleted_before_read); reading on from offset "
+            f"{beginning}")
+
+
+def where_to_read(tp: tuple[str, int], own: int | None, beginning: int, end: int) -> tuple[int, int]:
+    """(the offset to read partition `tp` from, the records lost before it) given the learner's own next offset
+    there (None: it has read nothing of it) and the log's beginning and end. None reads from the beginning
+    (a log trimmed by retention starts past 0: nothing of this run's is lost); an own offset below the
+    beginning lost the records between to retention; one past the end belongs to another log (the topic was
+    re-created or truncated): SourceError (not_this_log)."""
+    if own is None:
+        return beginning, 0
+    if own > end:
+        raise SourceError(not_this_log(tp, own, end))
+    if own < beginning:
+        return beginning, beginning - own
+    return own, 0
+
+
+async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, deleted) -> None:
     """Seek each assigned partition to the learner's own next offset in `known` ({(topic, partition):
-    offset}); one it has none for goes to the earliest: this run has read nothing of it (it started
+    offset}) as where_to_read places it in the log (asked of the broker: its beginning and end offsets);
+    one it has none for goes to the log's beginning: this run has read nothing of it (it started
     from the beginning or from a checkpoint, KafkaSource._refuse_if_elsewhere), so whatever the group
-    committed there is not this run's. The earliest is offset 0 (a log that retention has trimmed
-    starts later: the consumer's auto_offset_reset, earliest, moves it there). A seek sets the
-    position at once; with seek_to_beginning, whose reset completes later, some records of a new
-    group's partitions were read twice (tests/test_kafka_path.py's dead letters counted twice)."""
+    committed there is not this run's. Records deleted before they were read are `deleted(tp, own,
+    beginning)`; an own offset past the log's end raises SourceError. The consumer resets no offset
+    (auto_offset_reset "none": an earliest reset skipped a retention gap, and looped on a re-created topic).
+    A seek sets the position at once; with seek_to_beginning, whose reset completes later, some records of
+    a new group's partitions were read twice (tests/test_kafka_path.py's dead letters counted twice)."""
+    assigned = list(assigned)
+    if not assigned:
+        return
+    beginnings = await consumer.beginning_offsets(assigned)
+    ends = await consumer.end_offsets(assigned)
     for tp in assigned:
-        consumer.seek(tp, known.get((tp.topic, tp.partition), 0))
+        own = known.get((tp.topic, tp.partition))
+        offset, lost = where_to_read((tp.topic, tp.partition), own, beginnings[tp], ends[tp])
+        if lost:
+            deleted((tp.topic, tp.partition), own, offset)
+        consumer.seek(tp, offset)
 
 
 class SeekOnAssign(ConsumerRebalanceListener):
     """The learner's offsets, not the group's, decide where each assigned partition is read from
     (aiokafka's local-state consumer example). Never raises: a rebalance must not crash a learner."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, positions, log, on_revoke=None):
+    def __init__(self, consumer: AIOKafkaConsumer, positions, log, on_revoke=None, deleted=None, refuse=None):
         self.consumer, self.positions, self.log = consumer, positions, log
         self.on_revoke = on_revoke  # set once the learner has started: a refused joiner hands nothing over
+        self.deleted = deleted or (lambda tp, own, beginning: None)  # records retention deleted unread
+        self.refuse = refuse or log  # the line of a partition whose log is not the learner's (not_this_log)
 
     async def on_partitions_revoked(self, revoked) -> None:
         """What was read stays in the learner's state; `on_revoke` (a checkpoint and its commit) runs
@@ -726,8 +846,15 @@ class SeekOnAssign(ConsumerRebalanceListener):
                      "the next checkpoint covers it")
 
     async def on_partitions_assigned(self, assigned) -> None:
+        known = {}
         try:
-            seek_to_own(self.consumer, assigned, self.positions())
+            known = self.positions()
+            await seek_to_own(self.consumer, assigned, known, self.deleted)
+        except SourceError as exc:  # a log that is not the learner's: the learner stops (KafkaSource.refusal)
+            self.refuse(str(exc))
         except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
             self.log(f"seek after a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                     "reading from the committed offsets")
+                     "reading from the learner's own offsets unchecked")
+            for tp in assigned:  # (every partition sought: the consumer resets none, auto_offset_reset "none")
+                with contextlib.suppress(Exception):
+                    self.consumer.seek(tp, known.get((tp.topic, tp.partition), 0))

@@ -227,7 +227,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       probes.seconds if probes else 0.0, compute_seconds=split.compute_s,
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
                       broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
-                      batches_before=before[0], skipped=loop.skipped - before[2])
+                      batches_before=before[0], skipped=loop.skipped - before[2],
+                      stop_line=getattr(loop.source, "refusal", None) or "")
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:

@@ -67,6 +67,8 @@ from streamer.spin import outlast
 from streamer.step import prequential_step
 from streamer.strategies.base import Batch
 
+NOT_READ = ("dead_letter_failed", "deleted_before_read")  # dead-letter counts of no record read (records_batched)
+
 __all__ = ["PrequentialLoop"]
 
 
@@ -180,7 +182,7 @@ class PrequentialLoop:
     @property
     def records_batched(self) -> int:
         """Records that reached the batcher: read, less those dead-lettered (the manifest counts only these)."""
-        return self.records - sum(count for reason, count in self.dead_letters.items() if reason != "dead_letter_failed")
+        return self.records - sum(count for reason, count in self.dead_letters.items() if reason not in NOT_READ)
 
     def _records_read(self) -> int:
         """Records read: those that reached the batcher and those it left in Kafka (Batcher.admit) meanwhile."""
@@ -684,6 +686,7 @@ class PrequentialLoop:
         self._cut_at, self._cut_wall = time.monotonic(), time.time()
         while not self._closing:
             held, sought = set(), set()
+            self._log_changes()
             await self._cut_ready()  # (a checkpoint taken while the queue was full holds a batch ready to cut)
             if self._skips:
                 for tp, offset in batcher.rewinds(self.keep_windows).items():
@@ -714,6 +717,7 @@ class PrequentialLoop:
                 batcher.add(fetched.record, fetched.tp, fetched.offset)
                 await self._cut_ready()
             self._count_failed_sends()
+            self._log_changes()
             await self._read_lag(now=not got)  # a fetch with nothing: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
             if self.waiting_for:  # waiting for records, of these streams, since the last batch
@@ -725,6 +729,18 @@ class PrequentialLoop:
             elif self.waiting_since is None and not held:  # caught up: nothing to learn, nothing arrived
                 self.waiting_since = time.time()
             self._changed.set()  # a fetch ended: stop conditions may hold now
+
+    def _log_changes(self) -> None:
+        """What the source found changed in its topic's logs (a Kafka source's take_gaps and refusal): records
+        deleted before they were read are counted as dead letters (deleted_before_read) and the offsets read on
+        past them; a log that is not the learner's any more (re-created or truncated) stops the loop
+        ("log_changed": the learner checkpoints what it learned, and says the source's line)."""
+        take_gaps = getattr(self.source, "take_gaps", None)
+        for tp, beginning, lost in take_gaps() if take_gaps is not None else ():
+            self.batcher.offsets.deleted_before(tp, beginning)
+            self.dead_letters["deleted_before_read"] += lost
+        if getattr(self.source, "refusal", None) is not None and self.stop_reason is None:
+            self.stop("log_changed")
 
     async def _cut_ready(self) -> None:
         """Cut every batch the batcher has ready into the queue, waiting for room (backpressure: the worker is
@@ -879,6 +895,7 @@ class PrequentialLoop:
             ok = await reachable()
             if self._closing:
                 return
+            self._log_changes()
             now = time.monotonic()
             if ok:
                 if self.broker_lost_since is not None:

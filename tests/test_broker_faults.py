@@ -9,6 +9,7 @@ Tansu broker of each test's own (frozen with SIGSTOP, killed with SIGKILL), neve
   on stderr and a checkpoint of every batch it learned; a paced producer exits 2 with one line.
 - Unreachable at start: learner and producer exit 2 with one line naming the address."""
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamer import checkpoint
 from streamer.broker import EmbeddedBroker, free_port
@@ -169,3 +171,52 @@ def test_a_missing_topic_ends_a_bounded_run_at_its_idle_timeout_or_its_minutes(b
         assert "does not exist" in output and f"[stopped: {reason}]" in output, output[-3000:]
         assert "Traceback" not in output
         assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == 0
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """Delete `topic` and create it anew, empty (an operator's re-creation; Tansu has no DeleteRecords)."""
+    async def recreate():
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+            for _ in range(100):
+                if topic not in await admin.list_topics():
+                    break
+                await asyncio.sleep(0.1)
+            await admin.create_topics([NewTopic(topic, partitions, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(recreate())
+
+
+def test_a_topic_recreated_under_a_learner_and_before_its_restart_is_refused_in_one_line(broker, corpus, tmp_path):
+    """The topic re-created (empty) under a running learner: its offsets are past the new log's end. It stops
+    with exit 2, one line naming the partition, and a checkpoint of what it learned; the same command then
+    refuses at its start with the same line and learns nothing. Before, it said 'caught up' with lag 0 and,
+    restarted, learned nothing of the new log's records below the checkpoint's offset, silently."""
+    bootstrap, run_dir = broker.bootstrap_servers, tmp_path / "recreated-run"
+    produce(bootstrap, corpus, "recreated", tmp_path / "manifest.json", 2, 600)
+    command = learn_command(bootstrap, "recreated", "--run-dir", str(run_dir), "--checkpoint-every", "1")
+    learner = start(command, tmp_path, stderr_apart=True)  # no manifest, no idle timeout: a daemon
+    wait_for_lines(run_dir / "losses.jsonl", learner, 5)
+    recreate_topic(bootstrap, "recreated")
+    out, err = learner.communicate(timeout=60)
+    assert learner.returncode == 2, out[-3000:] + err[-3000:]
+    assert "Traceback" not in out + err
+    errors = error_lines(err)
+    assert len(errors) == 1 and "recreated:0 ends at offset 0, before this learner's offset" in errors[0], err
+    assert "re-created or truncated" in errors[0] and "--fresh" in errors[0], err
+    learned = line_count(run_dir / "losses.jsonl")
+    state = checkpoint.load(run_dir / "checkpoint.pt")
+    assert state["step"] == learned > 0
+    restarted = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 2, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    own = state["offsets"]["recreated:0"]
+    assert error_lines(restarted.stderr) == [
+        f"streamer learn: error: recreated:0 ends at offset 0, before this learner's offset {own} there (its "
+        "checkpoint's, or read so far): the topic was re-created or truncated, so the checkpoint's offsets are not "
+        "this log's; start a new model with --fresh (from the topic's beginning), or give another --run-dir or "
+        "--group"], restarted.stderr
+    assert line_count(run_dir / "losses.jsonl") == learned
