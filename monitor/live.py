@@ -140,10 +140,11 @@ class LiveMonitor:
         if self.sink is not None:
             self.sink.queue_depth(depth)
 
-    def dead_letter(self, reason: str) -> None:
-        self.run_tracker.dead_letter(reason)
+    def dead_letter(self, reason: str, count: int = 1) -> None:
+        """`count` more records of `reason` (retention's gap of millions is one call)."""
+        self.run_tracker.dead_letter(reason, count)
         if self.sink is not None:
-            self.sink.dead_letter(reason, self.run_tracker.dead_letters[reason])
+            self.sink.dead_letter(reason, self.run_tracker.dead_letters[reason], count)
 
     @property
     def dead_letters(self) -> dict:

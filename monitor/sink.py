@@ -170,9 +170,9 @@ class PrometheusSink:
             self._child(self.metrics.records_read_again_total).inc(total - self._read_again)
             self._read_again = total
 
-    def dead_letter(self, reason: str, run_total: int) -> None:
-        """One more record of `reason` dead-lettered; `run_total`: the run's, checkpoint included."""
-        self.metrics.dead_letter_total.labels(*self.labels, reason).inc()
+    def dead_letter(self, reason: str, run_total: int, count: int = 1) -> None:
+        """`count` more records of `reason` dead-lettered; `run_total`: the run's, checkpoint included."""
+        self.metrics.dead_letter_total.labels(*self.labels, reason).inc(count)
         self.metrics.run_dead_letters.labels(*self.labels, reason).set(run_total)
 
     def totals(self, tracker: RunTracker) -> None:

@@ -222,8 +222,8 @@ class RunTracker:
     def set_queue_depth(self, depth: int) -> None:
         self._queue_depth = depth
 
-    def dead_letter(self, reason: str) -> None:
-        self._dead[reason] += 1
+    def dead_letter(self, reason: str, count: int = 1) -> None:
+        self._dead[reason] += count
 
     @property
     def dead_letters(self) -> dict:

@@ -194,7 +194,6 @@ class KafkaSource:
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
         self.refusal: str | None = None  # not_this_log's line once a partition's log is not the learner's
         self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
-        self._checking: asyncio.Task | None = None  # a log's offsets asked after a lag read saw its end low
 
     def seek_on_assign(self, positions, new_run: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
@@ -441,11 +440,10 @@ class KafkaSource:
         it up (5 s each, 1 s when the last reachable() had no answer; the learner's member beside them)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
         member, self._member = self._member, None
-        for task in (self._asking, self._checking):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._asking = self._checking = None
+        if self._asking is not None:
+            self._asking.cancel()
+            await asyncio.gather(self._asking, return_exceptions=True)
+            self._asking = None
         timeout_s = 5.0 if self._answering else 1.0
         leaving = asyncio.ensure_future(closed_quietly(member.stop(), timeout_s)) if member is not None else None
         try:
@@ -575,24 +573,6 @@ class KafkaSource:
             if tp in self._consumer.assignment():
                 self._consumer.seek(tp, offset)
 
-    def _check_ends(self, following: dict) -> None:
-        """A lag read saw a partition's end (as last fetched) before the learner's offset in {TopicPartition:
-        offset}: its end is asked of the broker in a task of its own, and one still before it is refused
-        (not_this_log; Tansu answers a fetch past a log's end with nothing, real Kafka with OffsetOutOfRange)."""
-        if self._checking is not None and not self._checking.done():
-            return
-        self._checking = asyncio.get_running_loop().create_task(self._ends_checked(self._consumer, following))
-
-    async def _ends_checked(self, consumer: AIOKafkaConsumer, following: dict) -> None:
-        try:
-            async with asyncio.timeout(self.probe_timeout_s * 5):
-                ends = await consumer.end_offsets(list(following))
-        except (KafkaError, asyncio.TimeoutError, OSError):  # asked again at the next lag read
-            return
-        for tp, end in ends.items():
-            if end < following[tp]:
-                self._refuse(not_this_log((tp.topic, tp.partition), following[tp], end))
-
     async def _positions(self) -> dict:
         positions = {}
         for tp in self._consumer.assignment():
@@ -719,7 +699,7 @@ class KafkaSource:
         held partition (hold()) is not fetched, so its end is asked of the broker in the background
         (_ask_held_ends): the records written while it is held count from the next read on, and after
         the hold until a fetch of it has seen as far. Never waits on the network."""
-        lags, below = {}, {}
+        lags = {}
         if self._consumer is None:
             return lags
         self._ask_held_ends()
@@ -728,6 +708,7 @@ class KafkaSource:
             del self._asked_ends[tp]
         for tp in assigned:
             highwater, asked = self._consumer.highwater(tp), self._asked_ends.get(tp)
+            fetched = highwater  # the end a fetch of it answered (not asked: Tansu's ListOffsets is no end)
             if asked is not None:
                 if highwater is not None and highwater >= asked:
                     del self._asked_ends[tp]  # a fetch has seen as far
@@ -745,11 +726,9 @@ class KafkaSource:
                 except IllegalStateError:  # revoked meanwhile
                     continue
             following = max(following, (read or {}).get((tp.topic, tp.partition), following))
-            if highwater < following:  # the log ends before what the learner read: asked (_check_ends)
-                below[tp] = following
-            lags[tp.partition] = max(0, highwater - following)
-        if below and self._answering:
-            self._check_ends(below)
+            if fetched is not None and fetched < following:  # a log that ends before what the learner read
+                self._refuse(not_this_log((tp.topic, tp.partition), following, fetched))  # (real Kafka's fetch
+            lags[tp.partition] = max(0, highwater - following)  # says OffsetOutOfRange: _placed; Tansu's, nothing)
         return lags
 
     def _ask_held_ends(self) -> None:
@@ -786,15 +765,15 @@ def deleted_unread(tp: tuple[str, int], own: int, beginning: int) -> str:
             f"{beginning}")
 
 
-def where_to_read(tp: tuple[str, int], own: int | None, beginning: int, end: int) -> tuple[int, int]:
+def where_to_read(tp: tuple[str, int], own: int | None, beginning: int, end: int | None = None) -> tuple[int, int]:
     """(the offset to read partition `tp` from, the records lost before it) given the learner's own next offset
     there (None: it has read nothing of it) and the log's beginning and end. None reads from the beginning
     (a log trimmed by retention starts past 0: nothing of this run's is lost); an own offset below the
     beginning lost the records between to retention; one past the end belongs to another log (the topic was
-    re-created or truncated): SourceError (not_this_log)."""
+    re-created or truncated): SourceError (not_this_log). `end` None: not known (not checked)."""
     if own is None:
         return beginning, 0
-    if own > end:
+    if end is not None and own > end:
         raise SourceError(not_this_log(tp, own, end))
     if own < beginning:
         return beginning, beginning - own
@@ -803,11 +782,13 @@ def where_to_read(tp: tuple[str, int], own: int | None, beginning: int, end: int
 
 async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, deleted) -> None:
     """Seek each assigned partition to the learner's own next offset in `known` ({(topic, partition):
-    offset}) as where_to_read places it in the log (asked of the broker: its beginning and end offsets);
+    offset}) as where_to_read places it in the log (asked of the broker: its beginning offset);
     one it has none for goes to the log's beginning: this run has read nothing of it (it started
     from the beginning or from a checkpoint, KafkaSource._refuse_if_elsewhere), so whatever the group
     committed there is not this run's. Records deleted before they were read are `deleted(tp, own,
-    beginning)`; an own offset past the log's end raises SourceError. The consumer resets no offset
+    beginning)`. An own offset past the log's end is found by the first fetch (real Kafka: OffsetOutOfRange,
+    KafkaSource._placed; Tansu: an end below it, KafkaSource.lag), not here: Tansu answers ListOffsets
+    "latest" with no log end (1 for a partition of 324 records). The consumer resets no offset
     (auto_offset_reset "none": an earliest reset skipped a retention gap, and looped on a re-created topic).
     A seek sets the position at once; with seek_to_beginning, whose reset completes later, some records of
     a new group's partitions were read twice (tests/test_kafka_path.py's dead letters counted twice)."""
@@ -815,10 +796,9 @@ async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, deleted
     if not assigned:
         return
     beginnings = await consumer.beginning_offsets(assigned)
-    ends = await consumer.end_offsets(assigned)
     for tp in assigned:
         own = known.get((tp.topic, tp.partition))
-        offset, lost = where_to_read((tp.topic, tp.partition), own, beginnings[tp], ends[tp])
+        offset, lost = where_to_read((tp.topic, tp.partition), own, beginnings[tp])
         if lost:
             deleted((tp.topic, tp.partition), own, offset)
         consumer.seek(tp, offset)

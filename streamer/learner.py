@@ -497,8 +497,8 @@ def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointe
     counts = loop.across_ranks()  # (ranks, on rank 0: every rank's)
     counted = monitor.dead_letters
     for reason, count in counts.dead_letters.items():
-        for _ in range(count - counted.get(reason, 0)):
-            monitor.dead_letter(reason)
+        if count > counted.get(reason, 0):
+            monitor.dead_letter(reason, count - counted.get(reason, 0))
     monitor.read(LoopReading(
         step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
         queue_depth=loop.queue_depth,
