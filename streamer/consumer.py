@@ -813,6 +813,7 @@ class SeekOnAssign(ConsumerRebalanceListener):
         self.on_revoke = on_revoke  # set once the learner has started: a refused joiner hands nothing over
         self.deleted = deleted or (lambda tp, own, beginning: None)  # records retention deleted unread
         self.refuse = refuse or log  # the line of a partition whose log is not the learner's (not_this_log)
+        self._elsewhere: tuple = ()  # the topic's partitions another member of the group holds, as last said
 
     async def on_partitions_revoked(self, revoked) -> None:
         """What was read stays in the learner's state; `on_revoke` (a checkpoint and its commit) runs
@@ -838,3 +839,24 @@ class SeekOnAssign(ConsumerRebalanceListener):
             for tp in assigned:  # (every partition sought: the consumer resets none, auto_offset_reset "none")
                 with contextlib.suppress(Exception):
                     self.consumer.seek(tp, known.get((tp.topic, tp.partition), 0))
+        if self.on_revoke is not None:  # started (a joiner refused at its start says its own line)
+            self._say_elsewhere(assigned)
+
+    def _say_elsewhere(self, assigned) -> None:
+        """One line when a rebalance leaves partitions of the topic to another member of the group (a consumer
+        that is not a streamer learner joined it: their records wait in Kafka, unlearned, and the lag leaves
+        them out), and one when they come back. A rebalance took them without a word."""
+        topics = {tp.topic for tp in assigned} | {topic for topic, _ in self.positions()}
+        mine = {(tp.topic, tp.partition) for tp in assigned}
+        every = {(topic, partition) for topic in topics
+                 for partition in self.consumer.partitions_for_topic(topic) or ()}
+        elsewhere = tuple(sorted(every - mine))
+        if elsewhere == self._elsewhere:
+            return
+        if elsewhere:
+            listed = ", ".join(f"{topic}:{partition}" for topic, partition in elsewhere)
+            self.log(f"a rebalance gave partition(s) {listed} to another member of this learner's consumer group "
+                     "(not a streamer learner): their records wait in Kafka, unlearned, until it leaves the group")
+        else:
+            self.log("a rebalance gave every partition back to this learner: it reads on from its own offsets")
+        self._elsewhere = elsewhere

@@ -152,3 +152,22 @@ def test_the_loop_counts_records_deleted_unread_as_dead_letters_and_reads_on(one
     learn(loop)
     assert dict(loop.dead_letters) == {"deleted_before_read": 15}
     assert loop.records == loop.records_batched == 40 and loop.batcher.offsets.next_positions() == {("t", 0): 60}
+
+
+def test_a_rebalance_that_leaves_partitions_to_another_member_is_said_and_so_is_their_return():
+    """A plain consumer that joined the learner's group took partition 1 without a word: the console said
+    caught up, lag 0, while its records waited unlearned."""
+    class Group(Consumer):
+        def partitions_for_topic(self, topic):
+            return {0, 1}
+
+    said = []
+    listener = SeekOnAssign(Group(0, 400), lambda: {("t", 0): 10, ("t", 1): 20}, said.append)
+    asyncio.run(listener.on_partitions_assigned({TP, TopicPartition("t", 1)}))  # the start: not yet armed
+    listener.on_revoke = lambda: None
+    asyncio.run(listener.on_partitions_assigned({TP}))
+    asyncio.run(listener.on_partitions_assigned({TP}))  # said once
+    asyncio.run(listener.on_partitions_assigned({TP, TopicPartition("t", 1)}))
+    assert said == ["a rebalance gave partition(s) t:1 to another member of this learner's consumer group (not a "
+                    "streamer learner): their records wait in Kafka, unlearned, until it leaves the group",
+                    "a rebalance gave every partition back to this learner: it reads on from its own offsets"]
