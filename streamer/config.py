@@ -112,3 +112,4 @@ class RunSummary:
     batches_before: int = 0  # learned before this start (a resumed run's checkpoint); batches, tokens: since
     skipped: int = 0  # batches of this start whose update was skipped (non-finite loss or gradients)
     stop_line: str = ""  # the source's line of a stop it caused (log_changed: a log not the learner's)
+    topic_gone: bool = False  # broker_lost as the topic was deleted, not as the broker stopped answering

@@ -193,6 +193,7 @@ class KafkaSource:
         self._answering = True  # the broker answered the last reachable()
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
         self.refusal: str | None = None  # not_this_log's line once a partition's log is not the learner's
+        self.topic_gone = False  # the last reachable() found the topic deleted (the broker answers)
         self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
 
     def seek_on_assign(self, positions, new_run: bool = False) -> None:
@@ -455,17 +456,19 @@ class KafkaSource:
                 await leaving
 
     async def reachable(self) -> bool:
-        """Whether the broker answers a metadata request within `probe_timeout_s`."""
+        """Whether the broker answers a metadata request within `probe_timeout_s` and lists the topic: one
+        deleted under the learner (`topic_gone`; it said nothing and showed caught up, lag 0) is waited for as
+        a broker that does not answer (streamer.loop), up to --broker-timeout."""
         if self._consumer is None:
             return False
         try:
             async with asyncio.timeout(self.probe_timeout_s):  # not wait_for: it can lose a cancel (loop._ended)
-                await self._consumer.topics()
+                topics = await self._consumer.topics()
         except (KafkaError, asyncio.TimeoutError, OSError):
             self._answering = False
         else:
-            self._answering = True
-        return self._answering
+            self._answering, self.topic_gone = True, self.topic not in topics
+        return self._answering and not self.topic_gone
 
     async def log_ends(self) -> dict:
         """{(topic, partition): the offset after its last record} for the assigned partitions, asked of
@@ -558,6 +561,8 @@ class KafkaSource:
         tps = [tp for tp in positions if tp in self._consumer.assignment()]
         try:
             async with asyncio.timeout(self.probe_timeout_s * 5):
+                if self.topic not in await self._consumer.topics():  # deleted: the watch's (reachable)
+                    return
                 beginnings = await self._consumer.beginning_offsets(tps)
                 ends = await self._consumer.end_offsets(tps)
         except (KafkaError, asyncio.TimeoutError, OSError):
@@ -726,9 +731,9 @@ class KafkaSource:
                 except IllegalStateError:  # revoked meanwhile
                     continue
             following = max(following, (read or {}).get((tp.topic, tp.partition), following))
-            if fetched is not None and fetched < following:  # a log that ends before what the learner read
-                self._refuse(not_this_log((tp.topic, tp.partition), following, fetched))  # (real Kafka's fetch
-            lags[tp.partition] = max(0, highwater - following)  # says OffsetOutOfRange: _placed; Tansu's, nothing)
+            if fetched is not None and fetched < following and not self.topic_gone:  # a log that ends before
+                self._refuse(not_this_log((tp.topic, tp.partition), following, fetched))  # what the learner read
+            lags[tp.partition] = max(0, highwater - following)  # (Kafka's fetch: OffsetOutOfRange, _placed)
         return lags
 
     def _ask_held_ends(self) -> None:

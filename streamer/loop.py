@@ -130,6 +130,7 @@ class PrequentialLoop:
         self.stop_reason: str | None = None
         self.waiting_since: float | None = None  # wall time since when it is caught up and waits for records
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
+        self.topic_gone = False  # lost as the topic was deleted (the broker answers): said so
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
         # ranks: when an agreement last found another rank without its next batch while this one had its
         # own (None once they step), and since when (wall time); counted as waiting for records only while
@@ -899,17 +900,21 @@ class PrequentialLoop:
             now = time.monotonic()
             if ok:
                 if self.broker_lost_since is not None:
-                    self._log(f"Kafka at {where} is back after {time.time() - self.broker_lost_since:.0f} s; "
-                              "rejoining the group, reading on from the learner's own offsets")
-                    self.broker_lost_since = None
+                    back = f"topic {self.source.topic} exists again at {where}" if self.topic_gone else \
+                        f"Kafka at {where} is back"
+                    self._log(f"{back} after {time.time() - self.broker_lost_since:.0f} s; rejoining the group, "
+                              "reading on from the learner's own offsets")
+                    self.broker_lost_since, self.topic_gone = None, False
                 answered = now
                 continue
             away = now - answered
             if self.broker_lost_since is None and away >= self.lost_after_s:
                 self.broker_lost_since = time.time() - away
+                self.topic_gone = getattr(self.source, "topic_gone", False)  # (deleted: the broker answers)
                 timeout = f"{self.broker_timeout_s:g} s" if self.broker_timeout_s else "ever"
-                self._log(f"Kafka at {where} is lost (no answer for {away:.0f} s); keeping the model, "
-                          f"waiting for it up to {timeout} (--broker-timeout)")
+                lost = f"topic {self.source.topic} is gone from {where} (deleted {away:.0f} s ago)" \
+                    if self.topic_gone else f"Kafka at {where} is lost (no answer for {away:.0f} s)"
+                self._log(f"{lost}; keeping the model, waiting for it up to {timeout} (--broker-timeout)")
             if self.broker_timeout_s and away >= self.broker_timeout_s:
                 self.stop("broker_lost")
                 return

@@ -220,3 +220,41 @@ def test_a_topic_recreated_under_a_learner_and_before_its_restart_is_refused_in_
         "this log's; start a new model with --fresh (from the topic's beginning), or give another --run-dir or "
         "--group"], restarted.stderr
     assert line_count(run_dir / "losses.jsonl") == learned
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    async def delete():
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+    asyncio.run(delete())
+
+
+def test_a_topic_deleted_under_a_learner_is_said_and_it_stops_in_one_line_with_its_checkpoint(broker, corpus,
+                                                                                              tmp_path):
+    """The learner said nothing and showed caught up, lag 0, ready, for minutes, until the Kafka client's
+    metadata refresh created the topic again, empty. Now one line says it is gone, and the learner stops
+    with its checkpoint, exit 2 and one line: after --broker-timeout, as for a lost broker, or at once when
+    the topic comes back empty (the client's own refresh creates it again on a broker that auto-creates
+    topics, as Tansu does: then it is a re-created log)."""
+    bootstrap, run_dir = broker.bootstrap_servers, tmp_path / "deleted-run"
+    produce(bootstrap, corpus, "deleted", tmp_path / "manifest.json", 2, 600)
+    command = learn_command(bootstrap, "deleted", "--run-dir", str(run_dir), "--broker-timeout", "6")
+    learner = start(command, tmp_path, stderr_apart=True)  # no manifest, no idle timeout: a daemon
+    wait_for_lines(run_dir / "losses.jsonl", learner, 5)
+    delete_topic(bootstrap, "deleted")
+    out, err = learner.communicate(timeout=90)
+    assert learner.returncode == 2 and "Traceback" not in out + err, out[-3000:] + err[-3000:]
+    assert f"topic deleted is gone from {bootstrap} (deleted" in out, out[-3000:] + err
+    learned = line_count(run_dir / "losses.jsonl")
+    assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == learned > 0
+    errors = error_lines(err)
+    assert len(errors) == 1 and (
+        errors[0] == f"streamer learn: error: topic deleted was gone from {bootstrap} (deleted) for 6 s "
+                     f"(--broker-timeout); the checkpoint at batch {learned} is in {run_dir}: the same command "
+                     "continues the run"
+        or errors[0].startswith("streamer learn: error: deleted:0 ends at offset 0, before this learner's offset")), err

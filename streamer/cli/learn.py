@@ -218,7 +218,9 @@ def run(args) -> int:
         return status
     if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
         learned = summary.batches_before + summary.batches
-        raise UserError(f"Kafka at {config.bootstrap_servers} was lost for {config.broker_timeout_s:g} s "
+        lost = (f"topic {config.topic} was gone from {config.bootstrap_servers} (deleted)" if summary.topic_gone
+                else f"Kafka at {config.bootstrap_servers} was lost")
+        raise UserError(f"{lost} for {config.broker_timeout_s:g} s "
                         f"(--broker-timeout); the checkpoint at batch {learned} is in {run_dir}: "
                         "the same command continues the run")
     if summary.stop_reason == "log_changed":  # checkpointed by the learner; a restart refuses with the same line
