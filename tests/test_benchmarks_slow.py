@@ -42,6 +42,8 @@ def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
                                                   "got 'poe,lstm'"),
     ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: expected at least 0 and below 1, got 1.5"),
     ("scaling.py", ["--batches", "1"], "--batches 1: at least 10 (a rate is taken over the span between batches)"),
+    ("soak.py", ["--poison-every", "1"], "argument --poison-every: expected an integer >= 2 (one poison record in "
+                                         "this many), got '1'"),
 ])
 def test_a_bad_value_for_a_benchmark_is_one_line(script, flags, said):
     """Each was a traceback from deep inside the run (a ZeroDivisionError, torch's ValueError, time.sleep's)."""
@@ -77,6 +79,7 @@ def _alive(pid: int) -> bool:
     ("throughput.py", ["--models", "lstm", "--hidden", "32", "--rounds", "400"], 7),  # the broker, 3 paths x 2
     ("scaling.py", ["--parts", "length", "--batches", "200"], 4),  # the broker, 2 producers, the 1x learner
     ("experts.py", ["--separate", "--experts", "30", "--hidden", "550", "--min-seconds", "60"], 1),  # a variant
+    ("soak.py", ["--records", "20000", "--kills", "1"], 2),  # the broker, a learner
 ])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum):
