@@ -17,6 +17,8 @@ step's speed alone (a longer spin catches more of the step's parallel regions be
 thread sleeps) and its slowdown beside another job (a longer spin wastes the learner's share of
 contended CPUs). The alone rate at each count over the alone rate at the largest is, without the
 loop around the step, what benchmarks/throughput.py's memory/baseline measures.
+
+SIGTERM or Ctrl-C ends it with its learners and torch job (benchmarks.command.ended_by_signals).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.command import ended_by_signals, seconds  # noqa: E402
+from streamer.broker import die_with_parent  # noqa: E402
+from streamer.cli.flags import positive_int  # noqa: E402
+
+CHILDREN: list[subprocess.Popen] = []  # every process started, ended and reaped when the benchmark stops
 
 LEARNER = """
 import sys, time
@@ -70,7 +79,20 @@ def learner(seconds: float, threads: int | None, spins: int | None = None) -> su
     environment = dict(os.environ)
     if spins is not None:
         environment["GOMP_SPINCOUNT"] = str(spins)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environment)
+    return child([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environment)
+
+
+def child(command: list[str], **options) -> subprocess.Popen:
+    """A process killed with this one (its parent-death signal) and remembered, so a stop ends it too."""
+    CHILDREN.append(subprocess.Popen(command, preexec_fn=die_with_parent(os.getpid()), **options))
+    return CHILDREN[-1]
+
+
+def end_children() -> None:
+    for process in CHILDREN:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
 
 
 def steps_per_second(process: subprocess.Popen) -> tuple[int, float, str]:
@@ -93,7 +115,7 @@ def measure(seconds: float, threads: int | None, spins: int | None = None) -> tu
     rates = [one, other]
     print(f"beside a second learner: {one:.2f} and {other:.2f} steps/s (slowdown {alone / min(rates):.2f}x; "
           f"spins {spun_one} and {spun_other})")
-    plain = subprocess.Popen([sys.executable, "-c", PLAIN_JOB.format(seconds=seconds + 5)])
+    plain = child([sys.executable, "-c", PLAIN_JOB.format(seconds=seconds + 5)])
     time.sleep(1.0)
     _, beside_plain, spun = steps_per_second(learner(seconds, threads, spins))
     plain.wait()
@@ -117,12 +139,20 @@ def spin_counts(text: str) -> list[int | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of each timed run (default 20 s)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: the policy's)")
+    parser.add_argument("--seconds", type=seconds, default=20.0, help="length of each timed run (default 20 s)")
+    parser.add_argument("--threads", type=positive_int, help="torch threads (default: the policy's)")
     parser.add_argument("--spins", type=spin_counts,
                         help="OpenMP spin counts to compare, e.g. governed,250,500,1000,300000 (governed: the "
                              "command's own, streamer.spin; default: only that)")
     args = parser.parse_args()
+    with ended_by_signals("contention"):
+        try:
+            compare(args)
+        finally:
+            end_children()
+
+
+def compare(args) -> None:
     if not args.spins:
         alone, beside_learner, beside_plain = measure(args.seconds, args.threads)
         print(f"worst slowdown: {max(alone / beside_learner, alone / beside_plain):.2f}x (bound 2.5x)")

@@ -22,13 +22,15 @@ moved by a second from run to run) and the wall time between, each against the u
 equal the unbounded run's (the rereading must not change what is learned). Linux only (/proc).
 
 Last lines: `records read again per record: X` and `cpu keep/unbounded: X` (the worst of the
---keep values).
+--keep values). SIGTERM or Ctrl-C ends it with its learner and broker, its scratch directory removed
+(benchmarks.command.ended_by_signals).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -40,10 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.command import ended_by_signals  # noqa: E402
 from producers.kafka import produce  # noqa: E402
 from producers.wire import Record  # noqa: E402
 from streamer.batching import Batcher  # noqa: E402
-from streamer.broker import EmbeddedBroker  # noqa: E402
+from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
 from streamer.checkpoint import load  # noqa: E402
 
 UNBOUNDED = 1 << 20  # --keep-windows of the baseline: above what any stream holds here
@@ -80,20 +83,27 @@ def learn(bootstrap: str, run_dir: Path, keep: int, hidden: int, batches: int, t
                "--max-batches", str(batches)]
     log = run_dir / "losses.jsonl"
     with tempfile.TemporaryFile("w+") as output:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=die_with_parent(os.getpid()))  # killed with this process
         at_first, started, deadline, late = None, None, time.monotonic() + timeout_s, False
-        while True:  # (reaped here, not by Popen: wait4 gives this child's own CPU time)
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
-            if at_first is None and log.exists() and log.stat().st_size:
-                at_first, started = cpu_seconds(process.pid), time.perf_counter()
-            if time.monotonic() > deadline:
-                late = True
-                process.kill()
-                _, status, usage = os.wait4(process.pid, 0)
-                break
-            time.sleep(0.005 if at_first is None else 0.01)
+        try:
+            while True:  # (reaped here, not by Popen: wait4 gives this child's own CPU time)
+                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+                if pid:
+                    break
+                if at_first is None and log.exists() and log.stat().st_size:
+                    at_first, started = cpu_seconds(process.pid), time.perf_counter()
+                if time.monotonic() > deadline:
+                    late = True
+                    process.kill()
+                    _, status, usage = os.wait4(process.pid, 0)
+                    break
+                time.sleep(0.005 if at_first is None else 0.01)
+        except BaseException:  # a signal stops the benchmark: the learner ends before its directory goes
+            process.kill()
+            with contextlib.suppress(ChildProcessError):  # (unless wait4 had reaped it)
+                os.wait4(process.pid, 0)
+            raise
         process.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - (started or 0.0)
         if process.returncode != 0 or at_first is None:
@@ -130,6 +140,11 @@ def main() -> None:
     if not keeps or min(keeps) < 1 or args.pause < 3 or args.hidden < 1:
         parser.error(f"--keep {args.keep} --pause {args.pause} --hidden {args.hidden}: --keep takes whole numbers "
                      "of windows of at least 1, comma-separated; --pause at least 3 rounds, --hidden at least 1")
+    with ended_by_signals("rereading"):
+        measure(args, keeps)
+
+
+def measure(args, keeps: list[int]) -> None:
     records = order(args.pause)
     batches = whole_batches(records)
     with tempfile.TemporaryDirectory() as scratch, EmbeddedBroker() as broker:

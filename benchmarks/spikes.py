@@ -13,7 +13,8 @@ the whole run's perplexity from the counters against `streamer report --from-fra
     nice .venv/bin/python benchmarks/spikes.py --scrape 15 --fragments 24 --lambda 24000 --token-rate 500
 
 With --keep the work directory stays (logs, run directory, TSDB); --evaluate DIR evaluates the
-dashboard of now on it again, without a new run.
+dashboard of now on it again, without a new run. SIGTERM or Ctrl-C ends it with Prometheus, the
+producer, the learner and the broker, its work directory removed (benchmarks.command.ended_by_signals).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = 8  # evaluation grids, a scrape / PHASES apart
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.command import ended_by_signals, seconds  # noqa: E402
 from monitor.dashboard import annotation_queries, build_dashboard, panel_queries  # noqa: E402
-from streamer.broker import EmbeddedBroker  # noqa: E402
+from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
+from streamer.cli.flags import positive_float, positive_int  # noqa: E402
 from tests.prometheus_util import query_range, start_prometheus, stop  # noqa: E402
 from tests.spike_check import (  # noqa: E402
     ALERT_RATIO, K, alert_figures, counters_perplexity, first_timeseries_panel, grafana_substitute, markers_cover, marker_times, panel_series,
@@ -50,7 +53,8 @@ def free_port() -> int:
 def streamer(*args: str, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "streamer", *args], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=die_with_parent(os.getpid()))  # killed with this process
 
 
 def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
@@ -72,6 +76,7 @@ scrape_configs:
   - job_name: streamer
     static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
 """
+    started_here: list[subprocess.Popen] = []
     with EmbeddedBroker() as broker:
         prometheus, base = start_prometheus(config, work)
         try:
@@ -79,12 +84,14 @@ scrape_configs:
                                 "--corpus", args.corpus, "--fragments", str(args.fragments),
                                 "--lambda", str(args.mean_tokens), "--token-rate", str(args.token_rate),
                                 "--seed", str(args.seed), "--manifest", str(manifest), log=work / "producer.log")
+            started_here.append(producer)
             wait_for(manifest, producer, work / "producer.log")
             started = time.time()
             learner = streamer("learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic", "spikes",
                                "--manifest", str(manifest), "--run-dir", str(run_dir), "--fresh", "--no-view",
                                "--metrics-port", str(port), "--idle-timeout", str(10 + 3 * args.scrape),
                                "--seed", str(args.seed), *args.learn, log=work / "learner.log")
+            started_here.append(learner)
             # the learner stops at the manifest's last batch (the idle timeout only if records go
             # missing); its exporter waits for one more scrape, so the counters hold every batch
             producer.wait()
@@ -95,7 +102,9 @@ scrape_configs:
                 raise SystemExit(f"producer {producer.returncode}, learner {learner.returncode}; logs in {work}")
             (work / "times.json").write_text(json.dumps({"start": started, "end": ended, "scrape": args.scrape}))
             return evaluate(base, run_dir, started, ended, args.scrape)
-        finally:
+        finally:  # (a signal: the producer and the learner end while the broker is still there)
+            for process in started_here:
+                stop(process)
             stop(prometheus)
 
 
@@ -174,10 +183,12 @@ def show(figures: dict, scrape: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scrape", type=float, default=5.0, help="Prometheus scrape and rule interval, s (default 5)")
-    parser.add_argument("--fragments", type=int, default=24, help="fragments of the stream (default 24)")
-    parser.add_argument("--lambda", dest="mean_tokens", type=int, default=8000, help="mean fragment, bytes (default 8000)")
-    parser.add_argument("--token-rate", type=float, default=500, help="producer pace, bytes/s (default 500)")
+    parser.add_argument("--scrape", type=seconds, default=5.0,
+                        help="Prometheus scrape and rule interval, s (default 5)")
+    parser.add_argument("--fragments", type=positive_int, default=24, help="fragments of the stream (default 24)")
+    parser.add_argument("--lambda", dest="mean_tokens", type=positive_int, default=8000,
+                        help="mean fragment, bytes (default 8000)")
+    parser.add_argument("--token-rate", type=positive_float, default=500, help="producer pace, bytes/s (default 500)")
     parser.add_argument("--corpus", default="calm-multilingual")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, run, TSDB)")
@@ -185,6 +196,11 @@ def main() -> None:
                         help="evaluate the current dashboard on a directory kept by --keep, without a new run")
     parser.add_argument("learn", nargs="*", help="extra `streamer learn` flags, after --")
     args = parser.parse_args()
+    with ended_by_signals("spikes"):
+        measure(args)
+
+
+def measure(args) -> None:
     if args.evaluate:
         figures, scrape = reevaluate(args.evaluate)
         show(figures, scrape)

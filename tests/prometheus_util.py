@@ -8,6 +8,7 @@ prometheus and promtool commands the tests fail with one line naming `./dev setu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from streamer.broker import die_with_parent
 from tests.conftest import missing
 
 __all__ = ["require_prometheus", "start_prometheus", "stop", "query", "query_range"]
@@ -63,6 +65,7 @@ def start_prometheus(config_text: str, tmp_path: Path) -> tuple[subprocess.Popen
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent(os.getpid()),  # killed with the process that started it
     )
     log.close()  # the child holds its own descriptor
     base_url = f"http://{address}"

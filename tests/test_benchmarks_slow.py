@@ -42,6 +42,9 @@ def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
                                                   "got 'poe,lstm'"),
     ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: expected at least 0 and below 1, got 1.5"),
     ("scaling.py", ["--batches", "1"], "--batches 1: at least 10 (a rate is taken over the span between batches)"),
+    ("contention.py", ["--seconds", "0"], "argument --seconds: expected a positive number, got 0.0"),
+    ("contention.py", ["--threads", "-1"], "argument --threads: expected a positive integer, got -1"),
+    ("spikes.py", ["--scrape", "0"], "argument --scrape: expected a positive number, got 0.0"),
     ("soak.py", ["--poison-every", "1"], "argument --poison-every: expected an integer >= 2 (one poison record in "
                                          "this many), got '1'"),
 ])
@@ -80,6 +83,10 @@ def _alive(pid: int) -> bool:
     ("scaling.py", ["--parts", "length", "--batches", "200"], 4),  # the broker, 2 producers, the 1x learner
     ("experts.py", ["--separate", "--experts", "30", "--hidden", "550", "--min-seconds", "60"], 1),  # a variant
     ("soak.py", ["--records", "20000", "--kills", "1"], 2),  # the broker, a learner
+    ("contention.py", ["--seconds", "30"], 1),  # the learner timed alone
+    ("rereading.py", ["--pause", "300", "--keep", "4"], 2),  # the broker, a learner
+    # the broker, Prometheus, produce and learn
+    ("spikes.py", ["--scrape", "1", "--fragments", "6", "--lambda", "4000", "--token-rate", "500"], 4),
 ])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum):
