@@ -45,6 +45,8 @@ def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
     ("contention.py", ["--seconds", "0"], "argument --seconds: expected a positive number, got 0.0"),
     ("contention.py", ["--threads", "-1"], "argument --threads: expected a positive integer, got -1"),
     ("spikes.py", ["--scrape", "0"], "argument --scrape: expected a positive number, got 0.0"),
+    ("producer.py", ["--fragments", "0"], "argument --fragments: expected a positive integer, got 0"),
+    ("producer.py", ["--lambda", "0"], "argument --lambda: expected a positive integer, got 0"),
     ("soak.py", ["--poison-every", "1"], "argument --poison-every: expected an integer >= 2 (one poison record in "
                                          "this many), got '1'"),
 ])
