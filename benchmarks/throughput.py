@@ -87,25 +87,26 @@ PATHS = ("memory", "kafka", "baseline")
 SCHEDULE = dict(n_fragments=60, mean_tokens=10_000, streams=10, window=20, record_tokens=20, seed=0)
 
 
-def corpus() -> tuple[str, dict[str, str]]:
-    from producers.corpora import CorpusError, corpus_path, load_corpus_dir
+def corpus(scratch: Path) -> tuple[str, Path]:
+    """(name, directory) of the stream's corpus: calm-multilingual once built, else a synthetic one written
+    under `scratch` (the parent's, removed when it ends; its children are given the path)."""
+    from producers.corpora import CorpusError, corpus_path
     from streamer.settings import cache_root
 
     try:
-        return "calm-multilingual", load_corpus_dir(corpus_path("calm-multilingual", cache_root()))
+        return "calm-multilingual", corpus_path("calm-multilingual", cache_root())
     except CorpusError:
         from tests.conftest import write_corpus
 
-        path = write_corpus(Path(tempfile.mkdtemp()) / "corpus", lines=4000)
-        return "synthetic (calm-multilingual not built)", load_corpus_dir(path)
+        return "synthetic (calm-multilingual not built)", write_corpus(scratch / "corpus", lines=4000)
 
 
-def stream():
+def stream(corpus_dir: Path) -> list:
+    """The records of the benchmark's stream (the same in every process)."""
+    from producers.corpora import load_corpus_dir
     from producers.schedule import CalmSchedule, build_stream
 
-    name, text = corpus()
-    records, manifest = build_stream(text, CalmSchedule(**SCHEDULE))
-    return name, records, manifest
+    return build_stream(load_corpus_dir(corpus_dir), CalmSchedule(**SCHEDULE))[0]
 
 
 # ---------------------------------------------------------------- one path (a child process)
@@ -180,6 +181,9 @@ def measure(args) -> None:
     """One path in this process: says "ready" after its first batch, learns until SIGTERM, then prints
     one JSON line. The policy's paths set OpenMP's wait policy before torch loads, as the streamer
     command does; the baseline leaves OpenMP and torch alone."""
+    # until a path takes SIGTERM as its stop, it ends this process through its finally blocks (its run
+    # directory removed), not at once
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     governed = False
     if args.path != "baseline":
         from streamer.settings import omp_num_threads
@@ -196,7 +200,7 @@ def measure(args) -> None:
         threads = apply_thread_policy(args.threads, omp_num_threads(), govern_spin=governed).threads
     with tempfile.TemporaryDirectory() as run_dir:
         config = learn_config(args, Path(run_dir) / "bench", args.bootstrap, args.group)
-        batches = kafka_path(config) if args.path == "kafka" else memory_path(config, stream()[1])
+        batches = kafka_path(config) if args.path == "kafka" else memory_path(config, stream(args.corpus_dir))
     wait = ", ".join(part for part in (
         f"spin {os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "",
         os.environ.get("OMP_WAIT_POLICY", "")) if part) or "default"
@@ -214,7 +218,7 @@ def start_child(args, model: str, path: str, bootstrap: str, group: str) -> subp
     command = [sys.executable, __file__, "--measure", path, "--model", model,
                "--hidden", str(args.hidden), "--device", args.device, "--experts", str(args.experts),
                "--gate-steps", str(args.gate_steps), "--topic", args.topic, "--bootstrap", bootstrap,
-               "--group", group]
+               "--group", group, "--corpus-dir", str(args.corpus_dir)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     environment = dict(os.environ)
@@ -233,10 +237,24 @@ def start_child(args, model: str, path: str, bootstrap: str, group: str) -> subp
             raise SystemExit(f"throughput: the {model} {path} run did not start:\n{stderr_of(child)}")
         os.kill(child.pid, signal.SIGSTOP)
     except BaseException:  # not yet the caller's to end (a signal, or it did not start)
-        child.kill()
-        child.wait()
+        end_children([child])
         raise
     return child
+
+
+def end_children(children, grace_s: float = 30) -> None:
+    """SIGTERM (continued, if stopped), so each child removes its run directory, then SIGKILL after
+    `grace_s`; all reaped."""
+    running = [child for child in children if child.poll() is None]
+    for child in running:
+        child.terminate()
+        child.send_signal(signal.SIGCONT)
+    for child in running:
+        try:
+            child.communicate(timeout=grace_s)  # (reads its JSON line: a full pipe must not hold it)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def stderr_of(child: subprocess.Popen) -> str:
@@ -321,10 +339,7 @@ def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid
                     for key, child in children.items()}
         measured = {key: finish_child(child, model, key[0]) for key, child in children.items()}
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        end_children(children.values())
     inside, whole = {}, {}
     for key in keys:
         batches = measured[key]["batches"]
@@ -411,7 +426,8 @@ def main() -> None:
     parser.add_argument("--experts", type=positive_int, default=10, help="poe's experts (default 10)")
     parser.add_argument("--gate-steps", type=positive_int, default=10, help="poe's gate steps per batch (default 10)")
     parser.add_argument("--models", default="lstm,poe", help="comma-separated: lstm, poe (default both)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="the paths' device (default cpu; auto: cuda when torch sees one)")
     parser.add_argument("--threads", type=positive_int,
                         help="torch threads of memory and kafka (default: the policy's)")
     # one path, in a child process
@@ -420,6 +436,7 @@ def main() -> None:
     parser.add_argument("--topic", default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", default="", help=argparse.SUPPRESS)
     parser.add_argument("--group", default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.path:
         return measure(args)
@@ -435,13 +452,26 @@ def benchmark(parser, args) -> None:
         cpus = pin_to_first_cpus(args.cpus)
     except ValueError as exc:
         parser.error(str(exc))
-    load = os.getloadavg()[0]
-    started = time.monotonic()
+    if args.device != "cpu":  # said here, not by each child after the broker started and the stream was written
+        import torch  # (after the pinning: its OpenMP reads the CPU mask as it loads)
 
+        if args.device == "auto":
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif not torch.cuda.is_available():
+            parser.error("--device cuda, but torch sees no CUDA device here")
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="throughput-") as scratch:
+        measure_models(args, models, cpus, load, Path(scratch))
+
+
+def measure_models(args, models: list[str], cpus: list[int], load: float, scratch: Path) -> None:
+    """Each model's paths and the headlines; a synthetic corpus, when one is needed, is written in `scratch`."""
     from producers.kafka import produce
     from streamer.broker import EmbeddedBroker
 
-    name, records, _ = stream()
+    started = time.monotonic()
+    name, args.corpus_dir = corpus(scratch)
+    records = stream(args.corpus_dir)
     labels = {"lstm": f"lstm-char 2x{args.hidden} (naive)",
               "poe": f"poe {args.experts} experts x 2x{args.hidden}, {args.gate_steps} gate steps"}
     slices = {"lstm": args.slice, "poe": args.poe_slice}

@@ -42,6 +42,8 @@ def test_throughput_runs_each_path_in_two_processes_and_prints_its_headlines():
                                                   "got 'poe,lstm'"),
     ("step_cost.py", ["--dropouts", "0,1.5"], "argument --dropouts: expected at least 0 and below 1, got 1.5"),
     ("scaling.py", ["--batches", "1"], "--batches 1: at least 10 (a rate is taken over the span between batches)"),
+    ("throughput.py", ["--device", "foo"], "argument --device: invalid choice: 'foo' (choose from 'cpu', 'cuda', "
+                                           "'auto')"),
     ("contention.py", ["--seconds", "0"], "argument --seconds: expected a positive number, got 0.0"),
     ("contention.py", ["--threads", "-1"], "argument --threads: expected a positive integer, got -1"),
     ("spikes.py", ["--scrape", "0"], "argument --scrape: expected a positive number, got 0.0"),
@@ -56,6 +58,35 @@ def test_a_bad_value_for_a_benchmark_is_one_line(script, flags, said):
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"{script}: error: {said}"), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_throughput_refuses_a_cuda_device_the_machine_lacks_before_it_starts_anything():
+    """It was a child's traceback, after the broker had started and the stream was written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a CUDA device here")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--device", "cuda"],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (
+        2, "throughput.py: error: --device cuda, but torch sees no CUDA device here"), result.stderr
+    assert not result.stdout  # (its first line comes once the broker is started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_throughput_leaves_no_scratch_directory_with_a_synthetic_corpus(tmp_path):
+    """Without calm-multilingual built, the parent and every child wrote a synthetic corpus into a mkdtemp of
+    its own and never removed it (9 a default run). Now the parent writes it once, in a directory it removes."""
+    scratch, cache = tmp_path / "tmp", tmp_path / "empty-cache"
+    scratch.mkdir()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--models", "lstm",
+                             "--processes", "1", "--rounds", "2", "--slice", "0.2", "--hidden", "32"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TMPDIR": str(scratch), "STREAMER_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "corpus synthetic" in result.stdout
+    assert not [path for path in scratch.iterdir() if not path.name.startswith("torchinductor_")]  # (torch's cache)
 
 
 def _children(pid: int) -> set[int]:
@@ -91,12 +122,16 @@ def _alive(pid: int) -> bool:
     ("spikes.py", ["--scrape", "1", "--fragments", "6", "--lambda", "4000", "--token-rate", "500"], 4),
 ])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum):
+def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags, started, signum, tmp_path):
     """SIGTERM (`timeout`, as gpu_host.sh runs them) ended the parent alone: throughput's six children stayed,
     frozen or learning on, and scaling's learner ran on orphaned and left its run directory in /tmp; Ctrl-C
-    printed a traceback. Now both end as Ctrl-C should: children stopped and reaped, then one line."""
+    printed a traceback. Now both end as Ctrl-C should: children stopped and reaped, their scratch files
+    removed (throughput's SIGKILLed children left theirs), then one line."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     benchmark = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *flags],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "TMPDIR": str(scratch)})
     deadline, children = time.monotonic() + 240, set()
     while len(children) < started and time.monotonic() < deadline and benchmark.poll() is None:
         children |= _children(benchmark.pid)
@@ -110,6 +145,7 @@ def test_a_signal_ends_a_benchmark_with_its_processes_in_one_line(script, flags,
         128 + signum, f"{script[:-3]}: stopped by {name}; its processes are ended and its scratch files removed"), err
     assert "Traceback" not in err
     assert not [pid for pid in children if _alive(pid)], children
+    assert not [path for path in scratch.iterdir() if not path.name.startswith("torchinductor_")]  # (torch's cache)
 
 
 @pytest.mark.slow
