@@ -34,7 +34,14 @@ Memory is always measured alone: each variant runs --warmup + 1 steps in a child
 own (on CPU the peak resident set size minus the resident size once the model is built; on a
 GPU torch.cuda.max_memory_allocated). --no-memory skips those processes.
 
-The last line is the worst ratio of the sweep.
+The fused and loop kernels are the same model (tests/test_experts.py checks it at hidden 12): they
+start from the same weights and learn the same batches here, so each size also compares their
+training losses step by step (warm-up and timed steps; with --separate over the steps both ran), and a
+line before the headline gives the largest difference of the sweep; past 1e-5 the run fails (exit
+status 1, one line).
+
+The last line is the worst ratio of the sweep (naming the sizes where the wall and the CPU ratio are
+worst).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from streamer.strategies.experts import (MoE, Ensemble, GateAdam, PoE, moe_gate_
                                          poe_gate_gradient, poe_log_probs)
 
 VARIANTS = ("modules", "fused", "loop")
+LOSS_BOUND = 1e-5  # the largest training loss difference between the fused and the loop kernel
 STRATEGIES = {"poe": PoE, "moe": MoE, "ensemble": Ensemble}
 
 
@@ -176,21 +184,31 @@ def measure(args, strategy: str, variant: str, n: int, hidden: int) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         baseline_gpu = torch.cuda.memory_allocated(device)
-    for batch in batches[:args.warmup]:
-        learner.learn(batch)
+    losses = [learner.learn(batch) for batch in batches[:args.warmup]]
     _synchronize(device)
     started, started_cpu = time.perf_counter(), time.process_time()
     steps = 0
     while steps < args.iterations or time.perf_counter() - started < args.min_seconds:
-        learner.learn(timed_batch(args, batches, steps))
+        losses.append(learner.learn(timed_batch(args, batches, steps)))
         steps += 1
         _synchronize(device)
     result = {"variant": variant, "step_s": (time.perf_counter() - started) / steps,
               "cpu_s": (time.process_time() - started_cpu) / steps, "steps": steps,
-              "peak_rss_delta_mib": (_peak_resident_kib() - baseline) / 1024}
+              "peak_rss_delta_mib": (_peak_resident_kib() - baseline) / 1024, "losses": training_losses(losses)}
     if device.type == "cuda":
         result["gpu_peak_mib"] = (torch.cuda.max_memory_allocated(device) - baseline_gpu) / 2**20
     return result
+
+
+def training_losses(stats: list) -> list[float]:
+    """The training losses of a variant's learning steps (the strategies' LearnStats; the module loop gives
+    none), read after the timing."""
+    return [stats_.loss.item() for stats_ in stats if stats_ is not None]
+
+
+def loss_difference(row: dict) -> float:
+    """The largest |fused - loop| training loss of a size, over the steps both took."""
+    return max((abs(f - l) for f, l in zip(row["fused"]["losses"], row["loop"]["losses"])), default=0.0)
 
 
 def alternate(args, strategy: str, n: int, hidden: int) -> dict[str, dict]:
@@ -199,15 +217,17 @@ def alternate(args, strategy: str, n: int, hidden: int) -> dict[str, dict]:
     built = {variant: build(args, strategy, variant, n, hidden) for variant in VARIANTS}
     wall = {variant: [] for variant in VARIANTS}
     cpu = {variant: [] for variant in VARIANTS}
+    losses = {variant: [] for variant in VARIANTS}
 
     def step_all(batch_of) -> None:
         for variant, (learner, batches) in built.items():
             _synchronize(device)
             started, started_cpu = time.perf_counter(), time.process_time()
-            learner.learn(batch_of(batches))
+            stats = learner.learn(batch_of(batches))
             _synchronize(device)
             wall[variant].append(time.perf_counter() - started)
             cpu[variant].append(time.process_time() - started_cpu)
+            losses[variant].append(stats)
 
     for step in range(args.warmup):
         step_all(lambda batches: batches[step])
@@ -219,7 +239,8 @@ def alternate(args, strategy: str, n: int, hidden: int) -> dict[str, dict]:
         step_all(lambda batches: timed_batch(args, batches, steps))
         steps += 1
     return {variant: {"variant": variant, "step_s": statistics.median(wall[variant]),
-                      "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan"), "steps": steps}
+                      "cpu_s": statistics.median(cpu[variant]), "peak_rss_delta_mib": float("nan"), "steps": steps,
+                      "losses": training_losses(losses[variant])}
             for variant in VARIANTS}
 
 
@@ -306,11 +327,22 @@ def print_table(args, rows: list[dict], peak: float) -> None:
               f"{row['flop'] / chosen['cpu_s'] / 1e9:.1f} | {row['shape_gflops']:.1f} | "
               f"{_mib(modules['peak_rss_delta_mib'])}/{_mib(chosen['peak_rss_delta_mib'])} |")
     print("(ms: CPU time per step; on a GPU read the wall ratio)")
-    worst = min(rows, key=lambda row: row["modules"]["cpu_s"] / row[row["auto"]]["cpu_s"])
-    worst_wall = min(row["modules"]["step_s"] / row[row["auto"]]["step_s"] for row in rows)
-    print(f"  loop / batched step time: {worst_wall:.2f}x wall, "
-          f"{worst['modules']['cpu_s'] / worst[worst['auto']]['cpu_s']:.2f}x CPU "
-          f"(worst of the sweep; CPU: {worst['strategy']}, {worst['experts']} experts, hidden {worst['hidden']})")
+    apart = max(rows, key=loss_difference)
+    print(f"fused / loop kernels: largest training loss difference {loss_difference(apart):.1e} "
+          f"({_size(apart)}; bound {LOSS_BOUND:g})")
+    worst = min(rows, key=lambda row: _ratio(row, "cpu_s"))
+    worst_wall = min(rows, key=lambda row: _ratio(row, "step_s"))
+    print(f"  loop / batched step time: {_ratio(worst_wall, 'step_s'):.2f}x wall, {_ratio(worst, 'cpu_s'):.2f}x CPU "
+          f"(worst of the sweep; wall: {_size(worst_wall)}; CPU: {_size(worst)})")
+
+
+def _ratio(row: dict, clock: str) -> float:
+    """modules / the chosen kernel, in wall ("step_s") or CPU ("cpu_s") time a step."""
+    return row["modules"][clock] / row[row["auto"]][clock]
+
+
+def _size(row: dict) -> str:
+    return f"{row['strategy']}, {row['experts']} experts, hidden {row['hidden']}"
 
 
 def main() -> None:
@@ -341,12 +373,16 @@ def main() -> None:
                         "alternating their steps in one process")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the child processes that measure each variant's memory")
-    p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--json", type=Path, help="also write the rows here (after the table)")
     p.add_argument("--only", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = p.parse_args()
     for name in ("gate_steps", "warmup", "threads", "min_seconds"):
         if not getattr(args, name) >= 0:  # (nan too)
             p.error(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
+    if not math.isfinite(args.min_seconds):  # (its steps never ended)
+        p.error(f"--min-seconds must be finite, got {args.min_seconds}")
+    if args.json and (args.json.is_dir() or not os.access(args.json.parent, os.W_OK)):  # said now, not after the sweep
+        p.error(f"--json {args.json}: not a file in a writable directory")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -358,9 +394,13 @@ def main() -> None:
         return
     with ended_by_signals("experts"):
         rows = sweep(args)
+    print_table(args, rows, matmul_gflops(torch.device(args.device), 1024, 1024, 1024))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    print_table(args, rows, matmul_gflops(torch.device(args.device), 1024, 1024, 1024))
+    apart = max(rows, key=loss_difference)
+    if loss_difference(apart) > LOSS_BOUND:
+        sys.exit(f"experts: the fused and loop kernels' training losses differ by {loss_difference(apart):.1e} at "
+                 f"{_size(apart)}, past {LOSS_BOUND:g}: they are meant to be the same model")
 
 
 if __name__ == "__main__":
