@@ -17,13 +17,12 @@ log, the thread policy), so its memory is its own. For each run:
 Parts (--parts, all by default):
   length   the 1x stream (--batches of b 10 x w 20 bytes) and a 10x one (10 times the fragments,
            the same mean length), learned to exactly 1x and 10x the batches: the headline. The 1x
-           run goes before and after the 10x one and the 10x time is compared with their mean (a
-           host whose speed drifts within the minutes of the 10x run moves both); the 10x run's
-           tokens/s by blocks of 1x batches shows whether it slows as it goes
+           run goes before and after the 10x one and the 10x time and peak RSS are compared with
+           their means (a host whose speed drifts within the minutes of the 10x run moves both);
+           the 10x run's tokens/s by blocks of 1x batches shows whether it slows as it goes
   streams  b 10, 20, 40 on a stream of the 1x tokens (so fewer, larger batches)
   hidden   128, 256, 512 on the 1x stream
-  ranks    --nproc 1 and 2 on the 1x stream written to 10 partitions (skipped, with one line, when
-           `streamer learn` has no --nproc)
+  ranks    --nproc 1 and 2 on the 1x stream written to 10 partitions
 
 Headline: `10x stream: X.XXx the time, Y.YYx the peak RSS (targets <= 10.5x, <= 1.1x)`.
 --cpus N pins the benchmark and every process it starts to the first N CPUs it may use.
@@ -178,6 +177,16 @@ def end(process: subprocess.Popen, grace_s: float = 60) -> None:
         process.wait()
 
 
+def length_headline(before: Measured, long_run: Measured, after: Measured) -> tuple[float, float]:
+    """(time, peak RSS) of the 10x run over the 1x runs', each against the 1x runs' mean (the RSS was against
+    their larger, which made its ratio look lower than the time's reference would). Time is seconds a batch
+    (the spans are between the first and the last batch: batches - 1 apart), and the ratio that of 10x the
+    batches to 1x."""
+    short = (before.span_s / (before.batches - 1) + after.span_s / (after.batches - 1)) / 2
+    return (10 * long_run.span_s / (long_run.batches - 1) / short,
+            long_run.peak_rss_mb / ((before.peak_rss_mb + after.peak_rss_mb) / 2))
+
+
 def row(label: str, measured: Measured) -> str:
     return (f"  {label:12s} {measured.batches:7,d} batches  {measured.tokens_per_s:9,.0f} tokens/s  "
             f"{measured.span_s:7.1f} s learning  {measured.wall_s:7.1f} s wall  {measured.peak_rss_mb:6.0f} MB peak RSS")
@@ -233,11 +242,7 @@ def measure(args, parts: list[str], cpus: list[int]) -> None:
             rates = long_run.block_rates
             print(f"  the {ten / one:.1f}x run by 1x blocks: " + " ".join(f"{rate:,.0f}" for rate in rates)
                   + f" tokens/s (last/first {rates[-1] / rates[0]:.3f})", flush=True)
-            # seconds a batch (the spans are between the first and the last batch: batches - 1 apart),
-            # the 1x runs' mean as the reference; the ratio is that of 10x the batches to 1x
-            short = (before.span_s / (before.batches - 1) + after.span_s / (after.batches - 1)) / 2
-            time_ratio = 10 * long_run.span_s / (long_run.batches - 1) / short
-            headline = (time_ratio, long_run.peak_rss_mb / max(before.peak_rss_mb, after.peak_rss_mb))
+            headline = length_headline(before, long_run, after)
         if "streams" in parts:
             print("streams b (lstm-char 2x256, the 1x tokens):", flush=True)
             for streams in (10, 20, 40):

@@ -212,6 +212,20 @@ def test_scaling_reports_every_block_of_the_long_run():
     assert re.search(r"^10x stream: \d+\.\d\dx the time, \d\.\d\dx the peak RSS", result.stdout, re.M), result.stdout
 
 
+def test_scaling_takes_the_1x_runs_mean_as_the_reference_of_time_and_memory_alike(monkeypatch):
+    """The time's reference was the 1x runs' mean but the peak RSS's their larger, which made the RSS ratio
+    look lower."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_benchmark", ROOT / "benchmarks" / "scaling.py")
+    scaling = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, scaling)  # (dataclasses look their module up)
+    spec.loader.exec_module(scaling)
+    before, after = (scaling.Measured(101, 0.0, span, 0.0, rss) for span, rss in ((10.0, 400.0), (12.0, 440.0)))
+    time_ratio, rss_ratio = scaling.length_headline(before, scaling.Measured(1001, 0.0, 110.0, 0.0, 441.0), after)
+    assert (time_ratio, rss_ratio) == (pytest.approx(10.0), pytest.approx(1.05))
+
+
 @pytest.mark.parametrize("script", ["throughput.py", "scaling.py"])
 def test_more_cpus_than_the_benchmark_may_use_is_one_line(script):
     """`--cpus N` past the CPUs this process may use, or under 1, is refused in one line, not a traceback
