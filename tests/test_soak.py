@@ -81,18 +81,19 @@ def _children() -> list[int]:
     return found
 
 
+@pytest.mark.slow  # (28 s: the kill, its restart and the comparison)
 @pytest.mark.timeout(300)
 def test_a_stream_learned_within_one_checkpoint_interval_is_still_killed(soak, tmp_path):
     """The README's small soak learned its whole stream before its first checkpoint, so the kill never came and
     the soak passed with none. The topic is now written in parts: a learner cannot reach the end before its kill,
     and one caught up with what is written checkpoints while it waits."""
-    args = Namespace(**TINY, minutes=10.0, kills=1, checkpoint_every=2.0)
+    args, others = Namespace(**TINY, minutes=10.0, kills=1, checkpoint_every=2.0), set(_children())
     figures = soak.soak(args, tmp_path, log=lambda line: None)
     assert figures["exit_code"] == 0, figures["stderr_tail"]
     assert figures["kills"] == 1 and figures["kept_before_kills"] == [True]
     assert 0 < figures["kill_steps"][0] < figures["total_batches"] == figures["batches_learned"]
     assert figures["records_lost"] == 0 and figures["batches_learned_twice"] == 0 and soak.passed(figures)
-    assert not _children()
+    assert set(_children()) <= others  # (the module's broker, in a test worker, is one)
 
 
 @pytest.mark.timeout(300)
@@ -101,9 +102,9 @@ def test_at_the_deadline_the_running_learner_is_stopped_and_is_the_last(soak, tm
     at once), and with no checkpoint yet the report was a traceback. Now it is stopped, reaped and reported as the
     last, and a kill not done is a line of its own and a failed soak."""
     lines = []
-    args = Namespace(**TINY, minutes=0.001, kills=1, checkpoint_every=2.0)
+    args, others = Namespace(**TINY, minutes=0.001, kills=1, checkpoint_every=2.0), set(_children())
     figures = soak.soak(args, tmp_path, log=lines.append)
     assert figures["stopped_by_minutes"] and len(figures["rss_per_process_mb"]) == 1
     assert figures["kills"] == 0 and not soak.passed(figures)
     assert "FAILED: 0 SIGKILL restarts of the 1 asked (--minutes ran out first)" in lines
-    assert not _children()
+    assert set(_children()) <= others  # (the module's broker, in a test worker, is one)
