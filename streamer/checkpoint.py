@@ -418,6 +418,10 @@ class Checkpointer:
         if task is not None:
             task.add_done_callback(_taken_in)
 
+    def raise_failure(self) -> None:
+        """The failure of the last background write, raised (once); nothing while it runs or after a success."""
+        self._raise_failure()
+
     def _raise_failure(self) -> None:
         """A failed background write (a full disk) ends the run like a failed step."""
         task = self._in_flight

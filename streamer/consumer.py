@@ -34,7 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedError, IllegalStateError,
-                             KafkaConnectionError, KafkaError, OffsetOutOfRangeError)
+                             KafkaConnectionError, KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError)
 
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
@@ -525,6 +525,12 @@ class KafkaSource:
             await self._placed(exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {})
             self._taking_from = None
             return
+        except NoOffsetForPartitionError as exc:  # one assigned while SeekOnAssign asked where its log begins
+            known = self._seek_positions()
+            await self._placed({tp: known.get((tp.topic, tp.partition)) for tp in exc.args
+                                if isinstance(tp, TopicPartition)})
+            self._taking_from = None
+            return
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             self.hold(set())  # it reads each partition on its own, held ones too
             async for fetched in self._step_past_unreadable(before, exc):
@@ -835,6 +841,8 @@ class SeekOnAssign(ConsumerRebalanceListener):
         known = {}
         try:
             known = self.positions()
+            for tp in assigned:  # at once, before asking the broker: a fetch meanwhile found a partition with no
+                self.consumer.seek(tp, known.get((tp.topic, tp.partition), 0))  # position, and raised (reset: none)
             await seek_to_own(self.consumer, assigned, known, self.deleted)
         except SourceError as exc:  # a log that is not the learner's: the learner stops (KafkaSource.refusal)
             self.refuse(str(exc))

@@ -407,24 +407,22 @@ async def _checkpoint_while_idle(loop: PrequentialLoop, checkpointer: Checkpoint
     """A learner caught up with its topic takes no result until records come, so the checkpoint due at the
     next result waited: the batches learned since the last one stayed out of it (their offsets uncommitted)
     for as long as the topic was quiet, hours for a daemon, and a kill -9 then cost them. Once a checkpoint
-    is due and the loop waits for records, one is written here at a snapshot point. One process only: the
-    ranks checkpoint where they agree, at a step."""
+    is due and the loop waits for records, at rest, one is written here. One process only: the ranks
+    checkpoint where they agree, at a step."""
     if checkpointer.ranks is not None:
         return
-    covered = loop.step  # (a resumed run's checkpoint holds its batches)
+    started = loop.step  # (a resumed run's checkpoint holds its batches)
     while True:
         await asyncio.sleep(every_s)
-        covered = max(covered, checkpointer.step_written or 0)
-        if loop.step > covered and loop.waiting_since is not None and checkpointer.time_due():
-            async with loop.snapshot_point():  # no step in flight, the last result taken in
-                if loop.step > covered and loop.waiting_since is not None and not checkpointer.writing:
-                    losses.sync()
-                    try:
-                        checkpointer.start()  # (raises the last write's failure, as at a result)
-                    except Exception:
-                        loop.stop("checkpoint_failed")  # the consumer ends and raises it
-                        raise
-                    covered = loop.step
+        try:
+            checkpointer.raise_failure()  # a write that failed (a full disk) ends the run, quiet topic or not
+            if loop.step > max(started, checkpointer.step_written or 0) and loop.waiting_since is not None \
+                    and checkpointer.time_due() and loop.at_rest:  # (not snapshot_point: a probe's peek holds it)
+                losses.sync()
+                checkpointer.start()
+        except Exception:
+            loop.stop("checkpoint_failed")  # the consumer ends and raises it
+            raise
 
 
 class _NoLossLog:

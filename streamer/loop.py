@@ -130,6 +130,7 @@ class PrequentialLoop:
         self.stop_reason: str | None = None
         self.waiting_since: float | None = None  # wall time since when it is caught up and waits for records
         self.broker_lost_since: float | None = None  # wall time of the broker's last answer while it is lost
+        self._peeking = 0  # peek()s waiting (at_rest)
         self.topic_gone = False  # lost as the topic was deleted (the broker answers): said so
         self._queue: deque[ReadyBatch] = deque()  # bounded by queue_size; [0] is the next batch to learn
         # ranks: when an agreement last found another rank without its next batch while this one had its
@@ -493,17 +494,29 @@ class PrequentialLoop:
     async def peek(self) -> ReadyBatch | None:
         """The next batch to learn, with its truth, once the fetch side has cut it (it stays next);
         None when the loop stops first. Probes at a switch ask for it before the batch is learned."""
-        while True:
-            self._check_stop()
-            if self.stop_reason is not None:
-                return None
-            if self._queue:
-                self.waiting_since = None
-                return self._queue[0]
-            self._changed.clear()
-            await self._changed_within(0.5)
-            if self._fetcher is not None and self._fetcher.done():
-                self._fetcher.result()  # re-raise a failure of the fetch side
+        self._peeking += 1
+        try:
+            while True:
+                self._check_stop()
+                if self.stop_reason is not None:
+                    return None
+                if self._queue:
+                    self.waiting_since = None
+                    return self._queue[0]
+                self._changed.clear()
+                await self._changed_within(0.5)
+                if self._fetcher is not None and self._fetcher.done():
+                    self._fetcher.result()  # re-raise a failure of the fetch side
+        finally:
+            self._peeking -= 1
+
+    @property
+    def at_rest(self) -> bool:
+        """A snapshot point that lasts until the next batch comes: no step in flight, the last result taken in,
+        and the loop's consumer waiting for the next batch, in the loop or in a probe's peek (which holds the
+        point: snapshot_point would wait for it). A snapshot copied now, on the event loop, is one of "after the
+        last result" (the idle checkpoint, streamer.learner)."""
+        return not self._running and (not self._between_results.locked() or self._peeking > 0)
 
     async def _agreed(self) -> ReadyBatch | None:
         """The next batch once every rank has its own (all step), None once any rank stops (all stop). The

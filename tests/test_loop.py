@@ -1265,3 +1265,33 @@ def test_a_collective_held_past_stall_s_is_timed_apart():
     finally:
         distributed.STALL_S = stall
     assert 0.25 <= distributed.stalled_s() - before < 1
+
+
+def test_the_loop_is_at_rest_while_its_consumer_waits_for_the_next_batch_in_a_probes_peek():
+    """A probe's peek between two results holds the snapshot point (snapshot_point waits for it), so the idle
+    checkpoint, taken through it, never came while a run with probes waited for records. at_rest says when a
+    snapshot copied on the event loop is one of "after the last result": here, while the consumer waits in
+    peek with the topic quiet; not while it takes a result in."""
+    records = [Record(str(i % 2), "abcdefghijk") for i in range(40)]
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), idle_timeout_s=2.0)
+    taking_in, quiet = [], []
+
+    async def go():
+        async with loop:
+            async for _ in loop:
+                taking_in.append(loop.at_rest)  # the consumer holds the point, not in a peek
+                if await loop.peek() is None:  # a probe's look at the next batch: none comes, the loop stops
+                    break
+
+    async def watch():  # the topic quiet for half a second: every record learned
+        while loop.waiting_since is None or time.time() - loop.waiting_since < 0.5:
+            await asyncio.sleep(0.05)
+        quiet.append((loop.at_rest, loop.step))
+
+    async def both():
+        watcher = asyncio.ensure_future(watch())
+        await go()
+        await watcher
+
+    asyncio.run(both())
+    assert taking_in and not any(taking_in) and quiet == [(True, len(taking_in))]
