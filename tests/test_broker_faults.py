@@ -234,6 +234,7 @@ def delete_topic(bootstrap: str, topic: str) -> None:
     asyncio.run(delete())
 
 
+@pytest.mark.slow  # (24 s; a re-created topic, the stop's other outcome, is the default suite's)
 def test_a_topic_deleted_under_a_learner_is_said_and_it_stops_in_one_line_with_its_checkpoint(broker, corpus,
                                                                                               tmp_path):
     """The learner said nothing and showed caught up, lag 0, ready, for minutes, until the Kafka client's

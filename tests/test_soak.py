@@ -96,6 +96,7 @@ def test_a_stream_learned_within_one_checkpoint_interval_is_still_killed(soak, t
     assert set(_children()) <= others  # (the module's broker, in a test worker, is one)
 
 
+@pytest.mark.slow  # (a benchmark's own behaviour, 10 s)
 @pytest.mark.timeout(300)
 def test_at_the_deadline_the_running_learner_is_stopped_and_is_the_last(soak, tmp_path):
     """At the deadline the learner waiting for its kill was left running and a second started beside it (SIGTERMed
