@@ -18,8 +18,9 @@ from pathlib import Path
 
 from monitor.calm import markdown_cell
 from monitor.figures import plot_after_switch, plot_probe_heatmap, strategy_after_switch
+from monitor.files import json_safe
 from monitor.reference import add_oracle_reference
-from monitor.report import build_report, json_safe, load_run
+from monitor.report import build_report, load_run
 
 __all__ = [
     "FORGETTING_KEYS",

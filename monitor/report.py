@@ -31,7 +31,7 @@ from monitor.forgetting import forgetting_summary, matrix_from_probe_log, probe_
 from monitor.losslog import iter_loss_log, read_loss_log, torn_tail
 from monitor.plots import LossCurve
 
-__all__ = ["build_report", "json_safe", "load_run", "read_config", "report_files", "resolve_from_fragment",
+__all__ = ["build_report", "load_run", "read_config", "report_files", "resolve_from_fragment",
            "write_report"]
 
 LOSS_LOG_NAME = "losses.jsonl"

@@ -350,13 +350,13 @@ class Checkpointer:
         and rank 0's write run in the worker thread in the step's place, then each rank commits its own
         offsets."""
         if self.ranks is not None:
-            self._raise_failure()
+            self.raise_failure()
             state = self.state()
             self._in_flight = asyncio.create_task(self._commit_gathered(self._in_flight, state, self._gathered(state)))
             return
         if self.writing:
             return
-        self._raise_failure()
+        self.raise_failure()
         self._in_flight = asyncio.create_task(self._write_and_commit(self.state()))
 
     async def write(self) -> None:
@@ -374,7 +374,7 @@ class Checkpointer:
         """Until the write in flight (if any) is on disk and its offsets committed."""
         if self._in_flight is not None:
             await asyncio.shield(self._in_flight)
-            self._raise_failure()
+            self.raise_failure()
 
     async def on_revoke(self, *_partitions) -> None:
         """The rebalance listener's on_partitions_revoked: at the next snapshot point (never with a step
@@ -419,11 +419,8 @@ class Checkpointer:
             task.add_done_callback(_taken_in)
 
     def raise_failure(self) -> None:
-        """The failure of the last background write, raised (once); nothing while it runs or after a success."""
-        self._raise_failure()
-
-    def _raise_failure(self) -> None:
-        """A failed background write (a full disk) ends the run like a failed step."""
+        """A failed background write (a full disk) ends the run like a failed step: raised once; nothing while
+        it runs or after a success."""
         task = self._in_flight
         if task is not None and task.done():
             self._in_flight = None

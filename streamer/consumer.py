@@ -231,8 +231,6 @@ class KafkaSource:
                                               deleted=self._deleted, refuse=self._refuse)
                 self._consumer.subscribe([self.topic], listener=self._listener)
                 await self._joined()
-                if self.refusal is not None:  # (the first assignment's, made in the join)
-                    raise SourceError(self.refusal)
                 await self._refuse_if_shared(admin)
                 await self._refuse_if_elsewhere(admin)
             if self.dead_letter:

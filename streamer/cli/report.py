@@ -128,7 +128,8 @@ def run(args) -> int:
         raise UserError(f"--out {args.out} is a file; give a directory")
     if len(args.paths) > 1:
         return _several(args)
-    from monitor.report import json_safe, report_files, write_report  # river and scipy: after the paths are checked
+    from monitor.files import json_safe
+    from monitor.report import report_files, write_report  # river and scipy: after the paths are checked
     path = args.paths[0]
     try:
         report = write_report(path, args.out, k=args.k, from_fragment=args.from_fragment)
@@ -187,7 +188,8 @@ def _shared_k_and_span(args) -> tuple[int | None, str | int | None]:
 def _several(args) -> int:
     """Several runs: per-run reports in <out>/<run>/, then Table 1, the forgetting table and figures."""
     from monitor.compare import load_runs, write_comparison
-    from monitor.report import json_safe, write_report
+    from monitor.files import json_safe
+    from monitor.report import write_report
 
     out = args.out or _common_parent(args.paths) / "report"
     k, from_fragment = _shared_k_and_span(args)
