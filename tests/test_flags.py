@@ -341,3 +341,36 @@ def test_an_allocation_the_machine_refused_is_one_line_naming_its_size():
     assert out_of_memory(gpu).startswith("out of memory: torch asked for 2.00 GiB on the GPU;")
     assert out_of_memory(MemoryError()).startswith("out of memory (Python could not allocate)")
     assert out_of_memory(RuntimeError("shape mismatch")) is None and out_of_memory(ValueError("x")) is None
+
+
+def test_the_checked_ranges_are_the_ones_the_strategies_take(tiny_model):
+    """--set is checked before the model is built, against params' table; a value it lets through that a
+    strategy's constructor refuses would fail only after the build (fisher_decay=1 passed the check as
+    [0, 1] and EWC raised). At each edge of every ranged hyperparameter, and just past it, what the check
+    lets through the constructor takes (the check may be stricter: lr 0 is refused, torch would take it)."""
+    from streamer.cli.checks import strategy_signature
+    from streamer.cli.flags import STRATEGY_CHOICES
+    from streamer.strategies import STRATEGIES, params
+
+    tried = 0
+    for name in STRATEGY_CHOICES:
+        for key, hyperparameter in strategy_signature(name).items():
+            edges = [edge for edge in (hyperparameter.low, hyperparameter.high) if edge is not None]
+            for value in [v for edge in edges for v in (edge, edge - 0.5, edge + 0.5)]:
+                value = hyperparameter.kind(value) if hyperparameter.kind is float else value
+                if hyperparameter.kind is int and value != int(value):
+                    continue
+                try:
+                    hyperparameter.check(value)
+                    checked = True
+                except params.HyperparameterError:
+                    checked = False
+                options = {"lr": 1e-3, key: value} if key != "lr" else {key: value}
+                try:
+                    STRATEGIES[name](tiny_model, **options)
+                    built = True
+                except ValueError:
+                    built = False
+                assert built or not checked, (name, key, value)
+                tried += checked
+    assert tried > 30

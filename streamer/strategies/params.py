@@ -55,15 +55,16 @@ def config_record(strategy: Any) -> dict[str, Any]:
 
 _KINDS = {"int": int, "float": float, "str": str, "bool": bool, int: int, float: float, str: str, bool: bool}
 _BOUNDARY_DETECTORS = ("page-hinkley", "adwin", "kswin", "none")  # monitor.drift.DETECTORS and none (a test checks)
-# value ranges by name: (low, high, low included); anything absent: only the type is checked
-_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
-    **{name: (0.0, 1.0, True) for name in ("p_write", "fisher_decay", "gamma")},
-    **{name: (1, None, True) for name in ("steps", "n_replay", "memory_size", "n_ref", "n_experts", "gate_steps",
+# value ranges by name: (low, high, low included, high included); anything absent: only the type is checked
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    **{name: (0.0, 1.0, True, True) for name in ("p_write", "gamma")},
+    "fisher_decay": (0.0, 1.0, True, False),  # 1 would keep the first batch's Fisher for ever (EWC refuses it)
+    **{name: (1, None, True, True) for name in ("steps", "n_replay", "memory_size", "n_ref", "n_experts", "gate_steps",
                                           "gate_hidden", "n_components", "neighbours", "bottleneck", "max_adapters",
                                           "r_interval")},
-    **{name: (0, None, True) for name in ("warmup_batches", "local_steps", "ewc_lambda", "l2_lambda", "alpha",
+    **{name: (0, None, True, True) for name in ("warmup_batches", "local_steps", "ewc_lambda", "l2_lambda", "alpha",
                                           "local_lambda", "seed")},
-    **{name: (0.0, None, False) for name in ("lr", "clip", "gate_lr", "local_lr")},
+    **{name: (0.0, None, False, True) for name in ("lr", "clip", "gate_lr", "local_lr")},
 }
 # text values by name, and by (class name, name) where one class differs
 _CHOICES: dict[str, tuple[str, ...]] = {"selection": ("reservoir", "herding")}
@@ -85,6 +86,7 @@ class Hyperparameter:
     low: float | None = None
     high: float | None = None
     low_included: bool = True
+    high_included: bool = True
     choices: tuple[str, ...] = ()
 
     @property
@@ -95,7 +97,7 @@ class Hyperparameter:
         if self.choices:
             return " | ".join(self.choices)
         if self.low is not None and self.high is not None:
-            return f"[{self.low:g}, {self.high:g}]"
+            return f"{'[' if self.low_included else '('}{self.low:g}, {self.high:g}{']' if self.high_included else ')'}"
         if self.low is not None:
             return f"{'>=' if self.low_included else '>'} {self.low:g}"
         return {int: "an integer", float: "a number", bool: "true | false"}.get(self.kind, "text")
@@ -105,7 +107,8 @@ class Hyperparameter:
         value = self._typed(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             below = self.low is not None and (value < self.low if self.low_included else value <= self.low)
-            if below or (self.high is not None and value > self.high):
+            above = self.high is not None and (value > self.high if self.high_included else value >= self.high)
+            if below or above:
                 raise HyperparameterError(f"{self.name}={value}: expected a value {self.allowed}")
         if self.name == "boundary":
             _check_boundary(value)
@@ -154,7 +157,7 @@ def signature(cls: type) -> dict[str, Hyperparameter]:
             continue
         default = MISSING if parameter.default is inspect.Parameter.empty else parameter.default
         kind = _KINDS.get(parameter.annotation) or (type(default) if default is not MISSING else str)
-        low, high, included = _RANGES.get(name, (None, None, True))
+        low, high, low_included, high_included = _RANGES.get(name, (None, None, True, True))
         choices = _CLASS_CHOICES.get((cls.__name__, name), _CHOICES.get(name, ()))
-        out[name] = Hyperparameter(name, kind, default, low, high, included, choices)
+        out[name] = Hyperparameter(name, kind, default, low, high, low_included, high_included, choices)
     return out
