@@ -35,7 +35,9 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
     predicted_at = time.perf_counter()
     stats = strategy.learn(batch)
     learned = time.perf_counter()
-    # GPU sync point: the one read of device values per step (ranks: one all-reduce before it).
+    # GPU sync point: the step's wait for the device (ranks: one all-reduce before it). The strategy may
+    # have waited already (Trainer's finiteness check, a drift boundary's loss.item()); the gates and
+    # labels read below are copies of values this read has already waited for, not a second wait.
     loss, train_loss, grad_norm = mean_over_ranks(torch.stack(
         [prediction.loss.detach().float(), stats.loss.float(), stats.grad_norm.float()]
     )).tolist()
@@ -44,10 +46,10 @@ def prequential_step(strategy: Strategy, batch: Batch, truth: BatchTruth | None,
         loss, skipped = last_loss, True
     if not math.isfinite(train_loss):
         train_loss = loss
-    gates = None if stats.gates is None else tuple(stats.gates.detach().float().tolist())
+    gates = None if stats.gates is None else tuple(stats.gates.detach().float().tolist())  # GPU copy (see above)
     predicted = labels = None
     if prediction.predicted is not None:
-        predicted = tuple(prediction.predicted.tolist())
+        predicted = tuple(prediction.predicted.tolist())  # GPU copy (see above)
         labels = tuple(batch.targets.reshape(-1).tolist())
     return StepResult(
         index=index, loss=loss, train_loss=train_loss, grad_norm=grad_norm,
