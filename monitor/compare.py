@@ -24,8 +24,6 @@ from monitor.report import build_report, load_run
 
 __all__ = [
     "FORGETTING_KEYS",
-    "ORACLE_STRATEGIES",
-    "REFERENCE_STRATEGIES",
     "forgetting_table_markdown",
     "load_runs",
     "summarise_forgetting",
@@ -36,8 +34,6 @@ __all__ = [
 ]
 
 CALM_COLUMNS = ("ppl", "ppl@sw", "rec")
-ORACLE_STRATEGIES = frozenset({"independent"})  # one model per class: knows the class, an upper bound
-REFERENCE_STRATEGIES = frozenset({"multitask"})  # the same batches shuffled i.i.d., learned offline
 FORGETTING_KEYS = (
     "forgetting", "transfer", "zero_shot_transfer", "final_performance", "bwt", "fwt",
     "cur_acc", "last_acc", "chaudhry_forgetting", "intransigence", "aultc",
@@ -47,6 +43,17 @@ AFTER_SWITCH_HORIZON = 15
 
 def _strategy(report: Mapping) -> str:
     return str(report.get("config", {}).get("strategy") or "unknown")
+
+
+def _oracle(group: Sequence[Mapping]) -> bool:
+    """One model per class, told the class: an upper bound (the learner's config.json says so; the report
+    copies it)."""
+    return any(r.get("oracle") or r.get("config", {}).get("oracle") for r in group)
+
+
+def _reference(group: Sequence[Mapping]) -> bool:
+    """The same batches shuffled i.i.d. and learned offline (`streamer multitask`'s config.json says so)."""
+    return any(r.get("config", {}).get("reference") for r in group)
 
 
 def _run_name(report: Mapping) -> str:
@@ -98,8 +105,7 @@ def _group(reports: Iterable[Mapping]) -> dict[str, list[Mapping]]:
     groups: dict[str, list[Mapping]] = {}
     for report in reports:
         groups.setdefault(_strategy(report), []).append(report)
-    return dict(sorted(groups.items(), key=lambda item: (item[0] in ORACLE_STRATEGIES,
-                                                         item[0] in REFERENCE_STRATEGIES)))
+    return dict(sorted(groups.items(), key=lambda item: (_oracle(item[1]), _reference(item[1]))))
 
 
 def _parameters(group: Sequence[Mapping]) -> int | list[int] | None:
@@ -141,7 +147,8 @@ def summarise_runs(reports: Sequence[Mapping]) -> list[dict]:
             notes.append(f"runs differ in parameter count: {parameters}")
         summary.append({
             "strategy": strategy,
-            "oracle": strategy in ORACLE_STRATEGIES,
+            "oracle": _oracle(group),
+            "reference": _reference(group),
             "n_runs": len(group),
             "runs": names,
             "seeds": seeds,
@@ -184,7 +191,7 @@ def _label(entry: Mapping) -> str:
     name = markdown_cell(entry["strategy"])
     if entry.get("oracle"):
         return f"{name} (oracle)"
-    return f"{name} (reference)" if entry["strategy"] in REFERENCE_STRATEGIES else name
+    return f"{name} (reference)" if entry.get("reference") else name
 
 
 def table1_markdown(summary: Sequence[Mapping]) -> str:
@@ -209,7 +216,7 @@ def table1_markdown(summary: Sequence[Mapping]) -> str:
     if any(entry.get("oracle") for entry in summary):
         lines.append("- (oracle): one model per class, told the class; an upper bound, not a competitor. "
                      "Its params: all its per-class models (as `streamer compare` records them).")
-    if any(entry["strategy"] in REFERENCE_STRATEGIES for entry in summary):
+    if any(entry.get("reference") for entry in summary):
         lines.append("- (reference): the stream's batches shuffled i.i.d. and learned offline by a naive "
                      "learner; metrics at the batches' stream positions.")
     for entry in summary:
@@ -232,7 +239,8 @@ def summarise_forgetting(reports: Sequence[Mapping]) -> list[dict]:
         with_dict = [r for r in group if isinstance(r.get("forgetting"), Mapping)]
         summary.append({
             "strategy": strategy,
-            "oracle": strategy in ORACLE_STRATEGIES,
+            "oracle": _oracle(group),
+            "reference": _reference(group),
             "n_runs": len(group),
             "n_with_forgetting": len(with_dict),
             "metrics": {k: _stats([_number((r.get("forgetting") or {}).get(k)) for r in group]) for k in keys},

@@ -31,13 +31,13 @@ class LiveMonitor:
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
                  total_batches: int | None = None, metrics=None, spark_width: int = 60,
                  detector: str = "page-hinkley", detection_tolerance: int = 10, recent_window_s: float = 5.0,
-                 compute_window_s: float = 60.0, dead_letter_reasons=()):
+                 compute_window_s: float = 60.0, dead_letter_reasons=(), oracle: bool = False):
         self.run, self.strategy = run, strategy
         self.metrics = metrics
         self.run_tracker = RunTracker(
             run=run, strategy=strategy, classes=classes, k=k, from_fragment=from_fragment,
             total_batches=total_batches, spark_width=spark_width, detector=detector,
-            detection_tolerance=detection_tolerance)
+            detection_tolerance=detection_tolerance, oracle=oracle)
         self.sink = None if metrics is None else PrometheusSink(metrics, run, strategy, dead_letter_reasons)
         if self.sink is not None:
             self.sink.totals(self.run_tracker)

@@ -55,6 +55,7 @@ class ViewSnapshot:
     dead_letters: dict
     elapsed_s: float
     accuracy: dict | None = None  # classifiers: monitor.accuracy's snapshot (prequential accuracy, macro-F1)
+    oracle: bool = False  # the strategy is told the class (streamer's catalog says which)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ class RunTracker:
 
     def __init__(self, *, run: str, strategy: str, classes=(), k: int = 10, from_fragment: int = 0,
                  total_batches: int | None = None, spark_width: int = 60, detector: str = "page-hinkley",
-                 detection_tolerance: int = 10):
-        self.run, self.strategy = run, strategy
+                 detection_tolerance: int = 10, oracle: bool = False):
+        self.run, self.strategy, self.oracle = run, strategy, oracle
         self.total_batches = total_batches
         self.from_fragment = from_fragment
         self.calm = CalmTracker(k=k, from_fragment=from_fragment)
@@ -277,7 +278,7 @@ class RunTracker:
             from_fragment=self.from_fragment, switches=self._switches, detected_switches=self._detected,
             tokens_per_s=self.tokens_per_second(), lag=self._lag,
             queue_depth=self._queue_depth, dead_letters=dict(self._dead),
-            elapsed_s=time.monotonic() - self._started, accuracy=self.accuracy.snapshot(),
+            elapsed_s=time.monotonic() - self._started, accuracy=self.accuracy.snapshot(), oracle=self.oracle,
         )
 
     _SCALARS = ("_batches", "_tokens", "_last_loss", "_last_key", "_switches", "_detected", "_since_detected",

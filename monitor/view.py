@@ -19,7 +19,6 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from monitor.compare import ORACLE_STRATEGIES
 from monitor.console import ConsoleSnapshot, as_console
 from monitor.tracker import ViewSnapshot, exp_or_inf
 
@@ -254,7 +253,7 @@ def render(snapshot: ViewSnapshot, class_rows: int | None = None) -> Panel:
     spark = Text.assemble(("recent loss ", "dim"), sparkline(snapshot.recent_losses, snapshot.recent_switches))
     body = Group(activity_line(snapshot), progress_row(snapshot), status_line(snapshot), spark,
                  rate_line(snapshot), io_line(snapshot), _ClassTable(snapshot, class_rows))
-    oracle = " (oracle: told the class)" if snapshot.strategy in ORACLE_STRATEGIES else ""
+    oracle = " (oracle: told the class)" if snapshot.oracle else ""
     title = Text(f"streamer · run {snapshot.run} · strategy {snapshot.strategy}{oracle}")  # a name's [..]: no markup
     return Panel(body, title=title, expand=False)
 

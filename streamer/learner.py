@@ -85,6 +85,12 @@ def build_strategy(config: LearnConfig, device: torch.device, manifest: dict | N
         raise ValueError(f"--set for strategy {config.strategy!r}: {exc}") from None
 
 
+def told_the_class(config: LearnConfig) -> bool:
+    """Whether the run's strategy is an oracle, told the class (`independent`): config.json, the report, the
+    comparison tables and the live view say so, from this."""
+    return bool(getattr(STRATEGIES[config.strategy], "oracle", False))
+
+
 def write_run_config(config: LearnConfig, device: torch.device, params: int, built, resumed: bool = False) -> None:
     """config.json: the run's config, device, parameter count, model details and whether the strategy is an
     oracle; `started` is this learner's start, `run_started` the run's (a resumed run keeps its first);
@@ -100,7 +106,7 @@ def write_run_config(config: LearnConfig, device: torch.device, params: int, bui
     data = asdict(config)
     data.update(run_dir=str(config.run_dir), device=str(device), parameters=params,
                 model_kind=built.kind, model_details=built.details, started=started, run_started=run_started,
-                oracle=bool(getattr(STRATEGIES[config.strategy], "oracle", False)),  # told the class
+                oracle=told_the_class(config),
                 torch_threads=torch.get_num_threads(),  # this process's (a rank's own): float sums can follow it
                 ranks=distributed.ranks_count())
     if data["ranks"] > 1:
@@ -147,7 +153,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
                               from_fragment=config.from_fragment, total_batches=shown_total,
                               metrics=create_metrics() if config.metrics_port is not None and leader else None,
-                              detector=config.detector, dead_letter_reasons=REASONS)
+                              detector=config.detector, dead_letter_reasons=REASONS,
+                              oracle=told_the_class(config))
     else:
         monitor.total_batches = shown_total
     if view is None:

@@ -12,7 +12,7 @@ from producers.stream import prepare_stream
 from producers.schedule import Schedule
 from monitor.results import BatchTruth
 from streamer.config import LearnConfig
-from streamer.learner import write_run_config
+from streamer.learner import told_the_class, write_run_config
 from streamer.models import BuiltModel, LSTMLanguageModel
 from streamer.multitask import ShuffledNaive, records_from_manifest, run_multitask, shuffled_order
 from streamer.probe import ProbeSet
@@ -96,14 +96,12 @@ def test_independent_is_labelled_an_oracle(tmp_path):
     write_run_config(config, torch.device("cpu"), 1, BuiltModel(model=model, encode=str.encode))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["oracle"] is True
 
-    from monitor.live import ViewSnapshot
+    from monitor.live import LiveMonitor
     from monitor.view import render
 
-    snapshot = ViewSnapshot(run="r", strategy="independent", batches=0, total_batches=None, last_loss=None,
-                            rolling_ppl=None, recent_losses=(), recent_switches=(), current_class=None,
-                            overall={"ppl": None, "ppl@sw": None, "rec": None}, per_class={}, from_fragment=0,
-                            switches=0, detected_switches=0, tokens_per_s=0.0, lag=0, queue_depth=0,
-                            dead_letters={}, elapsed_s=0.0)
+    # the learner's monitor is told what config.json says (the monitor knows no strategy names)
+    snapshot = LiveMonitor(run="r", strategy="independent", oracle=told_the_class(config)).run_tracker.snapshot()
+    assert not LiveMonitor(run="r", strategy="naive").run_tracker.snapshot().oracle
     console = Console(width=120, record=True, file=open("/dev/null", "w"), color_system=None)
     console.print(render(snapshot))
     assert "strategy independent (oracle" in console.export_text()
