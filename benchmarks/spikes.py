@@ -138,8 +138,10 @@ def evaluate(base: str, run_dir: Path, start: float, end: float, scrape_s: float
     figures["true"] = len(switch_list)
     figures["true_unmarked"] = len(markers_cover([s["time"] for s in switch_list],
                                                  marker_times(base, queries["True switches"], start, end, scrape_s)))
-    figures["empty_panels"] = [title for title, expr, optional in panel_queries(build_dashboard())
+    figures["empty_panels"] = [f"{title}: {expr}" for title, expr, optional in panel_queries(build_dashboard())
                                if not optional and not query_range(base, grafana_substitute(expr, scrape_s), start, end, scrape_s)]
+    # why a CALM panel can be empty (a short run: no revisit in the span): the run's own notes
+    figures["run_notes"] = json.loads((run_dir / "results.json").read_text())["metrics"]["notes"]
     figures["ppl_counters"], figures["ppl_report"] = counters_perplexity(base), report_perplexity(run_dir)
     figures.update(alert_figures(base, switch_list, start, end, scrape_s))
     figures["batches"], figures["seconds"] = len(lines), round(end - start)
@@ -174,7 +176,11 @@ def show(figures: dict, scrape: float) -> None:
           f"{figures['alert_stray_evaluations']} evaluations away from any; at "
           f"{share(figures['alert_due_fired'], figures['alert_due'])} of the revisits whose first {K} batches average "
           f"over {ALERT_RATIO:g}x the class's previous fragment in the loss log (its rule)")
-    print(f"panels without data: {figures['empty_panels'] or 'none'}")
+    print("panels without data:" + ("" if figures["empty_panels"] else " none"))
+    for target in figures["empty_panels"]:
+        print(f"  {target}")
+    if figures["empty_panels"] and figures["run_notes"]:
+        print("  the run's CALM notes (a metric without data there has no series):", *figures["run_notes"], sep="\n    ")
     print(f"perplexity: counters {figures['ppl_counters']:.4f}, report {figures['ppl_report']:.4f} ({ratio:+.3%})")
     if figures["missed"]:
         print("missed revisits (s into the run, class, spike in the loss log, fragment before and after, s):",
