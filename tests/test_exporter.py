@@ -277,14 +277,14 @@ def test_a_stopping_exporter_waits_for_its_final_scrape():
     server, _ = serve(metrics, 0)
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
     now = time.monotonic()
-    server.scrapes = deque([now - 200, now - 100], maxlen=2)  # as if scraped every 100 s: waits up to 15 s
+    server.scrapes.extend([now - 200, now - 100])  # as if scraped every 100 s: waits up to 15 s (the app's own deque)
     metrics.batches_learned_total.labels("r", "naive").inc(7)  # the final batches, not scraped yet
     stopping = threading.Thread(target=server.shutdown)
     stopping.start()
     with urllib.request.urlopen(url, timeout=10) as response:  # the final scrape, after shutdown was asked
         final = response.read().decode()
-    stopping.join(timeout=30)
-    assert not stopping.is_alive()
+    stopping.join(timeout=10)
+    assert not stopping.is_alive()  # it stopped waiting at the scrape, not at its 15 s bound
     assert 'streamer_batches_learned_total{run="r",strategy="naive"} 7.0' in final
     unscraped, _ = serve(create_metrics(), 0)  # never scraped twice: no interval known, no wait
     unscraped.shutdown()
