@@ -127,17 +127,6 @@ def one_process_naive(broker, stream):
     return expected
 
 
-@pytest.fixture(scope="module")
-def two_ranks_naive(broker, stream) -> Path:
-    """The run directory of `torchrun --standalone --nproc-per-node 2 -m streamer learn ...`."""
-    root, manifest = stream
-    run_dir = root / "two-naive"
-    result = run([*TORCHRUN, "--log-dir", str(root / "torchrun-logs"), "-m", "streamer",
-                  *learn_flags(broker, manifest, run_dir)], root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
 def committed(broker, group: str) -> dict[str, int]:
     """Kafka's committed offsets of `group` on the topic's 10 partitions, as the checkpoint names them."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -154,8 +143,18 @@ def committed(broker, group: str) -> dict[str, int]:
     return asyncio.run(read())
 
 
-def test_two_torchrun_ranks_give_the_losses_of_one_process_naive(broker, two_ranks_naive, one_process_naive):
-    run_dir = two_ranks_naive
+def test_two_torchrun_ranks_give_the_losses_of_one_process_naive_and_their_checkpoint_is_theirs(
+        broker, stream, one_process_naive):
+    """`torchrun --standalone --nproc-per-node 2 -m streamer learn ...` learns one process's losses, and
+    rank 0's checkpoint holds both ranks' state and offsets, committed to the group after it was written.
+    That checkpoint is refused to one process, and the group's offsets to a run directory without it
+    (rank 0 on another host), each in one line. (One test: a 2-rank run costs 15 CPU s, a module
+    fixture was computed again on each xdist worker.)"""
+    root, manifest = stream
+    run_dir = root / "two-naive"
+    result = run([*TORCHRUN, "--log-dir", str(root / "torchrun-logs"), "-m", "streamer",
+                  *learn_flags(broker, manifest, run_dir)], root)
+    assert result.returncode == 0, result.stderr[-3000:]
     worst = worst_difference(losses(run_dir), one_process_naive)
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
     saved = checkpoint.load(run_dir / "checkpoint.pt")  # rank 0's, with both ranks' state and offsets
@@ -169,17 +168,59 @@ def test_two_torchrun_ranks_give_the_losses_of_one_process_naive(broker, two_ran
         ["checkpoint.pt", "config.json", "losses.jsonl", "manifest.json", "results.json", "loss_curve.png",
          "status.json"])
     assert json.loads((run_dir / "config.json").read_text())["ranks"] == 2  # (agem, ewc, replay differ per N)
+    # a checkpoint of 2 ranks continued by one process (it would read 10 partitions with rank 0's carry-over)
+    other_n = run([*STREAMER, *learn_flags(broker, manifest, run_dir, "--max-batches", str(BATCHES + 5))], root)
+    assert (other_n.returncode, other_n.stderr.strip().splitlines()) == (2, [
+        f"streamer learn: error: {run_dir} holds the checkpoint of a run of 2 rank(s); continue it with "
+        "--nproc 2 (or torchrun --nproc-per-node 2), or start over with --fresh"])
+    # its group from a run directory without the checkpoint (rank 0 on another host): every rank refuses,
+    # rank 0 says why in one line, before anything is learned
+    flags = learn_flags(broker, manifest, root / "elsewhere", "--nproc", "2")
+    flags[flags.index("--group") + 1] = run_dir.name
+    elsewhere = run([*STREAMER, *flags], root)
+    said = [line for line in elsewhere.stderr.splitlines() if line.startswith("streamer learn: error:")]
+    assert elsewhere.returncode == 2 and len(said) == 2, elsewhere.stderr[-3000:]
+    assert said[0].startswith(f"streamer learn: error: group {run_dir.name} has committed offsets on topic "
+                              f"{TOPIC} ({TOPIC}:0=") and "no checkpoint" in said[0]
+    # the launcher's, naming rank 0, which said it (rank 1 ended first with 2 and was named: 2 of 5 tries)
+    assert said[1].startswith("streamer learn: error: rank(s) 0 failed (exit status 2)"), said
+    assert not (root / "elsewhere" / "losses.jsonl").exists()
 
 
-def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
-    root, manifest = stream
-    one = run([*STREAMER, *learn_flags(broker, manifest, root / "one-poe", *POE)], root)
+def test_nproc_two_gives_the_losses_of_one_process_poe_and_rank_0_says_every_ranks_records(broker, stream):
+    """`--nproc 2` poe learns the losses of one process, each rank pinned to its CPUs with its own thread
+    policy, and leaves no temporary file. The learner's console, status file and metrics are rank 0's,
+    and describe all the ranks: a record with a key that is no stream's, at the head of rank 1's partition
+    7, is rank 1's dead letter, yet rank 0 counts it (the run's last line, status.json, hence
+    streamer_dead_letter_total), and shows the lag of all 10 partitions and every rank's records: each
+    rank reports them every second and at the stop. (One topic for both: two 2-rank runs cost 17 CPU s.)"""
+    root, _ = stream
+    topic = "distributed-poison"
+
+    async def poison() -> None:  # the topic first, then the record, at the head of partition 7
+        await ensure_topic(broker.bootstrap_servers, topic, partitions=10)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, key="²".encode(), value=b"no stream's", partition=7)
+        finally:
+            await producer.stop()
+
+    asyncio.run(poison())
+    manifest = root / "poison.manifest.json"
+    produced = run(produce(broker, root, topic, manifest, "--append"), root)  # after the poison
+    assert produced.returncode == 0, produced.stderr[-3000:]
+
+    def flags(run_dir, *extra):
+        return [*without(learn_flags(broker, manifest, run_dir, *POE, *extra), "--topic"), "--topic", topic]
+
+    one = run([*STREAMER, *flags(root / "one-poe")], root)
     assert one.returncode == 0, one.stderr[-3000:]
     temporary = root / "tmp-poe"  # the launcher's temporary files: none may stay behind
     temporary.mkdir()
     unset = {name: value for name, value in ENV.items() if name != "OMP_NUM_THREADS"}  # the ranks split the CPUs
-    two = run([*STREAMER, *learn_flags(broker, manifest, root / "two-poe", *POE, "--nproc", "2")], root,
-              env={**unset, "TMPDIR": str(temporary)})
+    run_dir = root / "two-poe"
+    two = run([*STREAMER, *flags(run_dir, "--nproc", "2")], root, env={**unset, "TMPDIR": str(temporary)})
     assert two.returncode == 0, two.stderr[-3000:]
     cpus, share = sorted(os.sched_getaffinity(0)), available_cpus() // 2  # this machine: 2 CPUs, 1 each
     launched = two.stdout.splitlines()[0]  # the launcher's line (it applies no thread policy of its own)
@@ -203,34 +244,9 @@ def test_nproc_two_gives_the_losses_of_one_process_poe(broker, stream):
     # torchrun's log folder: by default a new torchelastic_* each run; --nproc gives it one it removes.
     # (torch's inductor makes its one cache folder per user here too: that one is reused, not per run)
     assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
-    worst = worst_difference(losses(root / "two-poe"), losses(root / "one-poe"))
+    worst = worst_difference(losses(run_dir), losses(root / "one-poe"))
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
-
-
-def test_rank_0_says_every_ranks_records_lag_and_dead_letters(broker, stream):
-    """The learner's console, status file and metrics are rank 0's, and describe all the ranks: a
-    record with a key that is no stream's, on rank 1's partition 7, is rank 1's dead letter, yet rank 0
-    counts it (the run's last line, status.json, hence streamer_dead_letter_total), and shows the lag
-    of all 10 partitions and every rank's records: each rank reports them every second and at the stop."""
-    root, manifest = stream
-    topic, run_dir = "distributed-poison", root / "two-poison"
-
-    async def poison() -> None:  # the topic first, then the record, at the head of partition 7
-        await ensure_topic(broker.bootstrap_servers, topic, partitions=10)
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topic, key="²".encode(), value=b"no stream's", partition=7)
-        finally:
-            await producer.stop()
-
-    asyncio.run(poison())
-    produced = run(produce(broker, root, topic, root / "poison.manifest.json", "--append"), root)  # after the poison
-    assert produced.returncode == 0, produced.stderr[-3000:]
-    flags = without(learn_flags(broker, root / "poison.manifest.json", run_dir, "--nproc", "2"), "--topic")
-    result = run([*STREAMER, *flags, "--topic", topic], root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "dead letters {'bad_key': 1}" in result.stdout, result.stdout[-3000:]
+    assert "dead letters {'bad_key': 1}" in two.stdout, two.stdout[-3000:]
     saved = checkpoint.load(run_dir / "checkpoint.pt")
     assert [part["loop"]["dead_letters"] for part in saved["ranks"]] == [{}, {"bad_key": 1}]  # rank 1's
     status = json.loads((run_dir / "status.json").read_text())
@@ -372,10 +388,11 @@ STREAMER_SAYING_ITS_THREADS = [
     "print('threads left:', sorted(t.name for t in threading.enumerate()), flush=True); sys.exit(status)"]
 
 
-def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream, one_process_naive):
+def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint_of_every_logged_batch(broker, stream):
     """The launcher ends 143 with no thread of torchrun's left to its interpreter's exit: there, the
     heartbeat thread of the rendezvous that the agent leaves unclosed on a signal, caught mid-call,
-    aborted it once (SIGABRT)."""
+    aborted it once (SIGABRT). That the same command then continues to one process's losses is the
+    launcher's kill -9 test's: its ranks meet the same SIGTERM (from the kernel) and stop by this path."""
     root, manifest = stream
     run_dir = root / "resumed"
     flags = learn_flags(broker, manifest, run_dir, "--checkpoint-every", "0.3", "--nproc", "2")
@@ -383,13 +400,11 @@ def test_sigterm_stops_every_rank_and_the_same_command_continues(broker, stream,
                                  lambda process: process.send_signal(signal.SIGTERM))
     assert status == 128 + signal.SIGTERM, output[-3000:]  # the agent passed it to both ranks
     assert "threads left: ['MainThread']" in output, output[-3000:]
-    command = [*STREAMER, *flags]
     saved = checkpoint.load(run_dir / "checkpoint.pt")
     step = saved["step"]
     assert BATCHES // 3 <= step < BATCHES, step
     assert [part["loop"]["step"] for part in saved["ranks"]] == [step, step]  # stopped at the same step
     assert len(losses(run_dir)) == step  # the final checkpoint covers every logged batch
-    continued(command, root, run_dir, step, one_process_naive)
 
 
 @pytest.mark.slow  # a paced producer for one rank's partitions and --idle-timeout: about 30 s (the suite's budget)
@@ -547,7 +562,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_with_a_checkpoint_and_the_same_c
         assert [path.name for path in temporary.iterdir() if not path.name.startswith("torchinductor_")] == []
 
 
-def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive):
+def test_the_errors_a_user_can_make_are_one_line(broker, stream):
     root, manifest = stream
     flags = learn_flags(broker, manifest, root / "odd")
     flags[flags.index("--streams") + 1] = "9"
@@ -570,23 +585,6 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     assert (alone.returncode, alone.stderr.strip().splitlines()) == (2, [
         "streamer learn: error: --pin-cpus pins a rank of torchrun (or of --nproc N) to its share of the CPUs; "
         "this is one process: leave it out, or use taskset"])
-    # a checkpoint of 2 ranks continued by one process (it would read 10 partitions with rank 0's carry-over)
-    other_n = run([*STREAMER, *learn_flags(broker, manifest, two_ranks_naive, "--max-batches", str(BATCHES + 5))], root)
-    assert (other_n.returncode, other_n.stderr.strip().splitlines()) == (2, [
-        f"streamer learn: error: {two_ranks_naive} holds the checkpoint of a run of 2 rank(s); continue it with "
-        "--nproc 2 (or torchrun --nproc-per-node 2), or start over with --fresh"])
-    # its group from a run directory without the checkpoint (rank 0 on another host): every rank refuses,
-    # rank 0 says why in one line, before anything is learned
-    flags = learn_flags(broker, manifest, root / "elsewhere", "--nproc", "2")
-    flags[flags.index("--group") + 1] = two_ranks_naive.name
-    elsewhere = run([*STREAMER, *flags], root)
-    said = [line for line in elsewhere.stderr.splitlines() if line.startswith("streamer learn: error:")]
-    assert elsewhere.returncode == 2 and len(said) == 2, elsewhere.stderr[-3000:]
-    assert said[0].startswith(f"streamer learn: error: group {two_ranks_naive.name} has committed offsets on topic "
-                              f"{TOPIC} ({TOPIC}:0=") and "no checkpoint" in said[0]
-    # the launcher's, naming rank 0, which said it (rank 1 ended first with 2 and was named: 2 of 5 tries)
-    assert said[1].startswith("streamer learn: error: rank(s) 0 failed (exit status 2)"), said
-    assert not (root / "elsewhere" / "losses.jsonl").exists()
     # a fault each rank meets on its own (here a broker none can reach) is that rank's line, named; then
     # the launcher's line for the ranks, and none of torchrun's log records that say the same. What the
     # config chose (--params' size, produce's manifest of the topic found without --manifest) is said
@@ -613,7 +611,7 @@ def test_the_errors_a_user_can_make_are_one_line(broker, stream, two_ranks_naive
     # a refusal by the launcher itself, before any rank starts, resting on that manifest's numbers (no
     # --streams given: the manifest's 10): it names the manifest
     flags[flags.index("--nproc") + 1] = "3"
-    flags = without(flags, "--streams")
+    flags = without(without(flags, "--streams"), "--params")  # (--params: the launcher fits it before refusing)
     thirds = run([*STREAMER, *flags], root, timeout=60, env=cached)
     assert (thirds.returncode, thirds.stdout.splitlines(), thirds.stderr.splitlines()) == (2, [found], [
         "streamer learn: error: --nproc 3: --streams 10 is not divisible by 3 ranks (each rank learns streams / "
