@@ -189,7 +189,7 @@ def test_a_manifest_produce_cannot_write_is_one_line_before_the_broker_is_asked(
     assert f"--manifest {tmp_path / 'file' / 'm.json'}: {tmp_path / 'file'} is not a folder" in line
 
 
-def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus):
+def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     before = tansu_pids()
     result = streamer("demo", "--corpus", str(tiny_corpus), "--fragments", "8", "--lambda", "1500",
@@ -215,17 +215,20 @@ def test_demo_runs_end_to_end_and_leaves_no_broker_behind(tmp_path, tiny_corpus)
     shutil.copytree(run_dir, tmp_path / "again")  # a second run, for the comparison
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    both = streamer("report", str(run_dir), str(tmp_path / "again"), "--from-fragment", "all", cwd=elsewhere)
-    assert both.returncode == 0, both.stderr
-    assert "| naive | 2 |" in both.stdout
+    from streamer.cli import main  # (the reports below in this process: `streamer report` ran as one above)
+
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["report", str(run_dir), str(tmp_path / "again"), "--from-fragment", "all"]) == 0
+    assert "| naive | 2 |" in capsys.readouterr().out
     out = tmp_path / "report"  # beside the runs, not in the current directory
     assert list(elsewhere.iterdir()) == []
     for name in ("table1.md", "forgetting.md", "after_switch.png", "comparison.json", "run/results.json"):
         assert (out / name).stat().st_size > 0, name
-    single = streamer("report", str(run_dir))  # the span the demo learned with (its config.json)
-    assert "CALM metrics over fragments >= 4 of 8 (the paper's span: N/2)" in single.stdout
-    assert "fragments >= 0 of 8 (the whole stream; --from-fragment all)" in streamer(
-        "report", str(run_dir), "--from-fragment", "all").stdout
+    assert main(["report", str(run_dir)]) == 0  # the span the demo learned with (its config.json)
+    assert "CALM metrics over fragments >= 4 of 8 (the paper's span: N/2)" in capsys.readouterr().out
+    assert main(["report", str(run_dir), "--from-fragment", "all"]) == 0
+    assert "fragments >= 0 of 8 (the whole stream; --from-fragment all)" in capsys.readouterr().out
 
 
 def test_ctrl_c_stops_the_demo_and_its_broker(tmp_path):
