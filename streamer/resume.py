@@ -19,7 +19,7 @@ from pathlib import Path
 from monitor.losslog import trim_loss_log
 from streamer import checkpoint
 
-__all__ = ["IDENTITY_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
+__all__ = ["IDENTITY_KEYS", "KEPT_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
            "check_set_aside", "put_back", "set_aside"]
 
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
@@ -28,6 +28,9 @@ IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model",
 # What a producer's manifest says of the stream, where the run and the restart both have one: another
 # production on the topic (its manifest written over the old one) is another stream's truth
 STREAM_KEYS = ("total_batches", "total_records", "n_fragments", "classes")
+# What a resumed run keeps of its checkpoint's config whatever the flags now say: the span its live CALM
+# tracker counts from, the seed of the random generators that go on, the drift detector whose state goes on
+KEPT_KEYS = ("from_fragment", "seed", "detector")
 
 
 class RunDirBusy(RuntimeError):
@@ -75,10 +78,16 @@ def differing_keys(saved: dict, config) -> list[str]:
     def differs(key: str) -> bool:
         if key == "strategy_options" and saved.get("strategy") == current.get("strategy"):
             strategy = current.get("strategy")
-            seed = saved.get("seed")  # (the run's: a resumed run keeps its own, cli.learn._resumed_settings)
+            seed = saved.get("seed")  # (the run's: a resumed run keeps its own, kept_settings)
             return _in_full(strategy, saved[key] or (), seed) != _in_full(strategy, current.get(key) or (), seed)
         return saved[key] != current.get(key)
     return [key for key in IDENTITY_KEYS if key in saved and differs(key)]
+
+
+def kept_settings(saved: dict, config) -> dict:
+    """{key: the checkpoint's value} of each of KEPT_KEYS whose value in `config` (the flags) differs from
+    the checkpoint's `saved` config: the resumed run goes on with those."""
+    return {key: saved[key] for key in KEPT_KEYS if saved.get(key) is not None and saved[key] != getattr(config, key)}
 
 
 def _in_full(strategy: str, options, seed: int | None) -> dict:

@@ -219,8 +219,11 @@ def test_bootstrap_addresses_that_do_not(servers):
 
 
 def test_a_resumed_run_keeps_the_span_seed_and_detector_it_started_with(tmp_path, capsys):
-    from streamer.cli.learn import _resumed_settings
+    from streamer.cli.learn import _KEPT_SAID, _resumed_settings
     from streamer.config import LearnConfig
+    from streamer.resume import KEPT_KEYS
+
+    assert set(_KEPT_SAID) == set(KEPT_KEYS)  # each kept key is said with its flag
 
     config = LearnConfig(bootstrap_servers="x:1", topic="t", run_dir=tmp_path, from_fragment=5)
     assert _resumed_settings(config, None) is config

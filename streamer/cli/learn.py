@@ -493,18 +493,19 @@ def _resumed_settings(config: LearnConfig, state: dict | None, leader: bool = Tr
     seed and drift detector (the checkpoint's random generators and detector state go on): each said in
     one line when the flags differ, and recorded as the run's (config.json, results.json said a --seed or
     --detector that was not used)."""
-    saved = (state or {}).get("config") or {}
-    kept = {}
-    for key, flag, what in (("from_fragment", "--from-fragment", "the span it started with, fragments >= {}"),
-                            ("seed", "--seed", "the seed it started with, {} (its random generators go on)"),
-                            ("detector", "--detector", "the drift detector it started with, {} (its state goes on)")):
-        if saved.get(key) is None or saved[key] == getattr(config, key):
-            continue
-        kept[key] = saved[key]
-        if leader:
-            print(f"{flag}: the run continues with {what.format(saved[key])} (not {getattr(config, key)}); "
-                  "--fresh starts over with the new one", flush=True)
+    from streamer.resume import kept_settings  # (torch: imported only where a run starts)
+
+    kept = kept_settings((state or {}).get("config") or {}, config)  # which keys: streamer.resume's KEPT_KEYS
+    for key, value in kept.items() if leader else ():
+        flag, what = _KEPT_SAID[key]
+        print(f"{flag}: the run continues with {what.format(value)} (not {getattr(config, key)}); "
+              "--fresh starts over with the new one", flush=True)
     return dataclasses.replace(config, **kept) if kept else config
+
+
+_KEPT_SAID = {"from_fragment": ("--from-fragment", "the span it started with, fragments >= {}"),
+              "seed": ("--seed", "the seed it started with, {} (its random generators go on)"),
+              "detector": ("--detector", "the drift detector it started with, {} (its state goes on)")}
 
 
 def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None,
