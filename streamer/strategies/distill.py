@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,8 +12,8 @@ from torch.nn import functional as F
 from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.boundary import Boundaries
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.replay import SparseReplay, close_segment
-from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
+from streamer.strategies.replay import SparseReplay, close_segment, learn_and_replay
+from streamer.strategies.trainer import OnlineTrainer, adam
 
 __all__ = ["KDLogit", "KDRep", "Distillation", "frozen_copy", "logits_of", "features_of"]
 
@@ -137,15 +136,13 @@ class _Distilling(HyperparameterRepr):
         return self._trainer.predict(batch, self._trainer.start_state(batch))
 
     def learn(self, batch: Batch) -> LearnStats:
-        stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
-        if stats.skipped:  # a non-finite update: nothing of the batch is kept
-            return stats
-        self._replay.write(batch)
-        replay_skipped = self._replay.after_learn(batch, self._trainer, self._replay_loss)
-        if self._boundaries.update(stats.loss):
-            close_segment(self._replay.memory, self.model)
-            self._distillation.snapshot(self.model)
-        return replace(stats, skipped=replay_skipped)
+        return learn_and_replay(self._trainer, self._replay, batch, self._replay_loss,
+                                boundaries=self._boundaries, at_boundary=self._snapshot)
+
+    def _snapshot(self) -> None:
+        """At a boundary: the segment's exemplars chosen (herding), and the model frozen as the teacher."""
+        close_segment(self._replay.memory, self.model)
+        self._distillation.snapshot(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         return (self._trainer.state_dict() | self._replay.state_dict()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -12,8 +11,8 @@ from streamer.strategies.base import Batch, LearnStats, Prediction
 from streamer.strategies.distill import frozen_copy
 from streamer.strategies.memory import sparse_rows, window_features
 from streamer.strategies.params import HyperparameterRepr
-from streamer.strategies.replay import SparseReplay
-from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
+from streamer.strategies.replay import SparseReplay, learn_and_replay
+from streamer.strategies.trainer import OnlineTrainer, adam
 
 __all__ = ["MbPA"]
 
@@ -146,11 +145,7 @@ class MbPA(HyperparameterRepr):
         self.model.train(was_training)
 
     def learn(self, batch: Batch) -> LearnStats:
-        stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
-        if stats.skipped:  # a non-finite update: nothing of the batch is kept
-            return stats
-        self._write(batch)
-        return replace(stats, skipped=self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss))
+        return learn_and_replay(self._trainer, self._replay, batch, self._trainer.zero_state_loss, write=self._write)
 
     def state_dict(self) -> dict[str, Any]:
         held = len(self._replay.memory)

@@ -15,7 +15,7 @@ from streamer.strategies.memory import HerdingMemory, ReservoirMemory, window_fe
 from streamer.strategies.params import HyperparameterRepr
 from streamer.strategies.trainer import OnlineTrainer, adam, fine_tune
 
-__all__ = ["Replay", "SparseReplay", "close_segment", "SELECTIONS"]
+__all__ = ["Replay", "SparseReplay", "close_segment", "learn_and_replay", "SELECTIONS"]
 
 SELECTIONS = ("reservoir", "herding")
 
@@ -107,6 +107,24 @@ def close_segment(memory: ReservoirMemory | HerdingMemory, model: nn.Module) -> 
             memory.close_segment(window_features(model, candidates[0]))
 
 
+def learn_and_replay(trainer: OnlineTrainer, replay: SparseReplay, batch: Batch, replay_loss: Callable, *,
+                     write: Callable[[Batch], None] | None = None, boundaries: Boundaries | None = None,
+                     at_boundary: Callable[[], None] | None = None) -> LearnStats:
+    """The learn step of replay and of the strategies built on its memory (kd-logit, kd-rep, mbpa): one
+    fine-tuning update on the batch; unless it was skipped (a non-finite update: nothing of the batch is
+    kept, no boundary looked for), the batch offered to the memory (`write`, default replay.write), a replay
+    update when one is due (its loss: `replay_loss`), and `at_boundary()` where `boundaries` find one on the
+    batch's loss. The stats' `skipped` then says whether the replay update was."""
+    stats = fine_tune(trainer, batch, trainer.start_state(batch), 1)
+    if stats.skipped:
+        return stats
+    (write or replay.write)(batch)
+    replay_skipped = replay.after_learn(batch, trainer, replay_loss)
+    if boundaries is not None and boundaries.update(stats.loss):
+        at_boundary()
+    return replace(stats, skipped=replay_skipped)
+
+
 class Replay(HyperparameterRepr):
     """Naive fine-tuning plus sparse replay from a bounded memory (`SparseReplay`).
 
@@ -159,14 +177,9 @@ class Replay(HyperparameterRepr):
         return self._trainer.predict(batch, self._trainer.start_state(batch))
 
     def learn(self, batch: Batch) -> LearnStats:
-        stats = fine_tune(self._trainer, batch, self._trainer.start_state(batch), 1)
-        if stats.skipped:  # a non-finite update: nothing of the batch is kept
-            return stats
-        self._replay.write(batch)
-        replay_skipped = self._replay.after_learn(batch, self._trainer, self._trainer.zero_state_loss)
-        if self._boundaries is not None and self._boundaries.update(stats.loss):
-            close_segment(self._replay.memory, self.model)
-        return replace(stats, skipped=replay_skipped)
+        return learn_and_replay(self._trainer, self._replay, batch, self._trainer.zero_state_loss,
+                                boundaries=self._boundaries,
+                                at_boundary=lambda: close_segment(self._replay.memory, self.model))
 
     def state_dict(self) -> dict[str, Any]:
         state = self._trainer.state_dict() | self._replay.state_dict()
