@@ -26,7 +26,6 @@ import contextlib
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -38,20 +37,11 @@ from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedErr
 
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
-from producers.wire import MAX_RECORD_BYTES, Record, WireError, dead_letter_copy, decode, encode
+from producers.wire import MAX_RECORD_BYTES, WireError, dead_letter_copy, decode, encode
 from streamer.settings import kafka_client_options
+from streamer.source import Fetched, SourceError  # (the loop's side of the line; here re-exported)
 
 __all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign", "learner_group"]
-
-
-class SourceError(RuntimeError):
-    """One line for the user. `every_rank`: a decision on the topic or the group that every rank of a
-    distributed learner makes alike (not on this rank's own connection): rank 0 says it, the others exit
-    quietly with the same status (streamer.cli.learn)."""
-
-    def __init__(self, message: str, *, every_rank: bool = False):
-        super().__init__(message)
-        self.every_rank = every_rank
 
 
 UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
@@ -128,16 +118,6 @@ def quiet_abandoned_commits(loop: asyncio.AbstractEventLoop) -> None:
 
     handle.quiet_abandoned_commits = True
     loop.set_exception_handler(handle)
-
-
-@dataclass(frozen=True)
-class Fetched:
-    record: Record | None  # None when it cannot be decoded
-    tp: tuple[str, int]
-    offset: int
-    dead_reason: str | None = None
-    copy: tuple | None = field(default=None, repr=False)  # then its dead-letter copy (send_dead_letter sends it)
-    last: int | None = None  # the last offset of its partition this fetch returns (None: not known)
 
 
 class KafkaSource:

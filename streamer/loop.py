@@ -63,6 +63,7 @@ from monitor.results import BatchTruth, StepResult
 from producers.wire import stream_id
 from streamer import distributed
 from streamer.batching import ReadyBatch, vote
+from streamer.source import Source, SourceError
 from streamer.spin import outlast
 from streamer.step import prequential_step
 from streamer.strategies.base import Batch
@@ -73,12 +74,12 @@ __all__ = ["PrequentialLoop"]
 
 
 class PrequentialLoop:
-    """Learn batches from `source` (streamer.consumer.KafkaSource or any object with its methods) until
+    """Learn batches from `source` (a streamer.source.Source: streamer.consumer.KafkaSource) until
     a stop condition: `max_batches` learned, `max_seconds` elapsed, `idle_timeout_s` without a record,
     or the end of the stream: `total_batches` learned, or every one of `total_records` read and no
     whole batch left (both from the producer's manifest)."""
 
-    def __init__(self, strategy, batcher, source, *, max_batches: int | None = None,
+    def __init__(self, strategy, batcher, source: Source, *, max_batches: int | None = None,
                  total_batches: int | None = None, total_records: int | None = None,
                  max_seconds: float | None = None, idle_timeout_s: float | None = None, queue_size: int = 64,
                  broker_timeout_s: float | None = None, probe_every_s: float = 1.0, lost_after_s: float = 3.0,
@@ -302,8 +303,6 @@ class PrequentialLoop:
             line = (str(failure) or type(failure).__name__).encode()
         said = await self.in_worker(self.ranks.broadcast_bytes, line)
         if said is not None and failure is None and self.ranks.rank != 0:
-            from streamer.consumer import SourceError  # (the Kafka side's error; the loop takes any source)
-
             await self.source.stop()  # started: it leaves now, as no __aexit__ follows
             raise SourceError(said.decode(errors="replace"), every_rank=True)
 

@@ -1295,3 +1295,12 @@ def test_the_loop_is_at_rest_while_its_consumer_waits_for_the_next_batch_in_a_pr
 
     asyncio.run(both())
     assert taking_in and not any(taking_in) and quiet == [(True, len(taking_in))]
+
+
+def test_the_kafka_source_and_a_list_in_memory_meet_the_loops_source_protocol():
+    from streamer.consumer import KafkaSource
+    from streamer.source import Source
+
+    assert isinstance(MemorySource([]), Source)
+    assert isinstance(KafkaSource("127.0.0.1:9", "t", "g", dead_letter=False, log=lambda line: None), Source)
+    assert not isinstance(object(), Source)
