@@ -55,7 +55,7 @@ class ViewSnapshot:
     dead_letters: dict
     elapsed_s: float
     accuracy: dict | None = None  # classifiers: monitor.accuracy's snapshot (prequential accuracy, macro-F1)
-    oracle: bool = False  # the strategy is told the class (streamer's catalog says which)
+    oracle: bool = False  # the strategy is told the class (the learner says: its strategy's `oracle`)
 
 
 @dataclass(frozen=True)

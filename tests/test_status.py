@@ -285,3 +285,19 @@ def test_the_metrics_line_counts_the_runs_dead_letters_after_a_crashs_restart():
     finally:
         server.shutdown()
     assert values["dead letters"] == {"bad_utf8": 3} == restarted.dead_letters
+
+
+def test_the_console_of_a_status_written_before_snapshots_said_oracle_says_it_from_config(capsys, monkeypatch):
+    """status.json's snapshot carries `oracle` (the learner is told); one written before it did still gets
+    the panel's "(oracle: told the class)" title from the run's config.json."""
+    from monitor.console import as_console, snapshot_to_json
+    from monitor.live import LiveMonitor
+    from streamer.cli.status import _print_console
+
+    written = snapshot_to_json(as_console(LiveMonitor(run="r", strategy="independent").run_tracker.snapshot()))
+    written.pop("oracle")
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich draws the panel, as on a terminal
+    monkeypatch.setenv("COLUMNS", "120")
+    _print_console({"status": written, "checkpoint_age_s": None, "status_age_s": 1.0,
+                    "learner": {"running": False}, "config": {"oracle": True}})
+    assert "strategy independent (oracle: told the class)" in capsys.readouterr().out

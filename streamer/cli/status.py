@@ -70,7 +70,8 @@ def run_status(run_dir: Path, timeout_s: float = 2.0) -> dict:
     return {
         "run_dir": str(run_dir), "learner": learner_process(run_dir),
         "config": {key: config.get(key) for key in ("topic", "group_id", "strategy", "model_name", "bootstrap_servers",
-                                                    "device", "started", "run_started", "metrics_address")},
+                                                    "device", "started", "run_started", "metrics_address",
+                                                    "oracle")},
         "checkpoint_age_s": _age(run_dir / "checkpoint.pt", now),
         "last_batch": _last_line(run_dir / "losses.jsonl"),
         "status_age_s": _age(run_dir / STATUS_FILE, now),
@@ -230,7 +231,9 @@ def _print_console(status: dict) -> None:
         return
     # the checkpoint's age now, not when the snapshot was written; none without checkpoint.pt (compare deletes a
     # finished run's: its snapshot's age was shown, stale, below "checkpoint: none")
-    snapshot = replace(snapshot_from_json(status["status"]), checkpoint_age_s=status["checkpoint_age_s"])
+    snapshot = snapshot_from_json(status["status"])  # (one written before snapshots said `oracle`: config.json's)
+    snapshot = replace(snapshot, checkpoint_age_s=status["checkpoint_age_s"],
+                       oracle=snapshot.oracle or bool(status["config"].get("oracle")))
     stale = "" if status["learner"]["running"] else " (its last state: the learner is not running)"
     print(f"console, written {duration(status['status_age_s'])} ago{stale}:")
     console = Console(highlight=False)
