@@ -49,7 +49,7 @@ class Source(Protocol):
     - `hold(partitions) -> set`: fetch nothing from those partitions until the next call (a stream far
       ahead waits in the log while a batch waits for another stream), the rest again;
     - `take_gaps() -> [(partition, log beginning, records lost)]`: records deleted unread since the last
-      call (dead-lettered as deleted_before_read);
+      call (counted as dead letters, deleted_before_read; there is no record to send);
     - `refusal` (str or None): a line after which nothing more is read (the log is not the checkpoint's);
     - `dead_letter_failures` (int): dead-letter sends that failed."""
 
@@ -59,7 +59,7 @@ class Source(Protocol):
     async def stop(self) -> None:
         """Let go of the partitions and connections; never held up long by a broker that is away."""
 
-    def fetch(self, max_records: int | None = None) -> AsyncIterator[Fetched]:
+    def fetch(self, *, max_records: int | None = None) -> AsyncIterator[Fetched]:
         """The records of one read (an async generator), at most `max_records`, in offset order per
         partition; one that cannot be decoded comes with `record` None and its `dead_reason`."""
 
@@ -73,5 +73,6 @@ class Source(Protocol):
         """Commit {partition: next offset} (only after the checkpoint holding them is written)."""
 
     async def lag(self, taken: dict | None = None, read: dict | None = None) -> dict[int, int]:
-        """{partition number: records in the log not yet read}; `taken`/`read`: the learner's own next
-        offsets, for records fetched but not yet taken."""
+        """{partition number: records in the log not yet read}. `taken`: the learner's next offset per
+        partition, for records fetched but not yet taken (counted as lag); `read`: how far it has read,
+        a floor (records before it, read again after a rewind, are no lag)."""
