@@ -263,14 +263,14 @@ def test_readme_metric_table_lists_every_exported_metric_with_its_type_labels_an
     assert exported == {name.removesuffix("_total") for name in registry}
 
 
-def test_a_stopping_exporter_waits_for_its_final_scrape():
+def test_a_stopping_exporter_waits_for_its_final_scrape(monkeypatch):
     """A run that ends: shutdown() waits (up to 1.2 x the scrape interval seen) until Prometheus
     has read the final values, so the batches since the previous scrape are not lost."""
     import threading
     import time
     import urllib.request
-    from collections import deque
 
+    from monitor import exporter
     from monitor.exporter import serve
 
     metrics = create_metrics()
@@ -279,8 +279,17 @@ def test_a_stopping_exporter_waits_for_its_final_scrape():
     now = time.monotonic()
     server.scrapes.extend([now - 200, now - 100])  # as if scraped every 100 s: waits up to 15 s (the app's own deque)
     metrics.batches_learned_total.labels("r", "naive").inc(7)  # the final batches, not scraped yet
+    waiting, sleep = threading.Event(), time.sleep  # set once shutdown() has taken its start and waits
+
+    def sleep_in_shutdown(seconds: float) -> None:  # (time.sleep is the module's: only shutdown's thread counts)
+        if threading.current_thread() is stopping:
+            waiting.set()
+        sleep(seconds)
+
+    monkeypatch.setattr(exporter.time, "sleep", sleep_in_shutdown)
     stopping = threading.Thread(target=server.shutdown)
     stopping.start()
+    assert waiting.wait(timeout=10)  # (a scrape before shutdown's start would not end its wait)
     with urllib.request.urlopen(url, timeout=10) as response:  # the final scrape, after shutdown was asked
         final = response.read().decode()
     stopping.join(timeout=10)
