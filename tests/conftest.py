@@ -6,6 +6,8 @@ fails its tests with one line naming `./dev setup`; the slow tests' weights skip
 `./dev setup --slow`.
 """
 
+import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -46,6 +48,19 @@ def write_corpus(directory: Path, lines: int = 400, seed: int = 1) -> Path:
 def missing(what: str, command: str = SETUP) -> None:
     """Fail the current test with one line: `what` is missing and `command` provides it."""
     pytest.fail(f"{what} {MISSING} `{command}` (tests do not install or download)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored():
+    """`streamer.cli.main()` run in a test's process sets what a command sets for its whole process: model
+    hubs offline, OpenMP's spin policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT), the aiokafka logger's level. A
+    learner a later test of the same worker starts would take those variables for the user's: undone."""
+    environment, level = dict(os.environ), logging.getLogger("aiokafka").level
+    yield
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
+    logging.getLogger("aiokafka").setLevel(level)
 
 
 # --- the broker, small data and small models ---------------------------------------------------
