@@ -180,7 +180,8 @@ def show(figures: dict, scrape: float) -> None:
     for target in figures["empty_panels"]:
         print(f"  {target}")
     if figures["empty_panels"] and figures["run_notes"]:
-        print("  the run's CALM notes (a metric without data there has no series):", *figures["run_notes"], sep="\n    ")
+        print("  the run's CALM notes (a metric without data there has no series):", *figures["run_notes"],
+              sep="\n    ")
     print(f"perplexity: counters {figures['ppl_counters']:.4f}, report {figures['ppl_report']:.4f} ({ratio:+.3%})")
     if figures["missed"]:
         print("missed revisits (s into the run, class, spike in the loss log, fragment before and after, s):",

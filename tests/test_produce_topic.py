@@ -278,9 +278,11 @@ def test_a_looped_production_resumes_in_its_second_lap_with_neither_a_gap_nor_a_
     # the uninterrupted production, as far as every stream held goes (on a loaded host the SIGTERM came
     # laps after the count was reached: a fixed 4 laps of it was shorter than what a stream held)
     uninterrupted: dict[str, list[tuple[int, str]]] = {}
-    for record in looped(records, manifest):
+    laps = 2 + sum(map(len, held.values())) // len(records)  # enough for all that was held on one stream
+    for record in itertools.islice(looped(records, manifest), len(records) * laps):
         uninterrupted.setdefault(record.stream, []).append((record.truth.position, record.text))
         if all(len(uninterrupted.get(stream, ())) >= len(got) for stream, got in held.items()):
             break
+    assert set(held) <= set(uninterrupted)  # (no stream the production never writes)
     for stream, got in held.items():
         assert got == uninterrupted[stream][:len(got)], stream
