@@ -19,8 +19,8 @@ from pathlib import Path
 from monitor.losslog import trim_loss_log
 from streamer import checkpoint
 
-__all__ = ["IDENTITY_KEYS", "KEPT_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "trim_logs",
-           "check_set_aside", "put_back", "set_aside"]
+__all__ = ["IDENTITY_KEYS", "KEPT_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "kept_settings",
+           "trim_logs", "check_set_aside", "put_back", "set_aside"]
 
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
 IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
