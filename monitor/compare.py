@@ -46,9 +46,8 @@ def _strategy(report: Mapping) -> str:
 
 
 def _oracle(group: Sequence[Mapping]) -> bool:
-    """One model per class, told the class: an upper bound (the learner's config.json says so; the report
-    copies it)."""
-    return any(r.get("oracle") or r.get("config", {}).get("oracle") for r in group)
+    """One model per class, told the class: an upper bound (the learner's config.json says so)."""
+    return any(r.get("config", {}).get("oracle") for r in group)
 
 
 def _reference(group: Sequence[Mapping]) -> bool:
