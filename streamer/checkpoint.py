@@ -53,7 +53,7 @@ from streamer.spin import in_passing
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Checkpointer", "save", "load", "copied", "rng_state", "set_rng_state",
            "plain", "to_bytes", "from_bytes", "save_gathered", "on_device"]
 
-# 2: a partition's offsets in the batcher's carry-over are a dict (streamer.batching.OffsetTracker); a
+# 2: a partition's offsets in the batcher's carry-over are a dict (streamer.offsets.OffsetTracker); a
 # streamer of format 1 read them as a list without an error, and read on from nonsense: it refuses them now
 FORMAT_VERSION = 2  # (a checkpoint of format 1 loads)
 

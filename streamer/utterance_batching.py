@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from monitor.results import BatchTruth
-from streamer.batching import OffsetTracker, ReadyBatch, truth_from_plain, truth_to_plain, vote
+from streamer.batching import ReadyBatch, truth_from_plain, truth_to_plain, vote
+from streamer.offsets import OffsetTracker
 from streamer.strategies.base import Batch
 from producers.wire import Record
 

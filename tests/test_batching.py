@@ -1,7 +1,8 @@
 import torch
 
 from monitor.results import BatchTruth
-from streamer.batching import Batcher, OffsetTracker
+from streamer.batching import Batcher
+from streamer.offsets import OffsetTracker
 from producers.wire import Record, Truth
 from tests.helpers import batches_from_records, small_stream
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from streamer import checkpoint
-from streamer.batching import Batcher, OffsetTracker
+from streamer.batching import Batcher
+from streamer.offsets import OffsetTracker
 from streamer.models import LSTMLanguageModel
 from streamer.step import prequential_step
 from streamer.strategies import STRATEGIES
@@ -387,7 +388,7 @@ def test_a_checkpoint_of_a_later_format_is_refused_and_one_of_format_1_loads(tmp
     with pytest.raises(checkpoint.CheckpointError, match=f"format version {checkpoint.FORMAT_VERSION + 1}; "
                                                          f"this streamer reads up to {checkpoint.FORMAT_VERSION}"):
         checkpoint.load(path)
-    offsets = [[["t", 0], [5], [], 6]]  # format 1: a list a partition (streamer.batching._from_list)
+    offsets = [[["t", 0], [5], [], 6]]  # format 1: a list a partition (streamer.offsets._from_list)
     torch.save({"format_version": 1, "step": 3, "loop": {"batcher": {"offsets": offsets}}}, path)
     tracker = OffsetTracker()
     tracker.load_state_dict(checkpoint.load(path)["loop"]["batcher"]["offsets"])

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from streamer.batching import OffsetTracker
+from streamer.offsets import OffsetTracker
 from streamer.consumer import KafkaSource, SeekOnAssign, SourceError, where_to_read
 
 TP = TopicPartition("t", 0)
