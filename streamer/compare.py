@@ -11,7 +11,8 @@ gets its report (results.json, loss_curve.png); `<out>` gets table1.md, forgetti
 after_switch.png and comparison.json (monitor.compare) and plan.json (strategies, options,
 sizes, skips).
 
-A comparison is a frozen CompareConfig: the command line (`streamer compare`) builds it.
+A comparison is a frozen CompareConfig (streamer.compare_plan, with its plan): the command line
+(`streamer compare`) builds it.
 """
 
 from __future__ import annotations
@@ -23,149 +24,23 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 from monitor.files import replace_text
 from monitor.losslog import read_loss_log
-from producers.schedule import Schedule
+from streamer.compare_plan import (MULTITASK, CompareConfig, CompareError, Log, Planned, plan, print_line,
+                                   run_config)
 from streamer.config import LearnConfig, RunSummary, span_start
 from streamer.jobs import one_line, run_jobs
 from streamer.spin import in_passing
 from streamer.threads import available_cpus
 
-__all__ = ["MULTITASK", "IDLE_TIMEOUT_S", "CompareError", "CompareConfig", "Planned", "strategy_names", "plan",
-           "run_compare"]
-
-MULTITASK = "multitask"
-IDLE_TIMEOUT_S = 120.0  # a run stops when its topic has given nothing for this long (a short topic)
-Log = Callable[[str], None]
-
-
-def _print(message: str) -> None:
-    print(message, flush=True)
-
-
-class CompareError(ValueError):
-    """A comparison that cannot run as asked (an unknown strategy, one that cannot run on the model)."""
+__all__ = ["run_compare"]
 
 
 class RunSkipped(Exception):
     """A run that ended without a report, for a reason of the comparison's own (the i.i.d. reference
     stopped by --minutes): noted in the table, and the other runs go on."""
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    """One comparison: which strategies, which seeds, on which stream, with which learner settings."""
-
-    learn: LearnConfig  # every run's template: model, sizes, rate, limits, detector, probe, k
-    schedule: Schedule  # the stream; each seed replaces its seed
-    corpus: Path
-    out: Path
-    strategies: tuple[str, ...] = ("naive", "replay")
-    chosen_by_all: bool = False  # "all": a strategy that cannot run on the model is skipped, not an error
-    options: Mapping[str, tuple[tuple[str, object], ...]] = field(default_factory=dict)  # per strategy
-    seeds: tuple[int, ...] = (0,)
-    params: int | None = None  # size each strategy's model to about this many parameters
-    span: str | int = "half"  # the tables' span: 'half', 'all' or a fragment index
-    probe_examples: int = 50  # producers.stream.prepare_stream's options
-    utterances: bool | None = None
-    keep_checkpoints: bool = False
-    bootstrap_servers: str | None = None  # None: the embedded broker
-    flags: Mapping[str, object] = field(default_factory=dict)  # the command line, recorded in plan.json
-    jobs: int = 1  # runs at a time; above 1, each in its own process
-    job_threads: int = 1  # torch threads of each job process (jobs > 1)
-    thread_line: str = ""  # this process's thread policy, said when the runs are its own (sequential)
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One strategy as every seed runs it."""
-
-    name: str
-    options: tuple[tuple[str, object], ...]  # hyperparameters: the file's [strategy.<name>], then --set
-    hidden: int  # --hidden, or the size fitted to --params
-
-
-def strategy_names(spec: str) -> tuple[list[str], bool]:
-    """(names, chosen_by_all): "all" is every registered strategy and multitask, in registry order."""
-    from streamer.strategies import STRATEGIES
-
-    known = [*STRATEGIES, MULTITASK]
-    if spec.strip() == "all":
-        return known, True
-    names = [name.strip() for name in spec.split(",") if name.strip()]
-    if "all" in names:  # ('unknown all; choose from ... or 'all'')
-        raise CompareError(f"--strategies: 'all' stands alone (it is every strategy), not in a list: {spec}")
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise CompareError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
-                           f"choose from {', '.join(known)} or 'all'")
-    if len(set(names)) != len(names):
-        raise CompareError(f"--strategies names a strategy twice: {spec}")
-    return names, False
-
-
-def _run_config(config: CompareConfig, name: str, seed: int, hidden: int, manifest: dict, *, fit: bool = False,
-                topic: str = "", run_dir: Path = Path("."), log: Log = _print) -> LearnConfig:
-    """A run's LearnConfig; multitask is sized and checked as the naive learner it runs."""
-    from streamer.budget import fit_to_budget
-
-    options = tuple(config.options.get(name, ()))
-    as_name, as_options = ("naive", ()) if name == MULTITASK else (name, options)
-    template = config.learn
-    run = dataclasses.replace(
-        template, bootstrap_servers=config.bootstrap_servers or "", topic=topic, group_id=f"{topic}-{name}",
-        run_dir=run_dir, run_name=run_dir.name, strategy=as_name, strategy_options=as_options, seed=seed,
-        model=dataclasses.replace(template.model, hidden=hidden), idle_timeout_s=IDLE_TIMEOUT_S,
-    ).with_manifest(manifest)
-    run = dataclasses.replace(run, from_fragment=span_start(config.span, run.n_fragments))
-    if fit and config.params:
-        run, fitted = fit_to_budget(run, config.params, manifest)
-        log(fitted.describe(run.strategy))
-    return dataclasses.replace(run, strategy=name, strategy_options=options)
-
-
-def _check(config: LearnConfig, manifest: dict) -> None:
-    """Build the strategy on the CPU: raises when it cannot run on the model."""
-    import torch
-
-    from streamer.learner import build_strategy
-    from streamer.models import ModelRequest, build_model
-
-    if config.strategy != MULTITASK:
-        build_strategy(config, torch.device("cpu"), manifest)
-        return
-    from streamer.multitask import ShuffledNaive
-
-    built = build_model(ModelRequest(config.model_name, config.model, config.model_options, manifest,
-                                     torch.device("cpu")))
-    try:
-        ShuffledNaive(built.model, lr=config.resolved_lr, clip=config.clip, **dict(config.strategy_options))
-    except TypeError as exc:
-        raise ValueError(f"--set for strategy 'multitask': {exc}") from None
-
-
-def plan(config: CompareConfig, manifest: dict, log: Log = _print) -> tuple[list[Planned], dict[str, str]]:
-    """The strategies that can run (sized to the parameter budget), and those skipped with why."""
-    planned, skipped = [], {}
-    for name in config.strategies:
-        try:
-            run = _run_config(config, name, config.learn.seed, config.learn.model.hidden, manifest, fit=True, log=log)
-            in_passing(_check, run, manifest)  # its torch work leaves no OpenMP team behind (streamer.spin)
-        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError) as exc:
-            if not config.chosen_by_all:
-                raise CompareError(f"strategy {name}: {exc}") from None
-            skipped[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            log(f"skipping {name}: {skipped[name]}")
-            continue
-        planned.append(Planned(name, run.strategy_options, run.model.hidden))
-    if not planned:
-        raise CompareError("no strategy can run on this model: "
-                           + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    return planned, skipped
 
 
 class _Progress:
@@ -250,7 +125,7 @@ def _run_one(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict
     run_dir = config.out / f"{item.name}-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    run = dataclasses.replace(_run_config(config, item.name, seed, item.hidden, manifest, topic=topic,
+    run = dataclasses.replace(run_config(config, item.name, seed, item.hidden, manifest, topic=topic,
                                           run_dir=run_dir), strategy_options=item.options)
     progress = _Progress(f"{item.name} seed {seed}", run.max_batches or run.total_batches, live)
     if item.name == MULTITASK:
@@ -373,7 +248,7 @@ def _job(config: CompareConfig, item: Planned, seed: int, stream: tuple[dict, li
     """One run in its own process (streamer.jobs): (run directory, None, None) or (None, error line,
     "fatal" | "failed" | "skipped")."""
     try:
-        return str(_run_one(config, item, seed, stream, topic, _print, live=False)), None, None
+        return str(_run_one(config, item, seed, stream, topic, print_line, live=False)), None, None
     except RunSkipped as exc:
         return None, str(exc), "skipped"
     except Exception as exc:  # noqa: BLE001  (the parent decides: one line, never a traceback)
@@ -413,7 +288,7 @@ def _run_parallel(config: CompareConfig, runs: list[tuple[Planned, int]], stream
         run_dirs.extend(finished[index] for index in sorted(finished))
 
 
-def run_compare(config: CompareConfig, log: Log = _print) -> list[Path]:
+def run_compare(config: CompareConfig, log: Log = print_line) -> list[Path]:
     """Every planned strategy on every seed's stream, then the tables; the run directories. The
     output directory is held (its .lock) for the comparison's life."""
 

@@ -19,7 +19,7 @@ import pytest
 from streamer.cli import parse as parse_flags
 from streamer.cli.compare import compare_config
 from streamer.cli.compare import run as run_compare_command
-from streamer.compare import CompareError, plan, strategy_names
+from streamer.compare_plan import CompareError, plan, strategy_names
 from streamer.strategies import STRATEGIES
 from tests.conftest import write_corpus
 from tests.helpers import stat_fields

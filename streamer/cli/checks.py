@@ -203,7 +203,7 @@ def _strategy_names(args) -> list[str]:
     if getattr(args, "strategy", None):
         return [args.strategy]
     if getattr(args, "strategies", None):
-        from streamer.compare import CompareError, strategy_names
+        from streamer.compare_plan import CompareError, strategy_names
 
         try:
             return list(strategy_names(args.strategies)[0])

@@ -1,4 +1,4 @@
-"""`streamer compare`: its flags, turned into a streamer.compare.CompareConfig and run."""
+"""`streamer compare`: its flags, turned into a streamer.compare_plan.CompareConfig and run (streamer.compare)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def strategy_options(names: list[str], tables: dict, cli_options) -> dict[str, t
 
 def compare_config(args):
     """The comparison the flags ask for (its corpus as given: `run` puts the built directory there)."""
-    from streamer.compare import CompareConfig, CompareError, strategy_names
+    from streamer.compare_plan import CompareConfig, CompareError, strategy_names
     from streamer.settings import omp_num_threads
     from streamer.threads import available_cpus
 

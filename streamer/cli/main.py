@@ -73,7 +73,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from producers.kafka import ProduceError
     from producers.schedule import ScheduleError
     from streamer.broker import BrokerError
-    from streamer.compare import CompareError
+    from streamer.compare_plan import CompareError
     from streamer.consumer import SourceError
 
     return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
