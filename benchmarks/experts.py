@@ -70,8 +70,9 @@ from streamer.strategies.base import Batch  # noqa: E402
 from benchmarks.command import counts, ended_by_signals  # noqa: E402
 from streamer.cli.flags import positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
-from streamer.strategies.experts import (MoE, Ensemble, GateAdam, PoE, moe_gate_gradient, moe_log_probs,  # noqa: E402
-                                         poe_gate_gradient, poe_log_probs)
+from streamer.strategies.experts import MoE, Ensemble, PoE  # noqa: E402
+from streamer.strategies.gates import (GateAdam, moe_gate_gradient, moe_log_probs, poe_gate_gradient,  # noqa: E402
+                                       poe_log_probs)
 
 VARIANTS = ("modules", "fused", "loop")
 LOSS_BOUND = 1e-5  # the largest training loss difference between the fused and the loop kernel

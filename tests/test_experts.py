@@ -18,8 +18,7 @@ from streamer.models.experts import LSTMExperts, Recurrence
 from streamer.models.mos import MixtureOfSoftmaxes
 from streamer.strategies import STRATEGIES
 from streamer.strategies.base import Batch
-from streamer.strategies.experts import (GateAdam, moe_gate_gradient, moe_log_probs, poe_gate_gradient,
-                                         poe_log_probs)
+from streamer.strategies.gates import GateAdam, moe_gate_gradient, moe_log_probs, poe_gate_gradient, poe_log_probs
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,7 +8,7 @@ Strategies are built by composition: each holds the parts it needs and calls the
 `learn`/`predict`: an OnlineTrainer (trainer.py: optimizer, clip, carried hidden state),
 a SparseReplay with its ReservoirMemory/HerdingMemory (replay.py, memory.py), Boundaries
 (boundary.py), a penalty (regularized.py: L2Penalty, FisherPenalty), a Distillation teacher
-(distill.py) or a gate (experts.py: UniformGate, PlasticGate, LSTMGate). Hyperparameters are
+(distill.py) or a gate (gates.py: UniformGate, PlasticGate, LSTMGate). Hyperparameters are
 exactly the `__init__` arguments (params.py gives repr, clone and the config record).
 """
 
