@@ -242,7 +242,7 @@ def test_a_resumed_run_keeps_the_span_seed_and_detector_it_started_with(tmp_path
 
 
 def test_the_launchers_line_tells_failed_ranks_from_those_its_agent_then_stopped():
-    from streamer.cli.learn import failed_ranks
+    from streamer.cli.launch import failed_ranks
 
     assert failed_ranks({1: 2, 0: -15}) == ("rank(s) 1 failed (exit status 2); their own lines are above; "
                                             "torchrun's agent then stopped rank(s) 0")
@@ -267,13 +267,13 @@ def test_what_a_config_chose_is_said_by_say_and_not_by_silent(tmp_path, capsys):
 def test_a_collective_that_lost_its_peer_is_told_from_other_runtime_errors():
     import torch.distributed as dist
 
-    from streamer.cli.learn import _a_peer_is_gone, _last_words
+    from streamer.cli.ranks import a_peer_is_gone, last_words
 
     gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
                         "peer [127.0.0.1]:25805. This is typically caused by a remote worker crashing.")
-    assert _a_peer_is_gone(gloo) and _a_peer_is_gone(dist.DistNetworkError("recv failed"))
-    assert not _a_peer_is_gone(RuntimeError("CUDA out of memory"))  # a fault of its own stays a traceback
-    assert _last_words(gloo).startswith("Connection closed by peer [127.0.0.1]:25805.")
+    assert a_peer_is_gone(gloo) and a_peer_is_gone(dist.DistNetworkError("recv failed"))
+    assert not a_peer_is_gone(RuntimeError("CUDA out of memory"))  # a fault of its own stays a traceback
+    assert last_words(gloo).startswith("Connection closed by peer [127.0.0.1]:25805.")
 
 
 def test_cache_is_taken_before_and_after_the_data_and_weights_subcommands():
@@ -322,7 +322,7 @@ def test_device_cuda_without_one_is_refused_before_any_work(tmp_path, capsys):
 
 def test_the_ranks_command_line_is_the_launchers_less_its_nproc_however_it_was_written():
     """`--npro 2`, an abbreviation argparse takes, went on to torchrun, which refused it with 20 lines."""
-    from streamer.cli.learn import _without_nproc
+    from streamer.cli.launch import _without_nproc
 
     for given in (["--nproc", "2"], ["--nproc=2"], ["--npro", "2"], ["--np=2"]):
         assert _without_nproc(["learn", "--topic", "t", *given, "--threads", "1"]) == [

@@ -195,7 +195,7 @@ def test_each_rank_of_a_machine_gets_its_own_equal_share_of_the_cpus():
 def test_pin_cpus_says_in_one_line_why_it_pins_nothing(monkeypatch):
     from types import SimpleNamespace
 
-    from streamer.cli.learn import pin_rank
+    from streamer.cli.ranks import pin_rank
 
     before = os.sched_getaffinity(0)
     monkeypatch.delenv("RANK", raising=False)

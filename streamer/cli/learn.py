@@ -6,32 +6,23 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import gc
 import json
-import logging
-import os
-import shutil
-import signal
-import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
-from typing import NoReturn
 
 from streamer.cli.configs import learn_config, say, silent
-from streamer.cli.errors import UserError, caused_by, storage_error
+from streamer.cli.errors import UserError, storage_error
 from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_TOPIC, add_model_flags, add_run_flags, default_of,
                                 positive_float, positive_int)
+from streamer.cli.launch import launches_ranks, start_ranks
+from streamer.cli.ranks import (a_peer_is_gone, last_words, leave_the_line_to_rank_0, rank_status, refusal, refuse,
+                                refuse_for_ranks)
 from streamer.cli.report import print_run_report
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags
 from streamer.cli.runs import (default_manifest_path, learn_under_view, run_with_report_on_interrupt, signals_deferred,
                                 unwind_on_sigterm)
 from streamer.config import LearnConfig, default_group
-from streamer.settings import (omp_num_threads, set_agent_pid, set_rank_threads, started_by_torchrun_agent,
-                               torchrun_environment, torchrun_local_world)
-from streamer.threads import available_cpus, pin_to_rank_share, rank_threads
+from streamer.settings import torchrun_environment
 
 __all__ = ["add_parser", "run"]
 
@@ -106,37 +97,6 @@ def _say_default_manifest(topic: str, path: Path) -> None:
     print(f"manifest: {path} (produce's for topic {topic}; --manifest to choose another)", flush=True)
 
 
-def launches_ranks(args) -> bool:
-    """`learn --nproc N` outside torchrun: this process only starts the ranks (torchrun's agent); each
-    rank decides its own CPUs, threads and spins."""
-    return args.nproc > 1 and torchrun_environment() is None
-
-
-def pin_rank(args) -> str | None:
-    """--pin-cpus under torchrun: pin this rank to its share of the CPUs (before torch loads and the
-    thread policy is decided); the line that says so, or None without --pin-cpus or torchrun."""
-    environment = torchrun_environment()
-    if not getattr(args, "pin_cpus", False) or environment is None:
-        return None
-    local_rank, local_world = environment[2], torchrun_local_world()
-    if local_world is None:
-        return "CPUs not pinned: LOCAL_WORLD_SIZE is not set (torchrun sets it in every rank; --pin-cpus)"
-    if not 0 <= local_rank < local_world:
-        return f"CPUs not pinned: local rank {local_rank} is not below LOCAL_WORLD_SIZE {local_world} (--pin-cpus)"
-    share = pin_to_rank_share(local_rank, local_world)
-    if share is None:
-        return (f"CPUs not pinned: {available_cpus()} CPUs for {local_world} ranks on this machine, "
-                f"fewer than one each (--pin-cpus)")
-    return f"CPUs {_cpu_list(share)}: local rank {local_rank}'s share of {local_world} (--pin-cpus)"
-
-
-def _cpu_list(cpus: list[int]) -> str:
-    """0-7 for consecutive CPUs, else 0,2,5."""
-    if len(cpus) > 1 and cpus == list(range(cpus[0], cpus[-1] + 1)):
-        return f"{cpus[0]}-{cpus[-1]}"
-    return ",".join(map(str, cpus))
-
-
 def run(args) -> int:
     if launches_ranks(args):
         return _launch(args)
@@ -156,11 +116,11 @@ def run(args) -> int:
                               bootstrap=args.bootstrap_servers, topic=args.topic, group=group, run_dir=run_dir,
                               manifest=manifest, manifest_path=manifest_path, log=say if leader else silent)
     except UserError as exc:
-        _refuse(exc, leader, beside_rank_0)  # the same flags and files as rank 0's on its machine
+        refuse(exc, leader, beside_rank_0)  # the same flags and files as rank 0's on its machine
     from streamer.resume import RunDirBusy, RunDirLock  # torch: not imported for --help
     ranks = None
     if ranked:
-        _refuse_for_ranks(config, environment[1], leader, stream=beside_rank_0)
+        refuse_for_ranks(config, environment[1], leader, stream=beside_rank_0)
         from streamer import distributed
 
         try:
@@ -196,12 +156,12 @@ def run(args) -> int:
                                     f"checkpoint in {run_dir}") from None
                 except SourceError as exc:
                     if exc.every_rank and not leader:  # rank 0 says the same line
-                        _leave_the_line_to_rank_0()
+                        leave_the_line_to_rank_0()
                     raise
                 except RuntimeError as exc:
-                    if ranks is None or not _a_peer_is_gone(exc):
+                    if ranks is None or not a_peer_is_gone(exc):
                         raise
-                    raise UserError(f"another rank is gone ({_last_words(exc)}): torchrun's agent ends the run; the "
+                    raise UserError(f"another rank is gone ({last_words(exc)}): torchrun's agent ends the run; the "
                                     f"same command continues from the last checkpoint in {run_dir}") from None
     except BaseException:
         if ranks is not None:  # (distributed: imported where the ranks started)
@@ -231,92 +191,6 @@ def run(args) -> int:
     return status
 
 
-def _a_peer_is_gone(exc: RuntimeError) -> bool:
-    """Whether a collective failed because another rank died: torch.distributed's own errors, or gloo's
-    transport (a RuntimeError naming gloo/transport: 'Connection closed by peer')."""
-    import torch.distributed as dist
-
-    return isinstance(exc, dist.DistError) or "gloo/transport" in str(exc)
-
-
-def _last_words(exc: Exception) -> str:
-    """The error's first line, less the C++ source location gloo puts before it."""
-    from streamer.distributed import without_source_location
-
-    return without_source_location(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-
-
-def rank_status(stop_reason: str) -> int:
-    """The exit status every rank of a distributed run ends with (they all stop at the same step, with
-    the same reason): 0 for a run that ended as asked (the stream, --max-batches, --idle-timeout,
-    --minutes), 2 for a lost broker or a log not the learner's (log_changed; rank 0 says the line), 143 for
-    a stop by a signal, whichever rank received it. torchrun's agent waits up to 5 minutes at its exit
-    barrier for the other machines' agents when its ranks exit 0, and returns at once when they fail: so a
-    machine whose agent was killed (its ranks stopped by the parent-death signal, the others by the per-step
-    agreement) does not keep the other machines waiting, and under `Restart=on-failure` they start again."""
-    if stop_reason in ("broker_lost", "log_changed"):
-        return 2
-    return 128 + signal.SIGTERM if stop_reason == "signal" else 0
-
-
-# Strategies whose state changes the model's shape or routing by what one rank sees: they cannot be
-# one model across ranks.
-NOT_DISTRIBUTED = {
-    "adapters": "adds an adapter set per distribution its detector finds, which differs between ranks",
-    "independent": "routes each batch to one model per ground-truth class, which differs between ranks' rows",
-}
-
-
-def _refusal(config: LearnConfig, world: int, stream: bool = True) -> str | None:
-    """Why `config` cannot run as `world` ranks (one line), or None; with `stream` False, not asked of its
-    streams (another rank than rank 0, whose stream is every rank's)."""
-    if stream and config.streams % world:
-        return (f"--streams {config.streams} is not divisible by {world} ranks (each rank learns streams / ranks "
-                f"of them); use a multiple of {world}")
-    if config.strategy in NOT_DISTRIBUTED:
-        return f"strategy {config.strategy} {NOT_DISTRIBUTED[config.strategy]}: run it in one process"
-    if config.model_name == "hf-classifier":
-        return "the classifier's utterance batches are not split across ranks yet: run it in one process"
-    return None
-
-
-def _refuse_for_ranks(config: LearnConfig, world: int, leader: bool, stream: bool = True) -> None:
-    """Rank 0 says why in one line (UserError), and so does a rank on another machine (`stream` False: not
-    asked of the streams, rank 0's, which it learns by; its command line is its host's own); the other
-    ranks on rank 0's machine refuse alike and leave the line to rank 0."""
-    reason = _refusal(config, world, stream=stream)
-    if reason is not None:
-        _refuse(UserError(reason), leader, beside_rank_0=stream)
-
-
-def _refuse(error: UserError, leader: bool, beside_rank_0: bool, wait_s: float = 10.0) -> NoReturn:
-    """Refuse the run before the process group: `error` is raised (one line) by rank 0, by one process,
-    by a rank on another machine (its command line is its host's own) and by a rank that torchrun's
-    agent did not start. A rank of the agent on rank 0's machine refuses alike and leaves the line to
-    rank 0: it waits (up to `wait_s`, then ends 2) for the SIGTERM that the agent sends once rank 0
-    has ended, and ends as stopped by it (143: the agent's summary names rank 0 alone as failed).
-    Ending first, it made the agent stop rank 0 before rank 0 said its line (1 of 8 tries gave no line
-    at all), where each rank had said it."""
-    if leader or not beside_rank_0 or not started_by_torchrun_agent():
-        raise error
-    _leave_the_line_to_rank_0(wait_s)
-
-
-def _leave_the_line_to_rank_0(wait_s: float = 10.0) -> NoReturn:
-    """A rank other than 0 whose run ends on rank 0's one line (a refusal, a source every rank lost): it
-    waits, up to `wait_s`, for the SIGTERM torchrun's agent sends once rank 0 has ended, and ends by it;
-    else with 2. Ending first with 2, it was the rank the launcher named as failed (2 of 5 tries of a
-    1-rank checkpoint resumed with --nproc 2), though it had said nothing."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    environment = torchrun_environment()
-    beside_rank_0 = environment is not None and torchrun_local_world() == environment[1]  # one machine: its agent
-    if started_by_torchrun_agent() and beside_rank_0:  # stops this rank once rank 0 ends (another host's may not)
-        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))  # not "SIGTERM before ..."
-        time.sleep(wait_s)
-    raise SystemExit(2)
-
-
 def _launch(args) -> int:
     """--nproc N: torchrun's elastic agent starts N ranks of this same command on this machine."""
     manifest_path, manifest = _manifest(args, say=False)  # rank 0 says it
@@ -324,168 +198,12 @@ def _launch(args) -> int:
     config = learn_config(args, bootstrap=args.bootstrap_servers, topic=args.topic, group=group,
                           run_dir=args.run_dir or Path("runs") / f"{args.topic}-{group}", manifest=manifest,
                           manifest_path=manifest_path, log=silent)  # the ranks' rank 0 says what it chose
-    reason = _refusal(config, args.nproc)
+    reason = refusal(config, args.nproc)
     if reason is not None:
         if args.manifest is None and manifest_path is not None and args.streams is None and config.streams % args.nproc:
             _say_default_manifest(args.topic, manifest_path)  # the refused --streams is the manifest's
         raise UserError(f"--nproc {args.nproc}: {reason}")
-    import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
-
-    command, split, threads = _without_nproc(args.argv), "", args.threads
-    if args.threads is None and omp_num_threads() is None:  # else the user's count, in every rank, unpinned
-        cpus = available_cpus()
-        threads = rank_threads(cpus, args.nproc)
-        command += ["--threads", str(threads)]
-        if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
-            split = "; CPUs not pinned for GPU ranks (torchrun's --numa-binding places them near their GPUs)"
-        elif cpus >= args.nproc:  # the rule on each rank's share, on that share alone
-            if not args.pin_cpus:
-                command.append("--pin-cpus")
-            split = f"; each pinned to its {cpus // args.nproc} of the {cpus} CPUs"
-        else:
-            split = f"; {cpus} CPUs for {args.nproc} ranks: not pinned"
-    if threads is not None:  # OpenMP's count in the ranks too, where the user's OMP_NUM_THREADS does not say
-        set_rank_threads(threads)  # (torchrun would set 1 there, with a four-line warning)
-    set_agent_pid(os.getpid())  # torchrun's agent runs in this process: a rank orphaned before it asked stops
-    print(f"starting {args.nproc} ranks (torchrun --standalone --nproc-per-node {args.nproc} -m streamer "
-          f"{' '.join(command)}){split}", flush=True)
-    for agent in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
-        logging.getLogger(agent).addFilter(_said_by_the_launcher)
-    handlers = {number: signal.getsignal(number) for number in AGENT_SIGNALS}
-    try:  # torchrun's own log folder, in one that goes with the run (its default, a /tmp/torchelastic_* per run, stays)
-        with _rank_logs() as logs:
-            torchrun(["--standalone", "--nproc-per-node", str(args.nproc), "--log-dir", logs,
-                      "-m", "streamer", *command])
-    except ChildFailedError as exc:
-        statuses = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-        line = failed_ranks(statuses)
-        if line is not None:
-            raise UserError(line) from None
-        # a SIGTERM sent to a rank by someone else: every rank stopped and checkpointed, a stop (2 was a failure)
-        print(f"streamer learn: SIGTERM to rank(s) {', '.join(map(str, sorted(statuses)))}: the ranks stopped "
-              "(see their lines above)", file=sys.stderr, flush=True)
-        return 128 + signal.SIGTERM
-    except Exception as exc:
-        # the agent passed the signal on to the ranks, which stopped cleanly; a SIGTERM landing in the
-        # agent's metrics wrapper comes out as that wrapper's UnboundLocalError (the agent still sent
-        # the ranks SIGTERM): seen once in a full suite, status 1 and a traceback instead of 143
-        sigval = getattr(caused_by(exc, SignalException), "sigval", None)
-        if sigval is None:
-            raise
-    else:
-        return 0
-    finally:  # the agent's handlers outlive it: a signal from here on would raise its exception, uncaught
-        _handlers_back(handlers)
-    ctrl_c = signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second one ends the launcher at once, not the wait
-    _end_the_rendezvous()
-    signal.signal(signal.SIGINT, ctrl_c)
-    print(f"streamer learn: {signal.Signals(sigval).name}: the ranks stopped (see their lines above)",
-          file=sys.stderr, flush=True)
-    return 128 + sigval
-
-
-AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # torchrun's agent's (by default)
-
-
-def _handlers_back(handlers: dict) -> None:
-    """In place of the handlers torchrun's agent installed for AGENT_SIGNALS (each raises its
-    SignalException) and leaves behind: those before it (SIGHUP ignored under nohup stays so), except
-    SIGTERM's, which said that nothing was learned yet: a SIGTERM now ends the launcher at once."""
-    for number, handler in handlers.items():
-        signal.signal(number, signal.SIG_DFL if number == signal.SIGTERM else handler)
-
-
-def _end_the_rendezvous(wait_s: float = 10.0) -> None:
-    """Stopped by a bare signal, the agent leaves its rendezvous unclosed, with a daemon thread that sends
-    the store a heartbeat every 5 s until the rendezvous is freed. Left to the interpreter's exit, a
-    heartbeat in flight there (the GIL released inside the store's C++) ended the launcher with
-    "terminate called without an active exception" and SIGABRT instead of 143 (once in CI): the
-    exception, then kept in a local, held the agent's frames and so the rendezvous. Nothing keeps it
-    now; freed (by a collection, where it sits in a cycle), it stops and joins that thread. A heartbeat
-    in flight holds it meanwhile: it is then freed in that thread as the heartbeat ends (which ends the
-    thread), or, in a cycle, outlives the collection. So: collect, wait half a second, again, up to `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    heartbeats = [thread for thread in threading.enumerate() if thread.name.startswith("RendezvousKeepAliveTimer")]
-    for thread in heartbeats:
-        while thread.is_alive() and time.monotonic() < deadline:
-            gc.collect()
-            thread.join(0.5)
-
-
-RANK_LOGS, LAUNCHER_LOCK = "streamer-ranks-", ".launcher"  # torchrun's log folders (prefix), their lock
-
-
-@contextlib.contextmanager
-def _rank_logs():
-    """A temporary folder for torchrun's logs, removed when the ranks end and held meanwhile (a flock on
-    its LAUNCHER_LOCK, which the kernel drops when the launcher dies; where the file system has no flock,
-    there is no lock and the folder is never swept). The folders of earlier launchers killed (-9) before
-    they could remove their own, which nobody holds, are removed first."""
-    for folder in Path(tempfile.gettempdir()).glob(RANK_LOGS + "*"):
-        _remove_unless_held(folder)
-    with tempfile.TemporaryDirectory(prefix=RANK_LOGS) as logs, open(Path(logs) / f"{LAUNCHER_LOCK}.new", "w") as lock:
-        with contextlib.suppress(OSError):
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            os.rename(lock.name, Path(logs) / LAUNCHER_LOCK)  # seen by others only once held
-        yield logs
-
-
-def _remove_unless_held(folder: Path) -> None:
-    try:
-        with open(folder / LAUNCHER_LOCK) as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(folder, ignore_errors=True)
-    except OSError:  # held (its launcher runs), not ours to open, or no lock (not a launcher's, or gone)
-        pass
-
-
-def failed_ranks(statuses: dict[int, int]) -> str | None:
-    """The launcher's one line for ranks that ended badly (`statuses`: global rank -> exit status):
-    those that failed, each with its status where they differ, and those torchrun's agent then stopped
-    with SIGTERM (status -15, or 143 where the rank caught it); the failed ranks' own lines come before
-    it. None when every rank ended by SIGTERM: sent to one by someone else, they all stopped."""
-    stopped = sorted(rank for rank, status in statuses.items() if status in (-signal.SIGTERM, 128 + signal.SIGTERM))
-    failed = sorted(set(statuses) - set(stopped))
-    if not failed:
-        return None
-    names = {member.value: f" ({member.name})" for member in signal.Signals}
-
-    def shown(code: int) -> str:
-        return f"{code}{names.get(-code, '')}"  # a negative status: the signal
-    if len({statuses[rank] for rank in failed}) == 1:
-        line = (f"rank(s) {', '.join(map(str, failed))} failed (exit status {shown(statuses[failed[0]])}); "
-                "their own lines are above")
-    else:  # ("rank(s) 0, 1 failed (exit status -9 (SIGKILL), 2)" said not which was which)
-        each = ", ".join(f"{rank} (exit status {shown(statuses[rank])})" for rank in failed)
-        line = f"rank(s) {each} failed; their own lines are above"
-    return line + (f"; torchrun's agent then stopped rank(s) {', '.join(map(str, stopped))}" if stopped else "")
-
-
-def _said_by_the_launcher(record: logging.LogRecord) -> bool:
-    """torchrun's agent's records that the launcher's own line restates: a rank's failure, the SIGTERM
-    it then sends the others, and a signal it passes on to the ranks (its other records, such as a
-    rank that will not stop, stay)."""
-    return not str(record.msg).startswith(("failed (exitcode: ", "Sending process ", "Received %s death signal"))
-
-
-def _without_nproc(argv: list[str]) -> list[str]:
-    """The command line less its --nproc N (or --nproc=N, or an abbreviation argparse took, --npro 2: passed
-    on, torchrun refused it with its own 20-line usage): what each rank runs."""
-    def nproc(flag: str) -> bool:
-        return len(flag) > len("--n") and "--nproc".startswith(flag)
-    kept, skip = [], False
-    for word in argv:
-        flag, given, _ = word.partition("=")
-        if skip:
-            skip = False
-        elif nproc(word):
-            skip = True
-        elif not (given and nproc(flag)):
-            kept.append(word)
-    return kept
+    return start_ranks(args, config.device)
 
 
 def _resumed_settings(config: LearnConfig, state: dict | None, leader: bool = True) -> LearnConfig:
@@ -533,7 +251,7 @@ def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: 
     if failure is not None:
         raise failure
     if "error" in shared:
-        _leave_the_line_to_rank_0()
+        leave_the_line_to_rank_0()
     return shared["state"], shared["stream"]
 
 

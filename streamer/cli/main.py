@@ -13,7 +13,9 @@ from streamer.cli import broker, catalogs, compare, data, demo, learn, monitor, 
 from streamer.cli.checks import check_args
 from streamer.cli.errors import UserError, caused_by, out_of_memory, storage_error
 from streamer.cli.flags import Parser
+from streamer.cli.launch import launches_ranks
 from streamer.cli.rank_process import label_rank_lines, stop_with_the_agent
+from streamer.cli.ranks import pin_rank
 from streamer.cli.runs import sigterm_before_learning
 from streamer.settings import (agent_pid, forbid_model_hub, omp_num_threads, started_by_torchrun_agent,
                                torchrun_environment)
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_with_the_agent(agent_pid())
     args = parse(argv)  # imports no torch: OpenMP's wait is set after it, before torch loads its runtime
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given: --nproc's ranks run it
-    launcher = args.command == "learn" and learn.launches_ranks(args)  # each rank decides its threads and spins
-    if args.command == "learn" and (pinned := learn.pin_rank(args)):  # a rank's share of the CPUs, before the policy
+    launcher = args.command == "learn" and launches_ranks(args)  # each rank decides its threads and spins
+    if args.command == "learn" and (pinned := pin_rank(args)):  # a rank's share of the CPUs, before the policy
         print(pinned, flush=True)
     governed = not launcher and choose_spin(getattr(args, "threads", None), omp_num_threads())  # before torch loads
     if args.command == "learn":  # from here, before torch loads (seconds); the learner's own handler takes over
