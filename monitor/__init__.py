@@ -3,5 +3,5 @@
 __all__ = [
     "accuracy", "calm", "calm_tracker", "compare", "dashboard", "detection", "dmi", "drift", "exporter",
     "figures", "forgetting", "grafana_push", "live", "losslog", "plots", "reference", "report", "results",
-    "river_state", "sink", "tracker", "view",
+    "river_state", "sink", "sums", "tracker", "view",
 ]

@@ -1,4 +1,4 @@
-"""CALM metrics (loss, ppl, ppl@sw, rec), offline from a loss log (live: monitor.calm_tracker).
+"""CALM metrics (loss, ppl, ppl@sw, rec), offline from a loss log (live: monitor.calm_tracker, the same accumulator).
 
 Definitions follow the CALM authors' ``metrics.py`` (repository germank/CALM):
 
@@ -21,7 +21,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ExactSum", "OpenFragment", "Summary", "calm_metrics", "calm_result",
+from monitor.sums import ExactSum
+
+__all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ClassTotals", "OpenFragment", "Summary", "calm_metrics", "calm_result",
            "check_params", "format_table", "markdown_cell", "perplexity", "recovery_duration"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
@@ -120,51 +122,17 @@ def calm_result(overall: Summary, per_class: list[tuple[int, Summary]], k: int, 
     return result
 
 
-class ExactSum:
-    """``math.fsum`` over a stream in O(1) memory: Shewchuk's non-overlapping partials (the algorithm
-    inside ``math.fsum``), so :meth:`value` equals ``math.fsum`` of every value added, bit for bit."""
+class ClassTotals:
+    """One class's sums over the span: its losses, its fragments, its revisits' intensities and recovery
+    durations, and the mean loss of its last closed fragment (the next revisit's threshold)."""
 
-    __slots__ = ("count", "_partials", "_specials")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._partials: list[float] = []
-        self._specials: list[float] = []  # inf, -inf, nan: at most one of each
-
-    def add(self, x: float) -> None:
-        self.count += 1
-        if not math.isfinite(x):
-            if not any(x == s or (x != x and s != s) for s in self._specials):
-                self._specials.append(x)
-            return
-        partials, i = self._partials, 0
-        for y in partials:
-            if abs(x) < abs(y):
-                x, y = y, x
-            high = x + y
-            low = y - (high - x)
-            if low:
-                partials[i] = low
-                i += 1
-            x = high
-        partials[i:] = [x]
-
-    def value(self) -> float:
-        """The correctly rounded sum (``math.fsum`` raises on inf + -inf, as here)."""
-        return math.fsum(self._partials + self._specials)
-
-    def mean(self) -> float | None:
-        return self.value() / self.count if self.count else None
-
-
-class _ClassTotals:
     __slots__ = ("name", "loss", "n_fragments", "intensity", "rec_total", "previous_mean")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, sum_type: type = ExactSum) -> None:
         self.name = name
-        self.loss = ExactSum()
+        self.loss = sum_type()
         self.n_fragments = 0
-        self.intensity = ExactSum()  # count: revisits
+        self.intensity = sum_type()  # count: revisits
         self.rec_total = 0
         self.previous_mean: float | None = None
 
@@ -176,22 +144,22 @@ class _ClassTotals:
 
 
 class OpenFragment:
-    """A fragment (or a detected segment) being read: the exact sum of its losses, its first k
-    losses, and the batches until the loss first drops below `previous_mean` (None: not a revisit,
-    no recovery counted). Shared by CalmAccumulator and monitor.detected_calm."""
+    """A fragment (or a detected segment) being read: the sum of its losses, of its first k losses,
+    and the batches until the loss first drops below `previous_mean` (None: not a revisit, no
+    recovery counted). Shared by CalmAccumulator (so CalmTracker) and monitor.detected_calm."""
 
     __slots__ = ("k", "previous_mean", "loss", "head", "duration", "recovered")
 
-    def __init__(self, k: int, previous_mean: float | None) -> None:
+    def __init__(self, k: int, previous_mean: float | None, sum_type: type = ExactSum) -> None:
         self.k, self.previous_mean = k, previous_mean
-        self.loss = ExactSum()
-        self.head: list[float] = []
+        self.loss = sum_type()
+        self.head = sum_type()  # the first k losses
         self.duration, self.recovered = 0, False
 
     def add(self, loss: float) -> None:
         self.loss.add(loss)
-        if len(self.head) < self.k:
-            self.head.append(loss)
+        if self.head.count < self.k:
+            self.head.add(loss)
         if self.previous_mean is not None and not self.recovered:
             if loss < self.previous_mean:
                 self.recovered = True
@@ -200,58 +168,67 @@ class OpenFragment:
 
     def intensity(self) -> float:
         """The mean loss of its first k batches (CALM's loss after a switch)."""
-        return math.fsum(self.head) / len(self.head)
+        return self.head.mean()
 
 
 class CalmAccumulator:
     """:func:`calm_metrics` one record at a time in O(classes + k) memory, with exactly its numbers
-    (sums as ``math.fsum``): the still-open fragment is the last one, so it counts for loss only."""
+    (sums as ``math.fsum``): the still-open fragment is the last one, so it counts for loss only.
+
+    The one implementation of the fragment, class and revisit bookkeeping: monitor.calm_tracker's
+    CalmTracker is this accumulator with compensated sums (``sum_type``), saved in checkpoints."""
+
+    sum_type: type = ExactSum  # of every sum it keeps: monitor.sums.ExactSum or CompensatedSum
 
     def __init__(self, k: int = 10, from_fragment: int = 0) -> None:
         check_params(k, from_fragment)
         self.k, self.from_fragment = k, from_fragment
-        self._classes: dict[int, _ClassTotals] = {}
-        self._loss = ExactSum()
-        self._intensity = ExactSum()
+        self._classes: dict[int, ClassTotals] = {}
+        self._loss = self.sum_type()
+        self._intensity = self.sum_type()
         self._rec_total = 0
         self._n_fragments = 0
         self._open: OpenFragment | None = None
-        self._open_at: tuple[int, int] = (-1, -1)  # (domain, sequence) of the open fragment
+        self._open_domain: int | None = None  # the class of the open fragment
+        self._span_sequence: int | None = None  # the sequence of the open (or last closed) fragment
 
     def __repr__(self) -> str:
-        return f"CalmAccumulator(k={self.k}, from_fragment={self.from_fragment})"
+        return f"{type(self).__name__}(k={self.k}, from_fragment={self.from_fragment})"
 
     def update(self, loss: float, domain: int, domain_name: str, sequence: int) -> None:
         if sequence < self.from_fragment:
             return
         loss = float(loss)
         fragment = self._open
-        if fragment is None or sequence != self._open_at[1]:
+        if fragment is None or sequence != self._span_sequence:
             self._close()
             totals = self._classes.get(domain)
             if totals is None:
-                totals = self._classes[domain] = _ClassTotals(domain_name)
+                totals = self._classes[domain] = ClassTotals(domain_name, self.sum_type)
             totals.n_fragments += 1
             self._n_fragments += 1
-            fragment = self._open = OpenFragment(self.k, totals.previous_mean)
-            self._open_at = (domain, sequence)
+            fragment = self._open = OpenFragment(self.k, totals.previous_mean, self.sum_type)
+            self._open_domain, self._span_sequence = domain, sequence
         fragment.add(loss)
-        self._classes[self._open_at[0]].loss.add(loss)
+        self._classes[self._open_domain].loss.add(loss)
         self._loss.add(loss)
 
-    def _close(self) -> None:
-        """The open fragment is not the last: a revisit scores, and its mean is the class's previous."""
+    def _close(self) -> tuple[str, float, int] | None:
+        """The open fragment is not the last: a revisit scores, and its mean is the class's previous.
+        Returns the revisit it scored (class name, intensity, recovery duration), if any."""
         fragment, self._open = self._open, None
         if fragment is None:
-            return
-        totals = self._classes[self._open_at[0]]
+            return None
+        totals, revisit = self._classes[self._open_domain], None
         if fragment.previous_mean is not None:
             intensity = fragment.intensity()
             totals.intensity.add(intensity)
             totals.rec_total += fragment.duration
             self._intensity.add(intensity)
             self._rec_total += fragment.duration
+            revisit = (totals.name, intensity, fragment.duration)
         totals.previous_mean = fragment.loss.mean()
+        return revisit
 
     def result(self) -> dict:
         """The :func:`calm_metrics` result over the records so far."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from monitor.calm import PPL_LOSS_LIMIT, ExactSum, OpenFragment, check_params, perplexity
+from monitor.calm import PPL_LOSS_LIMIT, OpenFragment, check_params, perplexity
+from monitor.sums import ExactSum
 
 __all__ = ["ESTIMATE_NOTE", "DetectedCalmAccumulator", "calm_metrics_from_detected"]
 
