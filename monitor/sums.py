@@ -17,18 +17,22 @@ class ExactSum:
     """``math.fsum`` over a stream in O(1) memory: Shewchuk's non-overlapping partials (the algorithm
     inside ``math.fsum``), so :meth:`value` equals ``math.fsum`` of every value added, bit for bit."""
 
-    __slots__ = ("count", "_partials", "_specials")
+    __slots__ = ("count", "_partials", "_specials", "_overflowed")
 
     def __init__(self) -> None:
         self.count = 0
         self._partials: list[float] = []
         self._specials: list[float] = []  # inf, -inf, nan: at most one of each
+        self._overflowed = False  # finite values whose partial sum overflowed: fsum raises
 
     def add(self, x: float) -> None:
         self.count += 1
+        if self._overflowed:
+            return
         if not math.isfinite(x):
             if not any(x == s or (x != x and s != s) for s in self._specials):
                 self._specials.append(x)
+            self._partials.clear()  # as fsum: the specials decide the sum, later finite values may still overflow
             return
         partials, i = self._partials, 0
         for y in partials:
@@ -41,9 +45,13 @@ class ExactSum:
                 i += 1
             x = high
         partials[i:] = [x]
+        self._overflowed = not math.isfinite(x)
 
     def value(self) -> float:
-        """The correctly rounded sum (``math.fsum`` raises on inf + -inf, as here)."""
+        """The correctly rounded sum (``math.fsum`` raises on inf + -inf and on an intermediate overflow,
+        as here)."""
+        if self._overflowed:
+            raise OverflowError("intermediate overflow in fsum")
         return math.fsum(self._partials + self._specials)
 
     def mean(self) -> float | None:
