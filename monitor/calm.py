@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from monitor.sums import ExactSum
 
 __all__ = ["PPL_LOSS_LIMIT", "CalmAccumulator", "ClassTotals", "OpenFragment", "Summary", "calm_metrics", "calm_result",
-           "check_params", "format_table", "markdown_cell", "perplexity", "recovery_duration"]
+           "check_params", "format_table", "markdown_cell", "perplexity", "ppl_at_switch"]
 
 PPL_LOSS_LIMIT = 20.0  # the authors' guard: ppl is inf when the mean loss reaches it
 
@@ -34,22 +34,15 @@ def perplexity(loss: float) -> float:
     return math.inf if loss >= PPL_LOSS_LIMIT else math.exp(loss)
 
 
-def _exp(value: float) -> float:
-    """exp without the 20-nat guard (ppl@sw in the CALM code), inf on overflow."""
+def ppl_at_switch(intensity: float | None) -> float | None:
+    """ppl@sw: exp of the mean loss after a switch, without ppl's 20-nat guard (as the CALM code), inf on
+    overflow; None stays None."""
+    if intensity is None:
+        return None
     try:
-        return math.exp(value)
+        return math.exp(intensity)
     except OverflowError:
         return math.inf
-
-
-def recovery_duration(losses: Iterable[float], previous_mean: float) -> int:
-    """Batches from the fragment start until the loss first drops below ``previous_mean``."""
-    duration = 0
-    for loss in losses:
-        if loss < previous_mean:
-            break
-        duration += 1
-    return duration
 
 
 def check_params(k: int, from_fragment: int) -> None:
@@ -76,7 +69,7 @@ def _metrics_entry(summary: Summary) -> dict:
     return {
         "loss": summary.loss,
         "ppl": None if summary.loss is None else perplexity(summary.loss),
-        "ppl@sw": None if summary.intensity is None else _exp(summary.intensity),
+        "ppl@sw": ppl_at_switch(summary.intensity),
         "rec": summary.rec,
         "n_batches": summary.n_batches,
         "n_fragments": summary.n_fragments,

@@ -8,10 +8,9 @@ scores the detections themselves and re-exports both names.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from monitor.calm import PPL_LOSS_LIMIT, OpenFragment, check_params, perplexity
+from monitor.calm import PPL_LOSS_LIMIT, OpenFragment, check_params, perplexity, ppl_at_switch
 from monitor.sums import ExactSum
 
 __all__ = ["ESTIMATE_NOTE", "DetectedCalmAccumulator", "calm_metrics_from_detected"]
@@ -21,15 +20,6 @@ ESTIMATE_NOTE = (
     "segment but the first and the last of the span; rec counts batches until the loss drops "
     "below the mean of the previous segment (CALM uses the previous fragment of the same class)"
 )
-
-
-def _exp(value: float | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return math.exp(value)
-    except OverflowError:
-        return math.inf
 
 
 def calm_metrics_from_detected(
@@ -115,7 +105,7 @@ class DetectedCalmAccumulator:
         return {
             "loss": loss,
             "ppl": None if loss is None else perplexity(loss),
-            "ppl@sw": _exp(intensity),
+            "ppl@sw": ppl_at_switch(intensity),
             "rec": float(self._rec_total) / scored if scored else None,
             "n_batches": self._loss.count,
             "n_segments": n_segments,
