@@ -47,7 +47,7 @@ from monitor.view import LiveView, learning_on_line, waiting_for_line
 from producers.kafka import ensure_topic
 from producers.wire import REASONS
 from streamer import checkpoint, distributed
-from streamer.checkpoint import Checkpointer
+from streamer.checkpointer import Checkpointer
 from streamer.config import LearnConfig, RunSummary
 from streamer.consumer import KafkaSource
 from streamer.loop import PrequentialLoop

@@ -233,7 +233,7 @@ def learn_with_checkpoints(records, run_dir, every_s, revoke=False):
     the model's weights then)."""
     from monitor.live import LiveMonitor
     from streamer.config import LearnConfig
-    from streamer.checkpoint import Checkpointer
+    from streamer.checkpointer import Checkpointer
     from streamer.loop import PrequentialLoop
     from tests.helpers import naive
 
@@ -340,7 +340,7 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
     import time
 
     from monitor.live import LiveMonitor
-    from streamer.checkpoint import Checkpointer
+    from streamer.checkpointer import Checkpointer
     from streamer.config import LearnConfig
     from streamer.learner import _consume
     from streamer.loop import PrequentialLoop
