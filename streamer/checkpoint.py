@@ -1,4 +1,5 @@
-"""One checkpoint module: `save(path, state)` and `load(path) -> dict`, nothing else writes or reads one.
+"""One checkpoint module: `save(path, state)` and `load(path) -> dict`, nothing else writes or reads one;
+the layout of the dict, which no other module names.
 
 A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
 
@@ -13,6 +14,8 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
                     holding them is written, so Kafka's committed offsets never run ahead of it; a restart
                     reads every partition from here (streamer.consumer.SeekOnAssign), not from Kafka's
     step            batches learned
+    order           the MULTI reference (streamer.multitask, no loop, tracker or offsets of a topic): the
+                    shuffled order it learned the stream's batches in
     tracker         the metric tracker's state (monitor.live.LiveMonitor.state_dict), when it has one
     labels          classifiers: the label names in head-row order
     world_size      distributed runs (streamer.distributed): the number of ranks that wrote it
@@ -24,6 +27,8 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
 A run copies its state at a snapshot point (`copied`: every tensor cloned, on the event loop) and
 writes the copy from a background thread while the next steps run (streamer.checkpointer.Checkpointer).
 
+The layout is built (run_checkpoint, reference_checkpoint) and read (CheckpointView, RankPart) here.
+
 Written to a temporary file in the same directory, flushed, fsynced and renamed over the old one, so a
 crash leaves either the previous checkpoint or the new one. Read with torch.load(weights_only=True):
 tensors and plain values only, never a pickled object.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import os
 import random
@@ -45,7 +51,8 @@ import numpy as np
 import torch
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "save", "load", "copied", "rng_state", "set_rng_state",
-           "plain", "to_bytes", "from_bytes", "save_gathered", "on_device"]
+           "plain", "to_bytes", "from_bytes", "save_gathered", "on_device", "run_checkpoint", "reference_checkpoint",
+           "RankPart", "CheckpointView"]
 
 # 2: a partition's offsets in the batcher's carry-over are a dict (streamer.offsets.OffsetTracker); a
 # streamer of format 1 read them as a list without an error, and read on from nonsense: it refuses them now
@@ -206,24 +213,21 @@ def from_bytes(data: bytes):
 
 
 def save_gathered(path: str | os.PathLike, state: dict, ranks, gathered=None) -> bool:
-    """Every rank calls it at the same step with its own `state` (Checkpointer.state): rank 0 gathers
-    each rank's loop, strategy and RNG state and writes the checkpoint; True on every rank once it is
-    on disk (the offsets may then be committed), False when rank 0 failed (it then raises). Rank 0
-    hands the parts (a list in rank order) to `gathered`, when given, before it writes them.
+    """Every rank calls it at the same step with its own `state` (run_checkpoint's, copied): rank 0
+    gathers each rank's loop, strategy and RNG state and writes the checkpoint; True on every rank once
+    it is on disk (the offsets may then be committed), False when rank 0 failed (it then raises). Rank 0
+    hands the parts (RankPart views, in rank order) to `gathered`, when given, before it writes them.
     Blocking collectives: call it in the loop's worker thread."""
-    own = {"loop": state["loop"], "strategy": state["strategy"], "rng": state["rng"]}
+    own = _part_to_gather(state)
     parts = ranks.gather_bytes(b"" if ranks.leader else to_bytes(own))
     failure = None
     if ranks.leader:
         every = [own] + [from_bytes(part) for part in parts[1:]]
         if gathered is not None:
-            gathered(every)
-        offsets = {}
-        for part in every:
-            offsets.update({f"{topic}:{partition}": offset
-                            for (topic, partition), offset in part["loop"]["offsets"].items()})
+            gathered([RankPart(part) for part in every])
+        whole = _gathered_checkpoint(state, every, ranks.world)
         try:
-            save(path, {**state, "offsets": offsets, "world_size": ranks.world, "ranks": every})
+            save(path, whole)
         except Exception as exc:  # noqa: BLE001 - told to every rank, then raised here
             failure = exc
     written = ranks.all_true(failure is None)
@@ -266,3 +270,107 @@ def plain(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)  # a Path, a device
+
+
+# The layout of the module docstring's table: built and read here only, so that no other module names a key
+# of it (a checkpoint written before and one written after a change of this code have the same keys, in the
+# same order).
+
+def run_checkpoint(config, *, model: dict, strategy: dict, rng: dict, loop: dict, step: int, tracker,
+                   labels=None) -> dict:
+    """A learning run's checkpoint (its tensors the run's own: `copied` before the run goes on): `config`
+    its LearnConfig, `loop` streamer.loop's state_dict (the next offset per partition is the checkpoint's
+    "offsets"), `tracker` the monitor's state, `labels` classifiers' label names in head-row order."""
+    state = {"config": plain(config), "model": model, "strategy": strategy, "rng": rng, "loop": loop,
+             "offsets": _offsets_by_name(loop["offsets"]), "step": step, "tracker": tracker}
+    if labels is not None:
+        state["labels"] = list(labels)
+    return state
+
+
+def reference_checkpoint(config, *, model: dict, strategy: dict, rng: dict, step: int, order: list[int]) -> dict:
+    """The MULTI reference's checkpoint (streamer.multitask): learned offline from the stream's batches in
+    the shuffled `order`, so no loop, tracker or offsets of a topic read (its "offsets" are {})."""
+    return {"config": plain(config), "model": model, "strategy": strategy, "rng": rng, "step": step, "order": order,
+            "offsets": {}}
+
+
+def _part_to_gather(state: dict) -> dict:
+    """What a rank sends rank 0 of its run_checkpoint `state`: its loop, strategy and RNG states."""
+    return {"loop": state["loop"], "strategy": state["strategy"], "rng": state["rng"]}
+
+
+def _gathered_checkpoint(state: dict, parts: list[dict], world: int) -> dict:
+    """Rank 0's run_checkpoint `state` with every rank's `parts` (_part_to_gather's, in rank order): the
+    offsets of every rank's partitions, the number of ranks, and the parts themselves."""
+    offsets = {}
+    for part in parts:
+        offsets.update(_offsets_by_name(RankPart(part).loop_offsets))
+    return {**state, "offsets": offsets, "world_size": world, "ranks": parts}
+
+
+def _offsets_by_name(offsets: dict) -> dict:
+    """{(topic, partition): offset} as a checkpoint's "offsets" hold it: {"topic:partition": offset}."""
+    return {f"{topic}:{partition}": offset for (topic, partition), offset in offsets.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPart:
+    """What one rank resumes from, of a checkpoint (load's dict, or run_checkpoint's): its strategy, loop
+    and RNG states. A one-process run's is the checkpoint's top level; a distributed run's top level holds
+    rank 0's, and "ranks" every rank's. Each is read when asked (a part without it fails there)."""
+
+    state: dict
+
+    @property
+    def strategy(self) -> dict:
+        return self.state["strategy"]
+
+    @property
+    def loop(self) -> dict:
+        return self.state["loop"]
+
+    @property
+    def loop_offsets(self) -> dict:
+        """{(topic, partition): next offset} of the partitions this part's loop read."""
+        return self.state["loop"]["offsets"]
+
+    @property
+    def rng(self) -> dict:
+        return self.state["rng"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointView:
+    """A checkpoint's dict (load's, or run_checkpoint's) read by the names of its parts; each read when
+    asked, so a checkpoint without one fails (or, for the optional ones, defaults) where it is read."""
+
+    state: dict
+
+    @property
+    def config(self) -> dict:
+        """The run's LearnConfig as plain values ({} when it has none)."""
+        return self.state.get("config", {})
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    @property
+    def offsets(self) -> dict:
+        """{"topic:partition": next offset to read}."""
+        return self.state["offsets"]
+
+    @property
+    def tracker(self):
+        """The metric tracker's state, or None."""
+        return self.state.get("tracker")
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that wrote it: 1 for a one-process run."""
+        return self.state.get("world_size", 1)
+
+    def part(self, rank: int | None = None) -> RankPart:
+        """Rank `rank`'s part of a distributed run's checkpoint; None: a one-process run's (the top level)."""
+        return RankPart(self.state if rank is None else self.state["ranks"][rank])

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from streamer.checkpoint import copied, plain, rng_state, save, save_gathered
+from streamer.checkpoint import CheckpointView, RankPart, copied, rng_state, run_checkpoint, save, save_gathered
 from streamer.spin import in_passing
 
 __all__ = ["Checkpointer"]
@@ -79,14 +79,9 @@ class Checkpointer:
     def _copy(self) -> dict:
         loop = self.loop
         looped = loop.state_dict()
-        state = {
-            "config": plain(self.config), "model": loop.strategy.model.state_dict(),
-            "strategy": loop.strategy.state_dict(), "rng": rng_state(), "loop": looped,
-            "offsets": {f"{topic}:{partition}": offset for (topic, partition), offset in looped["offsets"].items()},
-            "step": loop.step, "tracker": self.monitor.state_dict(),
-        }
-        if self.labels is not None:
-            state["labels"] = list(self.labels())
+        state = run_checkpoint(self.config, model=loop.strategy.model.state_dict(), strategy=loop.strategy.state_dict(),
+                               rng=rng_state(), loop=looped, step=loop.step, tracker=self.monitor.state_dict(),
+                               labels=None if self.labels is None else self.labels())
         return copied(state)  # the next steps and the event loop go on changing the originals
 
     def start(self) -> None:
@@ -133,9 +128,10 @@ class Checkpointer:
         started = time.perf_counter()
         await asyncio.get_running_loop().run_in_executor(self._writer, save, self.path, state)
         self.write_s = time.perf_counter() - started
-        self.written_at, self.last_written, self.step_written = time.monotonic(), time.time(), state["step"]
+        self.written_at, self.last_written = time.monotonic(), time.time()
+        self.step_written = CheckpointView(state).step
         self.monitor.checkpointed(self.last_written)
-        await self.loop.commit(state["loop"]["offsets"])  # refused (a rebalance): the checkpoint holds them
+        await self.loop.commit(RankPart(state).loop_offsets)  # refused (a rebalance): the checkpoint holds them
 
     def _gathered(self, state: dict) -> asyncio.Future:
         """save_gathered queued in the loop's worker now, before the next step's collectives."""
@@ -153,7 +149,7 @@ class Checkpointer:
         if self.ranks.leader:
             self.written_at, self.last_written = time.monotonic(), time.time()
             self.monitor.checkpointed(self.last_written)
-        await self.loop.commit(state["loop"]["offsets"])  # this rank's partitions
+        await self.loop.commit(RankPart(state).loop_offsets)  # this rank's partitions
 
     def abandon(self) -> None:
         """The run ends with an error of its own: the write in flight (if any) is not waited for, and its

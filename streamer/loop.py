@@ -63,6 +63,7 @@ from monitor.results import BatchTruth, StepResult
 from producers.wire import stream_id
 from streamer import distributed
 from streamer.batching import ReadyBatch, vote
+from streamer.checkpoint import RankPart
 from streamer.source import Source, SourceError
 from streamer.spin import outlast
 from streamer.step import prequential_step
@@ -568,13 +569,13 @@ class PrequentialLoop:
         if parts is not None:
             self._reports = {rank: _report_from(part) for rank, part in enumerate(parts) if rank != self.ranks.rank}
 
-    def checkpointed_parts(self, parts: list[dict]) -> None:
+    def checkpointed_parts(self, parts: list[RankPart]) -> None:
         """Rank 0, from the worker thread that gathered a checkpoint's `parts` (every rank's, in rank order):
         the other ranks' records, dead letters and records read again as that checkpoint holds them, their
         lag as last reported.
         The checkpoint after the stop holds what the ranks read after the stop's report: the run's last
         figures count it. Never raises (a checkpoint is not failed for a figure shown)."""
-        counts = {rank: (part["loop"]["records"], dict(part["loop"]["dead_letters"]), part["loop"].get("read_again", 0))
+        counts = {rank: (part.loop["records"], dict(part.loop["dead_letters"]), part.loop.get("read_again", 0))
                   for rank, part in enumerate(parts) if rank != self.ranks.rank}  # not the parts' tensors
 
         def take() -> None:

@@ -149,8 +149,8 @@ def run_multitask(config, manifest: dict, records=None, *, detector: str = "page
     with LossLogWriter(config.run_dir / "losses.jsonl") as log:
         for index, result in enumerate(results):
             log.write({**monitor.observe(result), "trained_at": trained_at[index]})
-    checkpoint.save(config.run_dir / "checkpoint.pt", {
-        "config": checkpoint.plain(config), "model": strategy.model.state_dict(), "strategy": strategy.state_dict(),
-        "rng": checkpoint.rng_state(), "step": len(batches), "order": order, "offsets": {}})
+    checkpoint.save(config.run_dir / "checkpoint.pt", checkpoint.reference_checkpoint(
+        config, model=strategy.model.state_dict(), strategy=strategy.state_dict(), rng=checkpoint.rng_state(),
+        step=len(batches), order=order))
     return RunSummary(len(batches), sum(r.tokens for r in results), time.monotonic() - started,
                       "end_of_stream", {}, config.run_dir)
