@@ -47,7 +47,7 @@ from producers.kafka import produce  # noqa: E402
 from producers.wire import Record  # noqa: E402
 from streamer.batching import Batcher  # noqa: E402
 from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
-from streamer.checkpoint import load  # noqa: E402
+from streamer.checkpoint import CheckpointView, load  # noqa: E402
 
 UNBOUNDED = 1 << 20  # --keep-windows of the baseline: above what any stream holds here
 TOPIC = "rereading"
@@ -111,10 +111,10 @@ def learn(bootstrap: str, run_dir: Path, keep: int, hidden: int, batches: int, t
             why = f"ran past {timeout_s:g} s" if late else f"exited {process.returncode}"
             raise SystemExit(f"streamer learn --keep-windows {keep} {why} (before its first batch: "
                              f"{at_first is None}):\n{output.read()[-2000:]}")
-    state = load(run_dir / "checkpoint.pt")
+    saved = CheckpointView(load(run_dir / "checkpoint.pt"))
     losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime - at_first,
-            "batches": state["step"], "read_again": state["loop"]["read_again"], "losses": losses}
+            "batches": saved.step, "read_again": saved.part().loop["read_again"], "losses": losses}
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -237,7 +237,7 @@ def checkpoint_step(path: Path, seen: dict) -> int:
         from streamer import checkpoint
 
         try:
-            seen["step"], seen["stamp"] = checkpoint.load(path)["step"], stamp
+            seen["step"], seen["stamp"] = checkpoint.CheckpointView(checkpoint.load(path)).step, stamp
         except Exception:  # noqa: BLE001 - replaced while read: the next poll reads the new one
             return seen.get("step", 0)
     return seen.get("step", 0)
@@ -415,7 +415,7 @@ def soak(args, root: Path, log=print) -> dict:
     from streamer import checkpoint  # torch: only once the learners are done
 
     last = run_dir / "checkpoint.pt"  # (none when the deadline stopped the first learner before its first)
-    read_to = checkpoint.load(last)["offsets"].get(f"{TOPIC}:0", 0) if last.exists() else 0
+    read_to = checkpoint.CheckpointView(checkpoint.load(last)).offsets.get(f"{TOPIC}:0", 0) if last.exists() else 0
     figures = account(produced, letters, read_to, audit_log(run_dir / "losses.jsonl", total), total,
                       code == 0 and not stopped, good)
     figures.update(

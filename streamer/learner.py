@@ -190,7 +190,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             counters = _counters_continue(config.run_dir, resume)
             if monitor.metrics is not None and not counters:
                 log(f"metrics: the counters start at 0 (the run's last learner did not stop at its checkpoint's "
-                    f"batch {resume.get('step')}: Prometheus may have scraped more); the gauges continue")
+                    f"batch {checkpoint.CheckpointView(resume).step}: Prometheus may have scraped more); the gauges "
+                    "continue")
             in_passing(restore, resume, loop, monitor, ranks, counters)
             if leader and checkpointer.path.exists():  # the console shows its age until the next one
                 monitor.checkpointed(checkpointer.path.stat().st_mtime)
@@ -282,7 +283,8 @@ def _counters_continue(run_dir: Path, state: dict) -> bool:
     last scrape, and counters that came back lower than they were, not at 0, counted twice in every
     increase() over the restart: they start at 0 then (see PrometheusSink.load_state_dict)."""
     status = read_status(run_dir / STATUS_FILE)
-    return status is not None and status.activity == "stopped" and status.batches == state.get("step")
+    return status is not None and status.activity == "stopped" \
+        and status.batches == checkpoint.CheckpointView(state).step
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None, counters: bool = True) -> None:
@@ -291,17 +293,18 @@ def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None
     the random generators (nothing draws from them between here and the first step). The strategy's
     tensors go to the batches' device (a checkpoint loads on the CPU). Ranks: each takes its own
     part of the checkpoint (written by as many ranks)."""
-    own = state if ranks is None else state["ranks"][ranks.rank]
+    saved = checkpoint.CheckpointView(state)
+    own = saved.part(None if ranks is None else ranks.rank)
     try:
-        loop.strategy.load_state_dict(checkpoint.on_device(own["strategy"], loop.batcher.device))
+        loop.strategy.load_state_dict(checkpoint.on_device(own.strategy, loop.batcher.device))
     except (ValueError, RuntimeError, KeyError) as exc:  # another layout or shape: one line, not a traceback
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = "" if "--fresh" in reason else "; --fresh starts the run over"
         raise checkpoint.CheckpointError(f"cannot resume from the checkpoint: {reason}{hint}") from None
-    loop.load_state_dict(own["loop"])
-    if state.get("tracker") is not None:
-        monitor.load_state_dict(state["tracker"], counters=counters)
-    checkpoint.set_rng_state(own["rng"])
+    loop.load_state_dict(own.loop)
+    if saved.tracker is not None:
+        monitor.load_state_dict(saved.tracker, counters=counters)
+    checkpoint.set_rng_state(own.rng)
 
 
 async def _until_learned(tasks: list, loop: PrequentialLoop) -> None:

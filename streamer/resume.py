@@ -3,7 +3,7 @@ aside on purpose (--fresh), and one learner at a time in a directory (a lock the
 process dies, even by SIGKILL).
 
     state = resume_state(run_dir, config)   # None: no checkpoint; ValueError naming the keys that differ
-    trim_logs(run_dir, state["step"])       # losses.jsonl (rotated files too) and probes.jsonl
+    trim_logs(run_dir, CheckpointView(state).step)  # losses.jsonl (rotated files too) and probes.jsonl
 """
 
 from __future__ import annotations
@@ -115,12 +115,12 @@ def resume_state(run_dir: Path, config) -> dict | None:
         state = checkpoint.load(path, map_location="cpu")
     except (checkpoint.CheckpointError, OSError, RuntimeError) as exc:
         raise ValueError(f"cannot resume from {path}: {exc}; use --fresh to start over") from None
-    differ = differing_keys(state.get("config", {}), config)
+    saved, current = checkpoint.CheckpointView(state).config, checkpoint.plain(config)
+    differ = differing_keys(saved, config)
     if differ:
-        shown = ", ".join(f"{key} {state['config'][key]!r} -> {checkpoint.plain(config).get(key)!r}" for key in differ)
+        shown = ", ".join(f"{key} {saved[key]!r} -> {current.get(key)!r}" for key in differ)
         raise ValueError(f"{path} is a run of another configuration ({shown}); "
                          f"use --fresh to start over or another --run-dir")
-    saved, current = state.get("config", {}), checkpoint.plain(config)
     other = [key for key in STREAM_KEYS if saved.get(key) not in (None, []) and current.get(key) not in (None, [])
              and saved[key] != current[key]]  # (None, no classes: no manifest, a topic's records as they come)
     if other:

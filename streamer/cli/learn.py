@@ -211,9 +211,11 @@ def _resumed_settings(config: LearnConfig, state: dict | None, leader: bool = Tr
     seed and drift detector (the checkpoint's random generators and detector state go on): each said in
     one line when the flags differ, and recorded as the run's (config.json, results.json said a --seed or
     --detector that was not used)."""
-    from streamer.resume import kept_settings  # (torch: imported only where a run starts)
+    from streamer.checkpoint import CheckpointView  # (torch: imported only where a run starts)
+    from streamer.resume import kept_settings
 
-    kept = kept_settings((state or {}).get("config") or {}, config)  # which keys: streamer.resume's KEPT_KEYS
+    saved = CheckpointView(state).config if state else {}
+    kept = kept_settings(saved or {}, config)  # which keys: streamer.resume's KEPT_KEYS
     for key, value in kept.items() if leader else ():
         flag, what = _KEPT_SAID[key]
         print(f"{flag}: the run continues with {what.format(value)} (not {getattr(config, key)}); "
@@ -296,6 +298,7 @@ def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
 
 
 def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
+    from streamer.checkpoint import CheckpointView
     from streamer.resume import check_set_aside, resume_state
 
     where = f"topic {config.topic}, group {config.group_id}, run dir {config.run_dir}"
@@ -310,7 +313,7 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
         state = resume_state(config.run_dir, config)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    saved = world if state is None else state.get("world_size", 1)
+    saved = world if state is None else CheckpointView(state).world_size
     if saved != world:
         raise UserError(f"{config.run_dir} holds the checkpoint of a run of {saved} rank(s); continue it with "
                         f"--nproc {saved} (or torchrun --nproc-per-node {saved}), or start over with --fresh")
@@ -318,6 +321,7 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
         print(f"{where}: no checkpoint yet; a new run reads the topic from its beginning (where the group has "
               "committed no offsets: those are another model's)", flush=True)
     else:
-        print(f"{where}: resuming from the checkpoint at batch {state['step']} "
-              f"(offsets {', '.join(f'{tp}={offset}' for tp, offset in sorted(state['offsets'].items()))})", flush=True)
+        resumed = CheckpointView(state)
+        print(f"{where}: resuming from the checkpoint at batch {resumed.step} "
+              f"(offsets {', '.join(f'{tp}={offset}' for tp, offset in sorted(resumed.offsets.items()))})", flush=True)
     return state
