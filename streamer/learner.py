@@ -283,8 +283,8 @@ def _counters_continue(run_dir: Path, state: dict) -> bool:
     last scrape, and counters that came back lower than they were, not at 0, counted twice in every
     increase() over the restart: they start at 0 then (see PrometheusSink.load_state_dict)."""
     status = read_status(run_dir / STATUS_FILE)
-    return status is not None and status.activity == "stopped" \
-        and status.batches == checkpoint.CheckpointView(state).step
+    return (status is not None and status.activity == "stopped"
+            and status.batches == checkpoint.CheckpointView(state).step)
 
 
 def restore(state: dict, loop: PrequentialLoop, monitor: LiveMonitor, ranks=None, counters: bool = True) -> None:

@@ -215,7 +215,7 @@ def _resumed_settings(config: LearnConfig, state: dict | None, leader: bool = Tr
     from streamer.resume import kept_settings
 
     saved = CheckpointView(state).config if state else {}
-    kept = kept_settings(saved or {}, config)  # which keys: streamer.resume's KEPT_KEYS
+    kept = kept_settings(saved, config)  # which keys: streamer.resume's KEPT_KEYS
     for key, value in kept.items() if leader else ():
         flag, what = _KEPT_SAID[key]
         print(f"{flag}: the run continues with {what.format(value)} (not {getattr(config, key)}); "
