@@ -38,7 +38,6 @@ from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedErr
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
 from producers.wire import MAX_RECORD_BYTES, WireError, dead_letter_copy, decode, encode
-from streamer.settings import kafka_client_options
 from streamer.source import Fetched, SourceError  # (the loop's side of the line; here re-exported)
 
 __all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign", "learner_group"]
@@ -124,13 +123,16 @@ class KafkaSource:
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
                  *, max_records: int = 2000, dead_letter: bool = True,
                  max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None,
-                 security=None, on_revoke=None, broker_timeout_s: float = 60.0, session_timeout_ms: int = 6000,
-                 heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0, commit_timeout_s: float = 10.0,
-                 join_timeout_s: float = 60.0, partitions=None, rank_0_of: int | None = None):
+                 security=None, client_options: dict | None = None, on_revoke=None, broker_timeout_s: float = 60.0,
+                 session_timeout_ms: int = 6000, heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0,
+                 commit_timeout_s: float = 10.0, join_timeout_s: float = 60.0, partitions=None,
+                 rank_0_of: int | None = None):
         """`max_record_bytes`: larger records are dead-lettered as too_large (None: no limit).
         `dead_letter_timeout_s`: the longest a dead-letter send may hold up fetching; then it counts as
         failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
-        `security`: a producers.security.KafkaSecurity for the consumer and the dead-letter producer alike.
+        `security`: the producers.security.KafkaSecurity the refusal of our credentials names (one line);
+        `client_options`: its aiokafka keyword arguments, the password resolved by the caller
+        (streamer.settings.kafka_client_options; None: none, plaintext), for every client of the source.
         `on_revoke`: an async callable awaited when partitions are revoked from a started learner (a
         rebalance), e.g. Checkpointer.on_revoke; settable as an attribute until start().
         `broker_timeout_s`: how long start() retries a broker that does not answer (then SourceError).
@@ -158,7 +160,7 @@ class KafkaSource:
         self._sought: set = set()  # the partitions `seek` moved during the fetch in progress
         self._asked_ends: dict = {}  # {TopicPartition: its end as the broker said} while held, until fetched as far
         self._asking: asyncio.Task | None = None  # the request for them in flight (_ask_held_ends)
-        self._client_options = kafka_client_options(security)  # ValueError: a password that is not there
+        self._client_options = client_options or {}
         self._security = security
         self.on_revoke = on_revoke
         self.broker_timeout_s, self.probe_timeout_s, self.commit_timeout_s = broker_timeout_s, probe_timeout_s, commit_timeout_s

@@ -159,12 +159,13 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         monitor.total_batches = shown_total
     if view is None:
         view = LiveView(console=console if config.live_view else Console(force_terminal=False), enabled=leader)
+    client_options = kafka_client_options(config.kafka_security)  # ValueError: a password that is not there
     if producer is not None:  # the topic must exist before the consumer subscribes
-        await ensure_topic(config.bootstrap_servers, config.topic,
-                           client_options=kafka_client_options(config.kafka_security),
+        await ensure_topic(config.bootstrap_servers, config.topic, client_options=client_options,
                            broker_timeout_s=config.broker_timeout_s, log=log)
     source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
                          max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
+                         client_options=client_options,
                          broker_timeout_s=config.broker_timeout_s,
                          partitions=None if ranks is None else ranks.partitions(config.streams),
                          rank_0_of=ranks.world if ranks is not None and ranks.leader else None)

@@ -87,7 +87,8 @@ def test_tls_and_sasl_options_reach_every_aiokafka_client(tls_files, monkeypatch
     made = asyncio.run(client())
     assert made._security_protocol == "SASL_SSL" and made._sasl_mechanism == "SCRAM-SHA-512"
     assert made._ssl_context is context
-    source = KafkaSource("127.0.0.1:1", "t", "g", security=security)  # consumer and dead-letter producer
+    source = KafkaSource("127.0.0.1:1", "t", "g", security=security,  # consumer and dead-letter producer
+                         client_options=options)
     assert source._client_options["sasl_plain_password"] == SECRET
     with pytest.raises(ValueError, match="TLS files cannot be loaded"):
         kafka_client_options(dataclasses.replace(security, ca_file=str(tls_files / "ca.key")))
