@@ -227,7 +227,7 @@ def _fatal_errors() -> tuple[type[BaseException], ...]:
     from producers.kafka import ProduceError
     from producers.schedule import ScheduleError
     from streamer.broker import BrokerError
-    from streamer.consumer import SourceError
+    from streamer.source import SourceError
 
     return CompareError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError
 

@@ -1,4 +1,6 @@
-"""The Kafka side of the learner: the only module of streamer/ that imports aiokafka.
+"""The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses are the
+modules of streamer/ that import aiokafka: streamer.learner_group (who may learn in the group) and
+streamer.assignment (where each assigned partition is read from).
 
 Fetches in batches, decodes wire records, dead-letters bad ones (sent to
 `<topic>.dlq` as producers.wire.dead_letter_copy makes them, when the learner takes
@@ -9,85 +11,36 @@ commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
-and so is its learner group (`<group>.learner`, learner_group), where each learner is one member whatever
-its processes (ranks take their partitions by assignment and are no members of the group: their rank 0
-stands for them there); another learner in either is refused (SourceError: one learner per group), and so is a
-new run (no checkpoint, not --fresh) in a group that has committed offsets on the topic: the model
-that learned up to them is elsewhere. Every partition is read from the learner's own offset, or from
-the earliest one: never from the group's committed offset. Afterwards
-`reachable()` tells the loop whether the broker answers, and a rebalance hands the learner's state
-over (`on_revoke`) and seeks to the learner's own offsets (SeekOnAssign); it never raises.
+and so is its learner group, and another learner is refused (streamer.learner_group). Every partition
+is read from the learner's own offset, or from the earliest one: never from the group's committed
+offset (streamer.assignment). Afterwards `reachable()` tells the loop whether the broker answers, and a
+rebalance hands the learner's state over (`on_revoke`) and seeks to the learner's own offsets
+(SeekOnAssign); it never raises.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
 import sys
 import time
 from typing import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedError, IllegalStateError,
                              KafkaConnectionError, KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError)
 
 from producers.kafka import closed_quietly
 from producers.security import authentication_failed, is_refusal
 from producers.wire import MAX_RECORD_BYTES, WireError, dead_letter_copy, decode, encode
-from streamer.source import Fetched, SourceError  # (the loop's side of the line; here re-exported)
+from streamer.assignment import SeekOnAssign, deleted_unread, not_this_log, place_out_of_range, seek_to_own
+from streamer.learner_group import Membership
+from streamer.source import Fetched, SourceError
 
-__all__ = ["KafkaSource", "SourceError", "Fetched", "SeekOnAssign", "learner_group"]
+__all__ = ["KafkaSource", "quiet_abandoned_commits"]
 
 
 UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
-
-
-def learner_group(group_id: str) -> str:
-    """The group each learner reading in consumer group `group_id` joins as one member: a one-process learner
-    beside its consumer, a learner of ranks by its rank 0 alone (its ranks read by assignment, so the group
-    itself never sees them; they cannot join it, whose coordinator would share its partitions out among them).
-    Its members take no partitions, fetch and commit nothing (_NoPartitions)."""
-    return f"{group_id}.learner"
-
-
-class _NoPartitions(AbstractPartitionAssignor):
-    """The assignor of a learner group: every member gets no partition, so its consumer holds a membership
-    (heartbeats while the learner runs, a LeaveGroup at its stop, a session that expires after a kill -9)
-    and never fetches. A partition assigned, aiokafka would fetch it ahead of any getmany."""
-
-    name = "streamer-learner"
-    version = 0
-
-    @classmethod
-    def assign(cls, cluster, members) -> dict:
-        return {member: ConsumerProtocolMemberAssignment(cls.version, [], b"") for member in members}
-
-    @classmethod
-    def metadata(cls, topics) -> ConsumerProtocolMemberMetadata:
-        return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), b"")
-
-    @classmethod
-    def on_assignment(cls, assignment) -> None:
-        pass
-
-
-def _processes_of(member) -> int | None:
-    """The processes of the learner a learner group's member stands for, from the client id it joined with
-    (`streamer-learner-N`): Kafka says the client id, Tansu only puts it first in the member id. None: not
-    a streamer learner's member."""
-    member_id, client_id = member[0], member[1]
-    found = re.match(r"streamer-learner-(\d+)(?!\d)", client_id or member_id)
-    return None if found is None else int(found.group(1))
-
-
-def _learner(processes: int | None) -> str:
-    if processes is None:
-        return "a learner"
-    return "a learner of one process" if processes == 1 else f"a learner of {processes} ranks"
 
 
 def _stderr(line: str) -> None:
@@ -144,7 +97,8 @@ class KafkaSource:
         still committed under `group_id`): a list, or partitions(count) -> list given the topic's
         partition count (a rank of a distributed learner, streamer.distributed), whose ValueError is
         SourceError. `rank_0_of`: with `partitions`, this is rank 0 of a learner of that many ranks, and
-        joins learner_group(group_id) for all of them (the other ranks give None; one process always joins)."""
+        joins the learner group (streamer.learner_group) for all of them (the other ranks give None; one
+        process always joins)."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.group_id = group_id
@@ -183,14 +137,14 @@ class KafkaSource:
         {(topic, partition): next offset} (the learner's own: a checkpoint's, then what it has read);
         a partition it has no position for starts at the earliest offset. `new_run`: the run has no
         checkpoint and was not asked to start over (--fresh), so start() refuses a group that has
-        committed offsets on the topic (_refuse_if_elsewhere)."""
+        committed offsets on the topic (Membership.refuse_if_elsewhere)."""
         self._seek_positions, self._new_run = positions, new_run
 
     async def start(self) -> None:
         """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
         SourceError naming the address), wait for the topic to exist (said in one line), join the group
-        and the learner group, and refuse (SourceError) when another learner is in either (_refuse_if_shared),
-        or when the group's committed offsets belong to a model that is not this run's (_refuse_if_elsewhere)."""
+        and the learner group, and refuse (SourceError) when another learner is in either, or when the
+        group's committed offsets belong to a model that is not this run's (_refuse_other_learners)."""
         quiet_abandoned_commits(asyncio.get_running_loop())
         admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
         try:
@@ -213,8 +167,7 @@ class KafkaSource:
                                               deleted=self._deleted, refuse=self._refuse)
                 self._consumer.subscribe([self.topic], listener=self._listener)
                 await self._joined()
-                await self._refuse_if_shared(admin)
-                await self._refuse_if_elsewhere(admin)
+                await self._refuse_other_learners(admin)
             if self.dead_letter:
                 self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **self._client_options)
                 await self._started(self._producer.start())
@@ -228,21 +181,6 @@ class KafkaSource:
             raise
         finally:
             await closed_quietly(admin.close())
-
-    def _learner_member(self) -> AIOKafkaConsumer:
-        """This learner's member of its learner group: subscribed to the topic (a member must subscribe to
-        something), given no partitions (_NoPartitions), named by its client id (_processes_of)."""
-        member = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers, group_id=learner_group(self.group_id),
-            client_id=f"streamer-learner-{self._processes}", enable_auto_commit=False, request_timeout_ms=15_000,
-            session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
-            partition_assignment_strategy=(_NoPartitions,),
-            # It never polls: aiokafka leaves the group after this long without a getmany (a limit of the
-            # client's own, not sent to the broker), and a daemon learner runs for months.
-            max_poll_interval_ms=100 * 365 * 24 * 3600 * 1000, **self._client_options,
-        )
-        member.subscribe([self.topic])
-        return member
 
     async def _admin(self) -> AIOKafkaAdminClient:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=10_000,
@@ -306,7 +244,7 @@ class KafkaSource:
 
     async def _assigned(self, admin) -> None:
         """Take `partitions` by assignment and seek each to the learner's own offset, else the earliest
-        (refused first when the group's committed offsets are another model's: _refuse_if_elsewhere)."""
+        (refused first when the group's committed offsets are another model's: _refuse_other_learners)."""
         chosen = self.partitions
         if callable(chosen):
             async with asyncio.timeout(self.broker_timeout_s):
@@ -316,8 +254,7 @@ class KafkaSource:
             except ValueError as exc:
                 raise SourceError(f"topic {self.topic}: {exc}", every_rank=True) from None
         await self._joined()
-        await self._refuse_if_shared(admin)
-        await self._refuse_if_elsewhere(admin)
+        await self._refuse_other_learners(admin)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
         await seek_to_own(self._consumer, assigned, self._seek_positions(), self._deleted)
@@ -342,79 +279,32 @@ class KafkaSource:
             raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
                               f"{limit:g} s") from None
 
+    def _membership(self) -> Membership:
+        """This learner in its group and its learner group, as the rules of streamer.learner_group see it."""
+        return Membership(self.bootstrap_servers, self.topic, self.group_id, subscribed=self.partitions is None,
+                          processes=self._processes, describe_timeout_s=self.probe_timeout_s * 5)
+
+    def _learner_member(self) -> AIOKafkaConsumer:
+        return self._membership().learner_member(self._client_options, self.session_timeout_ms,
+                                                 self.heartbeat_interval_ms)
+
     async def _learner_joined(self) -> None:
-        """Start this learner's member of its learner group. A broker whose ACLs let this user into the
-        group but not into the learner group: said in one line, and no other learner is looked for there
-        (as where the broker cannot describe groups), rather than a learner that no longer starts."""
+        """Start this learner's member of its learner group; one the broker does not authorize is said in a
+        line (Membership.not_authorized) and left."""
         try:
             await self._started(self._member.start())
         except GroupAuthorizationFailedError:
             member, self._member = self._member, None
             await closed_quietly(member.stop())
-            self._log(f"group {learner_group(self.group_id)} on {self.bootstrap_servers}: not authorized, so no other "
-                      f"learner in group {self.group_id} is looked for there; allow this user that group as well")
+            self._log(self._membership().not_authorized())
 
-    async def _refuse_if_shared(self, admin) -> None:
-        """SourceError when another learner reads in the group now that we joined (members that died were
-        dropped by our joins): two learners in one group would split its partitions, or (ranks, which the
-        group never sees) both read all of them and commit over each other. Only groups this learner has
-        just joined are described, since Tansu still lists a group's first member after it has left, until
-        the next join: the group itself (a one-process learner's) and the learner group (every learner's).
-        Under ranks only rank 0 decides; PrequentialLoop's start makes its refusal every rank's."""
-        if self.partitions is None:
-            members = await self._members(admin, self.group_id)
-            if len(members) > 1:
-                raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {len(members) - 1} other "
-                                  f"running member(s): another learner reads topic {self.topic} in it; stop that "
-                                  f"one, or give this one another --group")
-        if self._member is None:
-            return
-        group = learner_group(self.group_id)
-        learners = [_processes_of(member) for member in await self._members(admin, group)]
-        if len(learners) < 2:
-            return
-        if self._processes in learners:  # (ours: the others are told apart by what they stand for)
-            learners.remove(self._processes)
-        raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has another running learner: "
-                          f"{_learner(learners[0])} reads topic {self.topic} in it (group {group} lists it); "
-                          f"stop that one, or give this one another --group")
-
-    async def _members(self, admin, group: str) -> list:
-        """The members of `group` as the broker describes them; none when it cannot (no check). One group a
-        request: Tansu's answer for several is one aiokafka cannot read (it closes the connection)."""
-        try:
-            async with asyncio.timeout(self.probe_timeout_s * 5):
-                described = await admin.describe_consumer_groups([group])
-            return list(described[0].groups[0][5])
-        except Exception:  # noqa: BLE001 - a broker that cannot describe groups: no check
-            return []
-
-    async def _refuse_if_elsewhere(self, admin) -> None:
-        """SourceError when this run is new (no checkpoint, and not --fresh: seek_on_assign's `new_run`) but
-        the group has committed offsets on the topic. Offsets are committed only after a checkpoint that
-        holds them is written, so that checkpoint, and the model that learned up to them, are in another
-        run directory or on another machine (a ranked run's rank 0 on another host): starting a new model
-        here would be a restart that silently loses the model. Every rank asks for the whole topic, so
-        all decide alike."""
-        if not self._new_run:
-            return
-        try:
-            async with asyncio.timeout(self.probe_timeout_s * 5):
-                described = await admin.describe_topics([self.topic])
-                held = []
-                for partition in sorted(p["partition"] for p in described[0]["partitions"]):
-                    offset = await self._consumer.committed(TopicPartition(self.topic, partition))
-                    if offset is not None and offset >= 0:
-                        held.append(f"{self.topic}:{partition}={offset}")
-        except Exception:  # noqa: BLE001 - a broker that cannot say: no check
-            return
-        if held:
-            shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
-            raise SourceError(f"group {self.group_id} has committed offsets on topic {self.topic} ({shown}), but "
-                              "this run has no checkpoint: the model that learned up to them is in another run "
-                              "directory or on another machine; continue it there (its --run-dir), or start a new "
-                              "model here with --fresh (from the topic's beginning) or with another --group",
-                              every_rank=True)
+    async def _refuse_other_learners(self, admin) -> None:
+        """SourceError when another learner reads in the group or the learner group, or when this run is new
+        (seek_on_assign's `new_run`) and the group's committed offsets are another model's."""
+        membership = self._membership()
+        await membership.refuse_if_shared(admin, in_learner_group=self._member is not None)
+        if self._new_run:
+            await membership.refuse_if_elsewhere(admin, self._consumer)
 
     async def stop(self) -> None:
         """Close the clients, leaving the group and the learner group; a broker that is away does not hold
@@ -540,29 +430,9 @@ class KafkaSource:
             self.refusal = line
 
     async def _placed(self, positions: dict) -> None:
-        """Seek each assigned partition of {TopicPartition: offset} (where a fetch found its offset out of
-        range) as where_to_read places that offset in its log, asked of the broker: on from the log's
-        beginning past records deleted unread, or refused (`refusal`) past its end. A broker that does not
-        answer leaves it to the next fetch, which fails again."""
-        tps = [tp for tp in positions if tp in self._consumer.assignment()]
-        try:
-            async with asyncio.timeout(self.probe_timeout_s * 5):
-                if self.topic not in await self._consumer.topics():  # deleted: the watch's (reachable)
-                    return
-                beginnings = await self._consumer.beginning_offsets(tps)
-                ends = await self._consumer.end_offsets(tps)
-        except (KafkaError, asyncio.TimeoutError, OSError):
-            return
-        for tp in tps:
-            try:
-                offset, lost = where_to_read((tp.topic, tp.partition), positions[tp], beginnings[tp], ends[tp])
-            except SourceError as exc:
-                self._refuse(str(exc))
-                continue
-            if lost:
-                self._deleted((tp.topic, tp.partition), positions[tp], offset)
-            if tp in self._consumer.assignment():
-                self._consumer.seek(tp, offset)
+        """Seek the partitions a fetch found out of range ({TopicPartition: offset}): place_out_of_range."""
+        await place_out_of_range(self._consumer, self.topic, positions, self.probe_timeout_s * 5, self._deleted,
+                                 self._refuse)
 
     async def _positions(self) -> dict:
         positions = {}
@@ -739,117 +609,3 @@ class KafkaSource:
             return
         for tp, end in ends.items():
             self._asked_ends[tp] = max(end, self._asked_ends.get(tp, end))  # a log's end only grows
-
-
-def not_this_log(tp: tuple[str, int], own: int, end: int) -> str:
-    """The one line of a partition whose log ends before the learner's own next offset."""
-    return (f"{tp[0]}:{tp[1]} ends at offset {end}, before this learner's offset {own} there (its checkpoint's, "
-            "or read so far): the topic was re-created or truncated, so the checkpoint's offsets are not this "
-            "log's; start a new model with --fresh (from the topic's beginning), or give another --run-dir or "
-            "--group")
-
-
-def deleted_unread(tp: tuple[str, int], own: int, beginning: int) -> str:
-    """The one line of records retention deleted before the learner read them."""
-    return (f"records {own}..{beginning - 1} of {tp[0]}:{tp[1]} were deleted by retention before they were learned "
-            f"({beginning - own} records, counted as dead letters: deleted_before_read); reading on from offset "
-            f"{beginning}")
-
-
-def where_to_read(tp: tuple[str, int], own: int | None, beginning: int, end: int | None = None) -> tuple[int, int]:
-    """(the offset to read partition `tp` from, the records lost before it) given the learner's own next offset
-    there (None: it has read nothing of it) and the log's beginning and end. None reads from the beginning
-    (a log trimmed by retention starts past 0: nothing of this run's is lost); an own offset below the
-    beginning lost the records between to retention; one past the end belongs to another log (the topic was
-    re-created or truncated): SourceError (not_this_log). `end` None: not known (not checked)."""
-    if own is None:
-        return beginning, 0
-    if end is not None and own > end:
-        raise SourceError(not_this_log(tp, own, end))
-    if own < beginning:
-        return beginning, beginning - own
-    return own, 0
-
-
-async def seek_to_own(consumer: AIOKafkaConsumer, assigned, known: dict, deleted) -> None:
-    """Seek each assigned partition to the learner's own next offset in `known` ({(topic, partition):
-    offset}) as where_to_read places it in the log (asked of the broker: its beginning offset);
-    one it has none for goes to the log's beginning: this run has read nothing of it (it started
-    from the beginning or from a checkpoint, KafkaSource._refuse_if_elsewhere), so whatever the group
-    committed there is not this run's. Records deleted before they were read are `deleted(tp, own,
-    beginning)`. An own offset past the log's end is found by the first fetch (real Kafka: OffsetOutOfRange,
-    KafkaSource._placed; Tansu: an end below it, KafkaSource.lag), not here: Tansu answers ListOffsets
-    "latest" with no log end (1 for a partition of 324 records). The consumer resets no offset
-    (auto_offset_reset "none": an earliest reset skipped a retention gap, and looped on a re-created topic).
-    A seek sets the position at once; with seek_to_beginning, whose reset completes later, some records of
-    a new group's partitions were read twice (tests/test_kafka_path.py's dead letters counted twice)."""
-    assigned = list(assigned)
-    if not assigned:
-        return
-    beginnings = await consumer.beginning_offsets(assigned)
-    for tp in assigned:
-        own = known.get((tp.topic, tp.partition))
-        offset, lost = where_to_read((tp.topic, tp.partition), own, beginnings[tp])
-        if lost:
-            deleted((tp.topic, tp.partition), own, offset)
-        consumer.seek(tp, offset)
-
-
-class SeekOnAssign(ConsumerRebalanceListener):
-    """The learner's offsets, not the group's, decide where each assigned partition is read from
-    (aiokafka's local-state consumer example). Never raises: a rebalance must not crash a learner."""
-
-    def __init__(self, consumer: AIOKafkaConsumer, positions, log, on_revoke=None, deleted=None, refuse=None):
-        self.consumer, self.positions, self.log = consumer, positions, log
-        self.on_revoke = on_revoke  # set once the learner has started: a refused joiner hands nothing over
-        self.deleted = deleted or (lambda tp, own, beginning: None)  # records retention deleted unread
-        self.refuse = refuse or log  # the line of a partition whose log is not the learner's (not_this_log)
-        self._elsewhere: tuple = ()  # the topic's partitions another member of the group holds, as last said
-
-    async def on_partitions_revoked(self, revoked) -> None:
-        """What was read stays in the learner's state; `on_revoke` (a checkpoint and its commit) runs
-        while the partitions are still ours."""
-        if not revoked or self.on_revoke is None:
-            return
-        try:
-            await self.on_revoke()
-        except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
-            self.log(f"handing over at a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                     "the next checkpoint covers it")
-
-    async def on_partitions_assigned(self, assigned) -> None:
-        known = {}
-        try:
-            known = self.positions()
-            for tp in assigned:  # at once, before asking the broker: a fetch meanwhile found a partition with no
-                self.consumer.seek(tp, known.get((tp.topic, tp.partition), 0))  # position, and raised (reset: none)
-            await seek_to_own(self.consumer, assigned, known, self.deleted)
-        except SourceError as exc:  # a log that is not the learner's: the learner stops (KafkaSource.refusal)
-            self.refuse(str(exc))
-        except Exception as exc:  # noqa: BLE001 - the boundary: a rebalance never crashes a learner
-            self.log(f"seek after a rebalance failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                     "reading from the learner's own offsets unchecked")
-            for tp in assigned:  # (every partition sought: the consumer resets none, auto_offset_reset "none")
-                with contextlib.suppress(Exception):
-                    self.consumer.seek(tp, known.get((tp.topic, tp.partition), 0))
-        if self.on_revoke is not None:  # started (a joiner refused at its start says its own line)
-            self._say_elsewhere(assigned)
-
-    def _say_elsewhere(self, assigned) -> None:
-        """One line when a rebalance leaves partitions of the topic to another member of the group (a consumer
-        that is not a streamer learner joined it: their records wait in Kafka, unlearned, and the lag leaves
-        them out), and one when they come back. A rebalance took them without a word."""
-        topics = {tp.topic for tp in assigned} | {topic for topic, _ in self.positions()}
-        mine = {(tp.topic, tp.partition) for tp in assigned}
-        every = {(topic, partition) for topic in topics
-                 for partition in self.consumer.partitions_for_topic(topic) or ()}
-        elsewhere = tuple(sorted(every - mine))
-        if elsewhere == self._elsewhere:
-            return
-        if elsewhere:
-            listed = ", ".join(f"{topic}:{partition}" for topic, partition in elsewhere)
-            self.log(f"a rebalance gave partition(s) {listed} to another member of this learner's consumer group "
-                     "(not a streamer learner): their records wait in Kafka, unlearned, until it leaves the group")
-        else:
-            self.log("a rebalance gave every partition back to this learner: it reads on from its own offsets")
-        self._elsewhere = elsewhere

@@ -24,7 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from producers.kafka import ensure_topic
-from streamer.consumer import KafkaSource, SourceError
+from streamer.consumer import KafkaSource
+from streamer.source import SourceError
 from tests.conftest import write_corpus
 from tests.learners import (ENV, assert_equal_losses, error_lines, finish, kill_leftovers, learn_command,
                             line_count, losses, produce, start, wait_for_lines)

@@ -15,7 +15,7 @@ import torch
 from producers.wire import Record, Truth
 from streamer import checkpoint
 from streamer.batching import Batcher
-from streamer.consumer import Fetched
+from streamer.source import Fetched
 from streamer.distributed import Agreement
 from streamer import loop as loop_module
 from streamer.loop import PrequentialLoop
@@ -717,7 +717,7 @@ def test_rank_0s_failure_to_start_ends_the_other_ranks_on_its_line(stream):
     line to rank 0) rather than wait in its first agreement for a rank 0 that is gone (then its own line,
     'another rank is gone'). A rank's own failure stays its own, and rank 0's is what it sends; a start that
     went well on rank 0 too goes on."""
-    from streamer.consumer import SourceError
+    from streamer.source import SourceError
 
     records, _ = stream
     line = b"group g on 127.0.0.1:9092 has another running learner: ..."

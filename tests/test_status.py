@@ -131,8 +131,8 @@ def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
 def test_a_failed_runs_status_says_its_error_on_one_line():
     """What status.json's "stopped: failed: ..." says: streamer's own errors in their words, gloo's less its
     C++ source location, Python's own with their type (a bare KeyError('x') said only 'x')."""
-    from streamer.consumer import SourceError
     from streamer.learner import _said
+    from streamer.source import SourceError
 
     assert _said(SourceError("cannot reach Kafka at 127.0.0.1:9 (no answer for 2 s; --broker-timeout)")) == (
         "cannot reach Kafka at 127.0.0.1:9 (no answer for 2 s; --broker-timeout)")

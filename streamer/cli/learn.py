@@ -140,7 +140,7 @@ def run(args) -> int:
                 config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
             config = _resumed_settings(config, state, leader)
             from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
-            from streamer.consumer import SourceError
+            from streamer.source import SourceError
 
             with _fresh_start(run_dir, manifest, args.fresh if leader else None) as before_run:
                 try:

@@ -76,7 +76,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from producers.schedule import ScheduleError
     from streamer.broker import BrokerError
     from streamer.compare_plan import CompareError
-    from streamer.consumer import SourceError
+    from streamer.source import SourceError
 
     return UserError, CorpusError, ScheduleError, SourceError, ProduceError, BrokerError, CompareError
 
