@@ -1,13 +1,11 @@
 """The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses are the
-modules of streamer/ that import aiokafka: streamer.learner_group (who may learn in the group) and
-streamer.assignment (where each assigned partition is read from).
+modules of streamer/ that import aiokafka: streamer.reach (reaching the broker at start),
+streamer.learner_group (who may learn in the group), streamer.assignment (where each assigned partition
+is read from), streamer.dead_letters (records that cannot be learned) and streamer.lag (consumer lag).
 
-Fetches in batches, decodes wire records, dead-letters bad ones (sent to
-`<topic>.dlq` as producers.wire.dead_letter_copy makes them, when the learner takes
-them: send_dead_letter, not for one passed over when a partition is read again; a
-restart reads on from the checkpoint's offsets and sends again those after them: at
-least once; a failed send is counted in `dead_letter_failures`, logged, and never raised),
-commits offsets only when asked (bounded in time), and reports consumer lag.
+Fetches in batches, decodes wire records, dead-letters bad ones (sent to `<topic>.dlq` when the learner
+takes them: send_dead_letter; a failed send is counted in `dead_letter_failures`, logged, and never
+raised), commits offsets only when asked (bounded in time), and reports consumer lag.
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
@@ -22,25 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import (CorruptRecordException, GroupAuthorizationFailedError, IllegalStateError,
-                             KafkaConnectionError, KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError)
+from aiokafka.errors import (GroupAuthorizationFailedError, IllegalStateError, KafkaConnectionError, KafkaError,
+                             NoOffsetForPartitionError, OffsetOutOfRangeError)
 
 from producers.kafka import closed_quietly
-from producers.security import authentication_failed, is_refusal
-from producers.wire import MAX_RECORD_BYTES, WireError, dead_letter_copy, decode, encode
-from streamer.assignment import SeekOnAssign, deleted_unread, not_this_log, place_out_of_range, seek_to_own
+from producers.wire import MAX_RECORD_BYTES
+from streamer.assignment import SeekOnAssign, deleted_unread, place_out_of_range, seek_to_own
+from streamer.dead_letters import UNREADABLE, DeadLetters, decoded, step_past_unreadable
+from streamer.lag import HeldEnds, records_behind
 from streamer.learner_group import Membership
+from streamer.reach import BrokerReach
 from streamer.source import Fetched, SourceError
 
 __all__ = ["KafkaSource", "quiet_abandoned_commits"]
-
-
-UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
 
 
 def _stderr(line: str) -> None:
@@ -106,14 +101,12 @@ class KafkaSource:
         self.dead_letter = dead_letter
         self.max_record_bytes = max_record_bytes
         self.dead_letter_timeout_s = dead_letter_timeout_s
-        self.dead_letter_failures = 0  # dead-letter sends that failed (each record is counted by reason too)
-        self._reasons_said: set[str] = set()  # the reasons whose first dead letter was said in a line
         self._log = log or _stderr
+        self._dead_letters = DeadLetters(topic, self._log)
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
         self._sought: set = set()  # the partitions `seek` moved during the fetch in progress
-        self._asked_ends: dict = {}  # {TopicPartition: its end as the broker said} while held, until fetched as far
-        self._asking: asyncio.Task | None = None  # the request for them in flight (_ask_held_ends)
+        self._held_ends = HeldEnds()  # the ends of held partitions, asked of the broker (lag())
         self._client_options = client_options or {}
         self._security = security
         self.on_revoke = on_revoke
@@ -128,7 +121,7 @@ class KafkaSource:
         self._listener: SeekOnAssign | None = None
         self._answering = True  # the broker answered the last reachable()
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
-        self.refusal: str | None = None  # not_this_log's line once a partition's log is not the learner's
+        self.refusal: str | None = None  # assignment.not_this_log's line once a partition's log is not the learner's
         self.topic_gone = False  # the last reachable() found the topic deleted (the broker answers)
         self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
 
@@ -146,9 +139,9 @@ class KafkaSource:
         and the learner group, and refuse (SourceError) when another learner is in either, or when the
         group's committed offsets belong to a model that is not this run's (_refuse_other_learners)."""
         quiet_abandoned_commits(asyncio.get_running_loop())
-        admin = await self._retried(self._admin, time.monotonic() + self.broker_timeout_s)
+        admin = await self._reach().admin()
         try:
-            await self._until_topic_exists(admin)
+            await self._reach().until_topic_exists(admin, self.topic, self.group_id, self._topic_missing)
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
                 enable_auto_commit=False, auto_offset_reset="none", request_timeout_ms=15_000,  # (seek_to_own)
@@ -182,65 +175,16 @@ class KafkaSource:
         finally:
             await closed_quietly(admin.close())
 
-    async def _admin(self) -> AIOKafkaAdminClient:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=10_000,
-                                    **self._client_options)
-        try:
-            await self._started(admin.start())
-        except BaseException:
-            await closed_quietly(admin.close())
-            raise
-        return admin
+    def _reach(self) -> BrokerReach:
+        return BrokerReach(self.bootstrap_servers, self.broker_timeout_s, self._client_options, self._security,
+                           self._log)
 
     async def _started(self, starting) -> None:
         """Await a client's start(); a broker that refuses our credentials is one line (SourceError)."""
-        try:
-            await starting
-        except Exception as exc:
-            if isinstance(exc, KafkaConnectionError) or not is_refusal(exc, self._client_options):
-                raise
-            raise SourceError(authentication_failed(self.bootstrap_servers, self._security, exc)) from None
+        await self._reach().started(starting)
 
-    async def _retried(self, connect, deadline: float):
-        """`connect()` until it answers, with backoff (0.5 s doubling to 5 s); a broker that has not
-        answered by `deadline` is SourceError (one line naming the address), said once while retrying."""
-        delay, said = 0.5, False
-        while True:
-            try:
-                async with asyncio.timeout(max(1.0, min(10.0, deadline - time.monotonic()))):
-                    return await connect()
-            except (KafkaConnectionError, asyncio.TimeoutError):
-                if time.monotonic() >= deadline:
-                    raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
-                                      f"{self.broker_timeout_s:g} s; --broker-timeout)") from None
-            if not said:
-                said = True
-                self._log(f"Kafka at {self.bootstrap_servers} does not answer yet; retrying for up to "
-                          f"{self.broker_timeout_s:g} s (--broker-timeout)")
-            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(2 * delay, 5.0)
-
-    async def _until_topic_exists(self, admin, every_s: float = 1.0) -> None:
-        """Asked with a listing, which never creates the topic (a consumer's metadata request for it
-        would, with the broker's default partitions); a missing topic is said once and waited for."""
-        said = False
-        while True:
-            try:
-                async with asyncio.timeout(self.broker_timeout_s):
-                    topics = await admin.list_topics()
-            except (KafkaError, asyncio.TimeoutError):
-                raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
-                                  f"{self.broker_timeout_s:g} s; --broker-timeout)") from None
-            if self.topic in topics:
-                self.topic_missing_since = None
-                if said:
-                    self._log(f"topic {self.topic} exists now; joining group {self.group_id}")
-                return
-            if not said:
-                said, self.topic_missing_since = True, time.time()
-                self._log(f"topic {self.topic} does not exist at {self.bootstrap_servers} yet; waiting for it "
-                          f"(`streamer produce --topic {self.topic}` or your producer creates it)")
-            await asyncio.sleep(every_s)
+    def _topic_missing(self, since: float | None) -> None:
+        self.topic_missing_since = since
 
     async def _assigned(self, admin) -> None:
         """Take `partitions` by assignment and seek each to the learner's own offset, else the earliest
@@ -302,7 +246,9 @@ class KafkaSource:
         """SourceError when another learner reads in the group or the learner group, or when this run is new
         (seek_on_assign's `new_run`) and the group's committed offsets are another model's."""
         membership = self._membership()
-        await membership.refuse_if_shared(admin, in_learner_group=self._member is not None)
+        await membership.refuse_if_group_shared(admin)
+        if self._member is not None:
+            await membership.refuse_if_learner_group_shared(admin)
         if self._new_run:
             await membership.refuse_if_elsewhere(admin, self._consumer)
 
@@ -311,10 +257,7 @@ class KafkaSource:
         it up (5 s each, 1 s when the last reachable() had no answer; the learner's member beside them)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
         member, self._member = self._member, None
-        if self._asking is not None:
-            self._asking.cancel()
-            await asyncio.gather(self._asking, return_exceptions=True)
-            self._asking = None
+        await self._held_ends.stop()
         timeout_s = 5.0 if self._answering else 1.0
         leaving = asyncio.ensure_future(closed_quietly(member.stop(), timeout_s)) if member is not None else None
         try:
@@ -403,7 +346,8 @@ class KafkaSource:
             return
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
             self.hold(set())  # it reads each partition on its own, held ones too
-            async for fetched in self._step_past_unreadable(before, exc):
+            async for fetched in step_past_unreadable(self._consumer, before, exc, self.max_records, self._sought,
+                                                      self.max_record_bytes):
                 yield fetched
             self._taking_from = None
             return
@@ -444,90 +388,17 @@ class KafkaSource:
         return positions
 
     async def _decoded(self, message, last: int | None = None) -> Fetched:
-        """The record, or None with its reason and its dead-letter copy (sent if the learner takes it); `last`:
-        the last offset of its partition in this fetch."""
-        tp = (message.topic, message.partition)
-        try:
-            record = decode(message.key, message.value, message.headers, max_record_bytes=self.max_record_bytes)
-        except WireError as exc:
-            return Fetched(None, tp, message.offset, exc.reason,
-                           dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
-                                            detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last=last)
-        return Fetched(record, tp, message.offset, last=last)
-
-    async def _step_past_unreadable(self, before: dict, error: Exception,
-                                    patience_s: float = 30.0) -> AsyncIterator[Fetched]:
-        """After a getmany that raised on an unparsable record: every partition goes back to where that
-        call started (aiokafka may have moved others past records it never returned), then partitions
-        with records to read are read one record at a time until the one that raises, which is
-        dead-lettered as `unreadable` (no bytes of it can be read) and skipped. Records after it in
-        the same producer batch raise too, so each is dead-lettered the same way on later fetches. A
-        partition the caller seeks meanwhile is left for the next fetch to read from there (the caller
-        passes over this fetch's further records of it)."""
-        for tp, position in before.items():
-            if tp in self._consumer.assignment():
-                self._consumer.seek(tp, position)
-        for tp in sorted(set(before) & self._consumer.assignment()):
-            deadline = time.monotonic() + patience_s
-            for _ in range(self.max_records):
-                if tp in self._sought:
-                    break
-                highwater = self._consumer.highwater(tp)
-                position = await self._consumer.position(tp)
-                if (highwater is not None and position >= highwater) or time.monotonic() > deadline:
-                    break
-                try:
-                    got = await self._consumer.getmany(tp, timeout_ms=200, max_records=1)
-                except UNREADABLE:
-                    self._consumer.seek(tp, position + 1)
-                    detail = f"the Kafka client cannot parse it ({type(error).__name__}: {str(error)[:200]})"
-                    source = f"{tp.topic}:{tp.partition}:{position}"
-                    yield Fetched(None, (tp.topic, tp.partition), position, "unreadable",
-                                  dead_letter_copy(None, b"", [], reason="unreadable", detail=detail, source=source))
-                    return
-                for message in got.get(tp, ()):
-                    deadline = time.monotonic() + patience_s
-                    yield await self._decoded(message, message.offset)
+        return decoded(message, self.max_record_bytes, last)
 
     async def send_dead_letter(self, fetched: Fetched, reason: str, detail: str) -> None:
-        """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
-        that could not be decoded (its copy, made then). Not at the read: a record read again after a
-        rewind (streamer.batching.OffsetTracker.admit) is passed over, and its copy is not sent again."""
-        source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
-        if reason not in self._reasons_said:  # the first of each reason in a line: a topic of records without
-            self._reasons_said.add(reason)  # keys went silently to the DLQ, the run learning nothing
-            self._log(f"record {source} dead-lettered ({reason}" + (f": {detail[:200]})" if detail else ")")
-                      + (f", a copy sent to {self.topic}.dlq" if self._producer is not None else "")
-                      + f"; later {reason} records this process reads are only counted (streamer_dead_letter_total). "
-                      "A record is key = its stream id 0..b-1, value = UTF-8 text, the truth in four optional headers "
-                      "(README: How a stream looks)")
-        if fetched.record is None:
-            if fetched.copy is not None:
-                await self._send(fetched.copy)
-            return
-        await self._send(dead_letter_copy(*encode(fetched.record), reason=reason, detail=detail, source=source))
+        """Dead-letter a record the learner takes and cannot learn (DeadLetters.send): the first of its reason
+        said in one line, its copy sent to `<topic>.dlq` unless `dead_letter` is off."""
+        await self._dead_letters.send(self._producer, fetched, reason, detail, self.dead_letter_timeout_s)
 
-    async def _send(self, copy: tuple) -> None:
-        """Send one dead-letter copy without waiting for the broker; a failure, now or at delivery, is
-        counted in `dead_letter_failures` and logged in one line, never raised."""
-        if self._producer is None:
-            return
-        key, value, headers = copy
-        try:
-            async with asyncio.timeout(self.dead_letter_timeout_s):  # a broker that is away blocks send()
-                delivery = await self._producer.send(f"{self.topic}.dlq", key=key, value=value, headers=headers)
-        except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
-            self._failed(exc)
-            return
-        delivery.add_done_callback(self._delivered)
-
-    def _delivered(self, delivery) -> None:
-        if not delivery.cancelled() and delivery.exception() is not None:
-            self._failed(delivery.exception())
-
-    def _failed(self, exc: BaseException) -> None:
-        self.dead_letter_failures += 1
-        self._log(f"dead letter to {self.topic}.dlq failed ({type(exc).__name__}: {str(exc)[:200]}); going on")
+    @property
+    def dead_letter_failures(self) -> int:
+        """Dead-letter sends that failed (each record is counted by reason too)."""
+        return self._dead_letters.failures
 
     async def commit(self, positions: dict) -> bool:
         """Commit {(topic, partition): next offset} for the partitions assigned now; False (and one
@@ -558,54 +429,15 @@ class KafkaSource:
         beyond its position before that fetch. Never before `read`'s offset (as `taken`): the records
         before it were read, and a partition read again from an earlier offset does not count them. A
         held partition (hold()) is not fetched, so its end is asked of the broker in the background
-        (_ask_held_ends): the records written while it is held count from the next read on, and after
-        the hold until a fetch of it has seen as far. Never waits on the network."""
-        lags = {}
+        (streamer.lag.HeldEnds): the records written while it is held count from the next read on, and
+        after the hold until a fetch of it has seen as far. Never waits on the network."""
         if self._consumer is None:
-            return lags
-        self._ask_held_ends()
-        assigned = self._consumer.assignment()
-        for tp in set(self._asked_ends) - assigned:  # revoked
-            del self._asked_ends[tp]
-        for tp in assigned:
-            highwater, asked = self._consumer.highwater(tp), self._asked_ends.get(tp)
-            fetched = highwater  # the end a fetch of it answered (not asked: Tansu's ListOffsets is no end)
-            if asked is not None:
-                if highwater is not None and highwater >= asked:
-                    del self._asked_ends[tp]  # a fetch has seen as far
-                else:
-                    highwater = asked
-            if highwater is None:
-                continue
-            following = None
-            if self._taking_from is not None:  # the position is past records not yet taken
-                offsets = ((taken or {}).get((tp.topic, tp.partition)), self._taking_from.get(tp))
-                following = max((offset for offset in offsets if offset is not None), default=None)
-            if following is None:
-                try:
-                    following = await self._consumer.position(tp)
-                except IllegalStateError:  # revoked meanwhile
-                    continue
-            following = max(following, (read or {}).get((tp.topic, tp.partition), following))
-            if fetched is not None and fetched < following and not self.topic_gone:  # a log that ends before
-                self._refuse(not_this_log((tp.topic, tp.partition), following, fetched))  # what the learner read
-            lags[tp.partition] = max(0, highwater - following)  # (Kafka's fetch: OffsetOutOfRange, _placed)
-        return lags
+            return {}
+        self._held_ends.ask(self._consumer, self._answering)
+        return await records_behind(self._consumer, self._held_ends, lambda: self._taking_from, taken, read,
+                                    self._refuse_unless_gone)
 
-    def _ask_held_ends(self) -> None:
-        """Ask the broker for the held partitions' ends (a ListOffsets request, aiokafka's end_offsets) in a
-        task of its own, one at a time, and not while the broker does not answer (reachable()): a lag read
-        waited up to the request's timeout (15 s) for a broker that was away, and the loop's limit on a
-        read (streamer.loop, lag_every_s) then dropped every partition's figure."""
-        held = self._consumer.paused() & self._consumer.assignment()
-        if not held or not self._answering or (self._asking is not None and not self._asking.done()):
-            return
-        self._asking = asyncio.get_running_loop().create_task(self._held_ends(self._consumer, held))
-
-    async def _held_ends(self, consumer: AIOKafkaConsumer, held: set) -> None:
-        try:
-            ends = await consumer.end_offsets(list(held))
-        except (KafkaError, asyncio.TimeoutError):  # the last ends stand
-            return
-        for tp, end in ends.items():
-            self._asked_ends[tp] = max(end, self._asked_ends.get(tp, end))  # a log's end only grows
+    def _refuse_unless_gone(self, line: str) -> None:
+        """A log that ends before the learner's offset is refused, unless the topic was deleted (the watch's)."""
+        if not self.topic_gone:
+            self._refuse(line)

@@ -1,5 +1,5 @@
 """Who may learn in a consumer group, and why another learner is refused: a Kafka-side module of the learner
-(with streamer.consumer, whose KafkaSource applies these rules at its start, and streamer.assignment).
+(streamer.consumer's KafkaSource applies these rules at its start).
 
 A learner joins its consumer group and its learner group (`<group>.learner`, learner_group), where each
 learner is one member whatever its processes (ranks take their partitions by assignment and are no members
@@ -116,22 +116,24 @@ class Membership:
         return (f"group {learner_group(self.group_id)} on {self.bootstrap_servers}: not authorized, so no other "
                 f"learner in group {self.group_id} is looked for there; allow this user that group as well")
 
-    async def refuse_if_shared(self, admin, in_learner_group: bool) -> None:
+    async def refuse_if_group_shared(self, admin) -> None:
         """SourceError when another learner reads in the group now that we joined (members that died were
         dropped by our joins): two learners in one group would split its partitions, or (ranks, which the
         group never sees) both read all of them and commit over each other. Only groups this learner has
         just joined are described, since Tansu still lists a group's first member after it has left, until
-        the next join: the group itself (a one-process learner's) and the learner group (every learner's,
-        `in_learner_group`: this process's member of it joined). Under ranks only rank 0 decides;
-        PrequentialLoop's start makes its refusal every rank's."""
-        if self.subscribed:
-            members = await _group_members(admin, self.group_id, self.describe_timeout_s)
-            if len(members) > 1:
-                raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {len(members) - 1} other "
-                                  f"running member(s): another learner reads topic {self.topic} in it; stop that "
-                                  f"one, or give this one another --group")
-        if not in_learner_group:
+        the next join: the group itself (a one-process learner's, `subscribed`) here, and the learner group
+        (every learner's) by refuse_if_learner_group_shared, once this process's member of it joined. Under
+        ranks only rank 0 decides; PrequentialLoop's start makes its refusal every rank's."""
+        if not self.subscribed:
             return
+        members = await _group_members(admin, self.group_id, self.describe_timeout_s)
+        if len(members) > 1:
+            raise SourceError(f"group {self.group_id} on {self.bootstrap_servers} has {len(members) - 1} other "
+                              f"running member(s): another learner reads topic {self.topic} in it; stop that "
+                              f"one, or give this one another --group")
+
+    async def refuse_if_learner_group_shared(self, admin) -> None:
+        """SourceError when the learner group lists another learner (refuse_if_group_shared says why)."""
         group = learner_group(self.group_id)
         learners = [_processes_of(member) for member in await _group_members(admin, group, self.describe_timeout_s)]
         if len(learners) < 2:

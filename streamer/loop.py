@@ -293,7 +293,7 @@ class PrequentialLoop:
 
     async def _after_every_ranks_start(self, failure: Exception | None) -> None:
         """Ranks: rank 0's failure to start is every rank's. A refusal only rank 0 can make (another learner
-        in the group: only rank 0 is a member of the learner group, KafkaSource._refuse_if_shared) left the
+        in the group: only rank 0 is a member of the learner group, learner_group.Membership) left the
         other ranks waiting for it in their first agreement; its end then failed them as 'another rank is
         gone', a line of their own. One broadcast of rank 0's line, the loop's first collective, which every
         rank reaches whether its start went well, failed or was given up: a rank that started ends on rank 0's

@@ -1,0 +1,128 @@
+"""Records the learner cannot learn, as the Kafka side meets them (a Kafka-side module of the learner, with
+streamer.consumer): each fetched message decoded into a Fetched, or with its reason and its dead-letter copy
+(`decoded`); a record the Kafka client itself cannot parse stepped past as `unreadable`
+(step_past_unreadable); and the copies of those the learner takes sent to `<topic>.dlq` (DeadLetters).
+
+Bad records are data: counted by reason (by the learner), sent to the dead-letter topic, and the learner
+goes on. A copy is sent when the learner takes the record, not for one passed over when a partition is read
+again; a restart reads on from the checkpoint's offsets and sends again those after them: at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+from aiokafka.errors import CorruptRecordException
+
+from producers.wire import WireError, dead_letter_copy, decode, encode
+from streamer.source import Fetched
+
+__all__ = ["UNREADABLE", "decoded", "step_past_unreadable", "DeadLetters"]
+
+
+UNREADABLE = (UnicodeDecodeError, CorruptRecordException)  # raised by aiokafka while parsing a fetched record
+
+
+def decoded(message, max_record_bytes: int | None, last: int | None = None) -> Fetched:
+    """The record, or None with its reason and its dead-letter copy (sent if the learner takes it); larger than
+    `max_record_bytes` is too_large (None: no limit); `last`: the last offset of its partition in this fetch."""
+    tp = (message.topic, message.partition)
+    try:
+        record = decode(message.key, message.value, message.headers, max_record_bytes=max_record_bytes)
+    except WireError as exc:
+        return Fetched(None, tp, message.offset, exc.reason,
+                       dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
+                                        detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last=last)
+    return Fetched(record, tp, message.offset, last=last)
+
+
+async def step_past_unreadable(consumer, before: dict, error: Exception, max_records: int, sought: set,
+                               max_record_bytes: int | None, patience_s: float = 30.0) -> AsyncIterator[Fetched]:
+    """After a getmany of `consumer` that raised on an unparsable record: every partition goes back to where
+    that call started (`before`: {TopicPartition: position}; aiokafka may have moved others past records it
+    never returned), then partitions with records to read are read one record at a time (up to
+    `max_records`) until the one that raises, which is dead-lettered as `unreadable` (no bytes of it can be
+    read) and skipped. Records after it in the same producer batch raise too, so each is dead-lettered the
+    same way on later fetches. A partition the caller seeks meanwhile (it is in `sought`) is left for the
+    next fetch to read from there (the caller passes over this fetch's further records of it)."""
+    for tp, position in before.items():
+        if tp in consumer.assignment():
+            consumer.seek(tp, position)
+    for tp in sorted(set(before) & consumer.assignment()):
+        deadline = time.monotonic() + patience_s
+        for _ in range(max_records):
+            if tp in sought:
+                break
+            highwater = consumer.highwater(tp)
+            position = await consumer.position(tp)
+            if (highwater is not None and position >= highwater) or time.monotonic() > deadline:
+                break
+            try:
+                got = await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            except UNREADABLE:
+                consumer.seek(tp, position + 1)
+                detail = f"the Kafka client cannot parse it ({type(error).__name__}: {str(error)[:200]})"
+                source = f"{tp.topic}:{tp.partition}:{position}"
+                yield Fetched(None, (tp.topic, tp.partition), position, "unreadable",
+                              dead_letter_copy(None, b"", [], reason="unreadable", detail=detail, source=source))
+                return
+            for message in got.get(tp, ()):
+                deadline = time.monotonic() + patience_s
+                yield decoded(message, max_record_bytes, message.offset)
+
+
+class DeadLetters:
+    """The dead letters of a learner reading `topic`: the first of each reason said in one line to `log`, each
+    copy sent to `<topic>.dlq` by the producer `send` is given; a failed send is counted in `failures`,
+    said in one line, and never raised."""
+
+    def __init__(self, topic: str, log):
+        self.topic = topic
+        self.failures = 0  # dead-letter sends that failed (each record is counted by reason too)
+        self._log = log
+        self._reasons_said: set[str] = set()  # the reasons whose first dead letter was said in a line
+
+    async def send(self, producer, fetched: Fetched, reason: str, detail: str, timeout_s: float) -> None:
+        """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
+        that could not be decoded (its copy, made then). Not at the read: a record read again after a
+        rewind (streamer.batching.OffsetTracker.admit) is passed over, and its copy is not sent again.
+        `producer` None: said and counted only (no dead-letter producer); `timeout_s`: the longest the send
+        may hold up fetching, then it counts as failed."""
+        source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
+        if reason not in self._reasons_said:  # the first of each reason in a line: a topic of records without
+            self._reasons_said.add(reason)  # keys went silently to the DLQ, the run learning nothing
+            self._log(f"record {source} dead-lettered ({reason}" + (f": {detail[:200]})" if detail else ")")
+                      + (f", a copy sent to {self.topic}.dlq" if producer is not None else "")
+                      + f"; later {reason} records this process reads are only counted (streamer_dead_letter_total). "
+                      "A record is key = its stream id 0..b-1, value = UTF-8 text, the truth in four optional headers "
+                      "(README: How a stream looks)")
+        if fetched.record is None:
+            if fetched.copy is not None:
+                await self._send(producer, fetched.copy, timeout_s)
+            return
+        await self._send(producer, dead_letter_copy(*encode(fetched.record), reason=reason, detail=detail,
+                                                    source=source), timeout_s)
+
+    async def _send(self, producer, copy: tuple, timeout_s: float) -> None:
+        """Send one dead-letter copy without waiting for the broker; a failure, now or at delivery, is
+        counted in `failures` and logged in one line, never raised."""
+        if producer is None:
+            return
+        key, value, headers = copy
+        try:
+            async with asyncio.timeout(timeout_s):  # a broker that is away blocks send()
+                delivery = await producer.send(f"{self.topic}.dlq", key=key, value=value, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
+            self._failed(exc)
+            return
+        delivery.add_done_callback(self._delivered)
+
+    def _delivered(self, delivery) -> None:
+        if not delivery.cancelled() and delivery.exception() is not None:
+            self._failed(delivery.exception())
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self._log(f"dead letter to {self.topic}.dlq failed ({type(exc).__name__}: {str(exc)[:200]}); going on")
