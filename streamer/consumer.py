@@ -1,7 +1,8 @@
 """The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses are the
 modules of streamer/ that import aiokafka: streamer.reach (reaching the broker at start),
 streamer.learner_group (who may learn in the group), streamer.assignment (where each assigned partition
-is read from), streamer.dead_letters (records that cannot be learned) and streamer.lag (consumer lag).
+is read from), streamer.dead_letters (records that cannot be learned), streamer.commits (committing
+offsets) and streamer.lag (consumer lag).
 
 Fetches in batches, decodes wire records, dead-letters bad ones (sent to `<topic>.dlq` when the learner
 takes them: send_dead_letter; a failed send is counted in `dead_letter_failures`, logged, and never
@@ -29,42 +30,18 @@ from aiokafka.errors import (GroupAuthorizationFailedError, IllegalStateError, K
 from producers.kafka import closed_quietly
 from producers.wire import MAX_RECORD_BYTES
 from streamer.assignment import SeekOnAssign, deleted_unread, place_out_of_range, seek_to_own
+from streamer.commits import commit_assigned, quiet_abandoned_commits
 from streamer.dead_letters import UNREADABLE, DeadLetters, decoded, step_past_unreadable
 from streamer.lag import HeldEnds, records_behind
 from streamer.learner_group import Membership
 from streamer.reach import BrokerReach
 from streamer.source import Fetched, SourceError
 
-__all__ = ["KafkaSource", "quiet_abandoned_commits"]
+__all__ = ["KafkaSource"]
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def quiet_abandoned_commits(loop: asyncio.AbstractEventLoop) -> None:
-    """Have `loop` drop the failure of a commit that KafkaSource.commit gave up on (its one line said
-    so) and pass every other unhandled exception on as before. aiokafka runs a commit's request in a
-    shielded task (GroupCoordinator.commit_offsets), which our timeout does not cancel: with the broker
-    frozen it failed later, once the consumer closed, and asyncio printed a 12-line traceback
-    ("Task exception was never retrieved") on every rank."""
-    previous = loop.get_exception_handler()
-    if getattr(previous, "quiet_abandoned_commits", False):
-        return
-
-    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        task = context.get("future") or context.get("task")
-        coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
-        if isinstance(context.get("exception"), KafkaError) and \
-                getattr(coroutine, "__qualname__", "").endswith("._do_commit_offsets"):
-            return
-        if previous is None:
-            loop.default_exception_handler(context)
-        else:
-            previous(loop, context)
-
-    handle.quiet_abandoned_commits = True
-    loop.set_exception_handler(handle)
 
 
 class KafkaSource:
@@ -406,18 +383,7 @@ class KafkaSource:
         and the next one commits them."""
         if self._consumer is None:  # stopped before it ever joined (a signal while waiting for the topic)
             return False
-        assigned = self._consumer.assignment()
-        offsets = {TopicPartition(t, p): o for (t, p), o in positions.items() if TopicPartition(t, p) in assigned}
-        if not offsets:
-            return False
-        try:
-            async with asyncio.timeout(self.commit_timeout_s):
-                await self._consumer.commit(offsets)
-        except (KafkaError, AssertionError, asyncio.TimeoutError) as exc:  # CommitFailedError, IllegalStateError, a lost coordinator
-            self._log(f"commit of offsets {sorted((tp.partition, o) for tp, o in offsets.items())} failed "
-                      f"({type(exc).__name__}); the checkpoint holds them, the next one commits them")
-            return False
-        return True
+        return await commit_assigned(self._consumer, positions, self.commit_timeout_s, self._log)
 
     async def lag(self, taken: dict | None = None, read: dict | None = None) -> dict[int, int]:
         """Records in the log (up to its end as last fetched) not yet read, per assigned partition.
