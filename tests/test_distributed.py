@@ -766,18 +766,18 @@ def test_a_rank_owns_its_streams_and_their_partitions():
     assert batcher._rows == {"7": 2}  # noqa: SLF001 - stream 7 is this rank's row 2
     from types import SimpleNamespace
 
-    from streamer.loop import _rejected
+    from streamer.intake import rejected_record
 
     stray = SimpleNamespace(record=Record(stream="2", text="x"), tp=("t", 6))  # a hashed key's partition
-    reason, detail = _rejected(batcher, stray, ranks[1])
+    reason, detail = rejected_record(batcher, stray, ranks[1])
     assert reason == "extra_stream" and detail.startswith(
         "stream id '2' came on partition 6, which rank 1 reads for its streams 5 to 9 of 10: under ranks stream i "
         "must be on partition i % partitions")
     for beyond in ("11", "abc"):  # past --streams, or no stream id: as one process says it
         stray = SimpleNamespace(record=Record(stream=beyond, text="x"), tp=("t", 11))
-        assert _rejected(batcher, stray, ranks[1]) == ("extra_stream", "more than 10 stream ids")
+        assert rejected_record(batcher, stray, ranks[1]) == ("extra_stream", "more than 10 stream ids")
     one_process = SimpleNamespace(record=Record(stream="7", text="x"), tp=("t", 0))
-    assert _rejected(Batcher(5, 2), one_process) == ("extra_stream", "more than 5 stream ids")
+    assert rejected_record(Batcher(5, 2), one_process) == ("extra_stream", "more than 5 stream ids")
 
 
 @pytest.mark.slow  # one process and two ranks of a word-level model: about 50 s

@@ -480,7 +480,7 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
     assert len(wakes) < len(results) / 2  # a wake-up takes in several results
     # the stop: only the steps begun were learned; the rest are the queue's head again, in order
     assert loop.step == len(results) == len(learned) and loop.stop_reason == "signal"
-    assert list(loop._queue)[:len(queued) - (len(results) - 31)] == queued[len(results) - 31:]
+    assert list(loop.intake.queue)[:len(queued) - (len(results) - 31)] == queued[len(results) - 31:]
     assert loop.state_dict()["step"] == len(results)
 
 
@@ -769,7 +769,7 @@ def test_a_checkpoints_parts_give_rank_0_the_other_ranks_records_and_dead_letter
     report), before the write is awaited. After the loop has closed, the gather still ends with every rank told it is written."""
     ranks = LeaderOfTwo()
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource([]), ranks=ranks)
-    loop._reports = {1: {"records": 5, "lag": {3: 7}, "dead_letters": {}}}  # the stop's report
+    loop.agreement._reports = {1: {"records": 5, "lag": {3: 7}, "dead_letters": {}}}  # the stop's report
     state = {"loop": {"offsets": {}}, "strategy": {}, "rng": {}}
 
     async def go():
@@ -1053,7 +1053,7 @@ def test_the_lag_counts_the_records_read_past_and_not_those_read_again(stream):
         loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(ordered, chunk=5), max_batches=stop,
                                keep_windows=3, queue_size=2)
         learn(loop)
-        asyncio.run(loop._read_lag(now=True))
+        asyncio.run(loop.intake.read_lag(now=True))
         offsets = loop.batcher.offsets
         states.add((bool(offsets.skipping(("t", 0))), offsets.reading_again()))
         assert loop.lag == {0: len(ordered) - loop.records}, stop
@@ -1137,7 +1137,7 @@ def test_records_still_to_read_again_keep_a_finite_run_from_ending():
         loop = PrequentialLoop(naive(), batcher, MemorySource(order), total_records=len(order), keep_windows=2)
         loop.records = taken
         loop._check_stop()
-        if loop._records_read() == len(order) and not batcher.ready() and offsets.unread:
+        if loop.intake.records_read() == len(order) and not batcher.ready() and offsets.unread:
             checked.append(offsets.reading_again())
             assert loop.stop_reason is None
     for seed in range(20):
@@ -1150,6 +1150,7 @@ def test_a_queued_batch_from_a_checkpoint_without_votes_votes_for_its_own_truth(
     votes were kept held a queued batch's truth alone: it then counts as that part's one vote, where no
     vote at all made rank 0 log the first resumed batches with no class (a false switch and back)."""
     from monitor.results import BatchTruth
+    from streamer.rank_agreement import global_truth
 
     batch = Batcher(2, 3)
     for stream, text in (("0", "abcdefgh"), ("1", "ijklmnop")):
@@ -1159,7 +1160,7 @@ def test_a_queued_batch_from_a_checkpoint_without_votes_votes_for_its_own_truth(
     del saved["votes"]  # as before 2026-11-29
     ready = loop_module._ready_from_plain(saved, batch)
     assert ready.truth == BatchTruth("en", 4) and ready.votes == (("en", 4, ready.batch.tokens),)
-    assert loop_module._global_truth([json.dumps(ready.votes).encode()] * 2) == BatchTruth("en", 4)
+    assert global_truth([json.dumps(ready.votes).encode()] * 2) == BatchTruth("en", 4)
 
 
 class PeerInStep:
