@@ -35,25 +35,19 @@ finish; the steps queued behind it learn nothing and their batches go back to th
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
-import math
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 from monitor.results import BatchTruth, StepResult
-from streamer import distributed
 from streamer.batching import ReadyBatch
 from streamer.broker_watch import BrokerWatch
 from streamer.checkpoint import RankPart
 from streamer.intake import Intake
 from streamer.rank_agreement import Counts, RankAgreement, counts_of
 from streamer.source import Source
-from streamer.spin import outlast
-from streamer.step import prequential_step
+from streamer.step_worker import StepWorker
 from streamer.strategies.base import Batch
 
 __all__ = ["PrequentialLoop"]
@@ -84,7 +78,7 @@ class PrequentialLoop:
         self.intake = Intake(batcher, source, queue_size=queue_size, lag_every_s=lag_every_s,
                              ahead_windows=ahead_windows, hold_quiet_s=hold_quiet_s, keep_windows=keep_windows,
                              reread_records=reread_records, idle_timeout_s=idle_timeout_s, ranks=ranks,
-                             log=self._log, stop=self._stop_unless_stopping, in_flight=lambda: bool(self._running))
+                             log=self._log, stop=self._stop_unless_stopping, in_flight=lambda: bool(self.worker.running))
         self._broker = BrokerWatch(source, probe_every_s=probe_every_s, lost_after_s=lost_after_s,
                                    broker_timeout_s=broker_timeout_s, log=self._log,
                                    each_probe=self.intake.log_changes, stop=self.stop)
@@ -92,6 +86,9 @@ class PrequentialLoop:
         self.agreement = None if ranks is None else RankAgreement(
             ranks, self.intake, self.in_worker, self._ready_or_stopped, agree_every_s=agree_every_s,
             lag_every_s=lag_every_s, total_records=total_records, log=self._log)
+        # the model's side: the worker thread where the steps run, and the steps handed to it (busy_s)
+        self.worker = StepWorker(strategy, self.intake, self.agreement, burst=burst, burst_span_s=burst_span_s,
+                                 runs_ahead=lambda: self.snapshot_wanted is not None and self.ranks is None)
         # plain state, read between results
         self.step = 0  # batches learned; the next result's index
         self.tokens = 0
@@ -102,9 +99,6 @@ class PrequentialLoop:
         self.stop_reason: str | None = None
         self._peeking = 0  # peek()s waiting (at_rest)
         self._started = time.monotonic()
-        self._worker: ThreadPoolExecutor | None = None
-        self._submitted: list[concurrent.futures.Future] = []  # to the worker, those not done when last seen
-        self._event_loop: asyncio.AbstractEventLoop | None = None  # the one the loop runs on (__aenter__)
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._rank_watcher: asyncio.Task | None = None  # ranks: says a collective another rank holds
@@ -113,19 +107,6 @@ class PrequentialLoop:
         # one already and must not wait on it; others (a rebalance callback) use `snapshot_point()`.
         self._between_results = asyncio.Lock()
         self._snapshot_asked = 0  # snapshot_point() callers waiting
-        # Steps handed to the worker, oldest first: (batch, future of its StepResult); up to burst + 1 ahead
-        self._running: deque[tuple[ReadyBatch, concurrent.futures.Future]] = deque()
-        # Results in bursts: while steps are short (`burst_span_s` holds two or more of the worker's last),
-        # a burst (`burst_span_s` of steps, at most `burst`) runs ahead of the consumer, plus one, and the
-        # worker wakes the event loop once one step is left behind the one it finished, not after each
-        # (_stepped)
-        self.burst, self.burst_span_s = max(1, burst), burst_span_s
-        self._step_s = math.inf  # the worker's last step, wall seconds (none yet: no burst)
-        self.busy_s = 0.0  # the worker's seconds in steps in this process (the console's compute time)
-        self._results = asyncio.Event()  # the worker's wake-up: results are waiting
-        self._handed = -1  # the index of the last step handed to the worker
-        self._halting = False  # stop() was called: the worker begins no further step
-        self._stepped_loss = float("nan")  # the worker's last recorded loss (a step's stand-in for a non-finite one)
         # Set by the consumer to let a step run ahead of its consumer: snapshot_wanted(index, upcoming, previous
         # truth) is asked before batch `index` (a ReadyBatch) is queued behind the step in flight, whose result
         # is then not yet taken in; True keeps it until then. None: every result is a snapshot point.
@@ -178,6 +159,11 @@ class PrequentialLoop:
         return self.intake.ahead_windows
 
     @property
+    def busy_s(self) -> float:
+        """The worker's seconds in steps in this process (the console's compute time)."""
+        return self.worker.busy_s
+
+    @property
     def broker_lost_since(self) -> float | None:
         """Wall time of the broker's last answer while it is lost."""
         return self._broker.lost_since
@@ -201,9 +187,9 @@ class PrequentialLoop:
         batches while another rank has none of its own (the run waits for records, as one process whose
         streams are not all there to cut a batch) show 0, as long as the ranks' agreements keep coming (an
         agreement that hangs, a rank stuck, shows them)."""
-        if self.agreement is not None and self.agreement.others_waiting and not self._running:
+        if self.agreement is not None and self.agreement.others_waiting and not self.worker.running:
             return 0
-        return len(self.intake.queue) + len(self._running)
+        return len(self.intake.queue) + len(self.worker.running)
 
     @property
     def waiting_for_records_since(self) -> float | None:
@@ -232,8 +218,7 @@ class PrequentialLoop:
         self.agreement.checkpointed_parts(parts)
 
     async def __aenter__(self) -> PrequentialLoop:
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-step")
-        self._event_loop = asyncio.get_running_loop()
+        self.worker.start()
         try:
             try:
                 started = await self._start_source()
@@ -244,7 +229,7 @@ class PrequentialLoop:
             if self.ranks is not None:
                 await self.agreement.after_every_start(None, self.source.stop)
         except BaseException:  # no __aexit__ follows
-            self._worker.shutdown(wait=False)
+            self.worker.abandon()
             raise
         if not started:
             return self  # stopped while starting (a signal, --minutes or --idle-timeout while it waited)
@@ -264,13 +249,8 @@ class PrequentialLoop:
                          self._log)
             self.intake.count_failed_sends()  # (a stop may end the fetch side before its first fetch ends)
         finally:
-            self._worker.shutdown(wait=False, cancel_futures=True)  # a step queued ahead never starts
-            # the step in flight ends first, on a wait that an interrupt cannot cut short (Thread.join, in
-            # shutdown's wait, on Python 3.11: then the exit aborted while the step was inside torch's C++);
-            # not on those cancelled, which concurrent.futures.wait never counts as done (it hung on them)
-            in_flight = [future for future in self._submitted if not future.done()]
-            try:
-                outlast(lambda: concurrent.futures.wait(in_flight))
+            try:  # (the step in flight ends first; one queued ahead never starts)
+                self.worker.shutdown()
             finally:  # an interrupt the wait held back still leaves the group
                 await self.source.stop()
 
@@ -311,7 +291,7 @@ class PrequentialLoop:
         holding = False  # self._between_results: from taking a batch until a result is taken in with none in flight
         try:
             while True:
-                if not self._running:
+                if not self.worker.running:
                     # fetch -> batch: the fetch task has cut it; None: a stop condition (of any rank)
                     ready = await (self.peek() if self.ranks is None else self._agreed())
                     if ready is None:
@@ -327,12 +307,12 @@ class PrequentialLoop:
                         continue
                     self._hand_over()
                 self._run_ahead()
-                ready, stepped = self._running[0]
-                result = await self._result_of(stepped)  # predict -> record -> learn happened in the worker, in this order
+                ready, stepped = self.worker.running[0]
+                result = await self.worker.result_of(stepped)  # predict -> record -> learn happened in the worker, in this order
                 if result is None:  # stop() came before this step began: it and those behind it are not learned
-                    await self._put_back()
+                    self.intake.queue.extendleft(reversed(await self.worker.take_back()))
                     continue
-                self._running.popleft()
+                self.worker.running.popleft()
                 self.intake.learned_wall = time.time()
                 self.step += 1
                 self.tokens += result.tokens
@@ -342,7 +322,7 @@ class PrequentialLoop:
                 self.labels_known = ready.batch.labels_known
                 # SNAPSHOT POINT where at_snapshot: strategy, carry-over and offsets describe "after batch result.index"
                 yield result
-                if not self._running:
+                if not self.worker.running:
                     self._between_results.release()
                     holding = False
         finally:
@@ -353,54 +333,11 @@ class PrequentialLoop:
     def at_snapshot(self) -> bool:
         """No step in flight: the strategy, the carry-over and the offsets describe "after the last
         result". Always so between two results unless `snapshot_wanted` let the next step run ahead."""
-        return not self._running
+        return not self.worker.running
 
     def _hand_over(self) -> None:
         """The next queued batch to the worker thread, behind any step in flight."""
-        ready = self.intake.queue.popleft()
-        index = self.step + len(self._running)
-        self._handed = index  # before the submit: the worker reads it when the step is done
-        stepped = self._submit(self._stepping, ready, index)
-        stepped.add_done_callback(functools.partial(self._stepped, index))
-        self._running.append((ready, stepped))
-
-    @property
-    def _bursting(self) -> bool:
-        """Results come in bursts: steps run ahead (one process, a consumer that set snapshot_wanted) and
-        burst_span_s holds two or more of the last one (none before the first step)."""
-        return self._burst_size >= 2 and self.snapshot_wanted is not None and self.ranks is None
-
-    async def _put_back(self) -> None:
-        """The batches handed to the worker but not begun before a stop go back to the front of the queue
-        (a checkpoint then holds them as waiting), in their order."""
-        for _, stepped in self._running:
-            await self._result_of(stepped)  # each returns at once: the stop came before it began
-        self.intake.queue.extendleft(ready for ready, _ in reversed(self._running))
-        self._running.clear()
-
-    @property
-    def _burst_size(self) -> int:
-        """Steps in a burst: `burst_span_s` of them at the last step's pace, 1 to `burst`."""
-        return min(self.burst, max(1, int(self.burst_span_s / max(self._step_s, 1e-6))))
-
-    def _stepped(self, index: int, stepped: concurrent.futures.Future) -> None:
-        """In the worker, once step `index` is done: wake the event loop for its result, unless results
-        come in bursts and more than one step was handed over behind this one. The wake-up at the
-        next to last leaves the worker the last one to learn while the consumer takes in the burst
-        and hands over the next."""
-        if (not self._bursting or index >= self._handed - 1
-                or stepped.cancelled() or stepped.exception() is not None):
-            with contextlib.suppress(RuntimeError):  # the event loop closed under an abort: nobody waits
-                self._event_loop.call_soon_threadsafe(self._results.set)
-
-    async def _result_of(self, stepped: concurrent.futures.Future) -> StepResult | None:
-        """The step's result once the worker has woken the event loop for it (or for a later one)."""
-        while not stepped.done():
-            self._results.clear()
-            if stepped.done():
-                break
-            await self._results.wait()
-        return stepped.result()
+        self.worker.hand_over(self.intake.queue.popleft(), self.step + len(self.worker.running))
 
     def _run_ahead(self) -> None:
         """While a step runs and its result is not yet taken in, queue the next batch behind it, so that
@@ -410,53 +347,24 @@ class PrequentialLoop:
         batch), a snapshot_point() asked for (a rebalance), a stop; never for ranks, which agree first.
         While steps are short, a burst of batches goes behind it (results then come in bursts), each
         asked for in turn."""
-        if self.snapshot_wanted is None or self.ranks is not None or not self._running:
+        if self.snapshot_wanted is None or self.ranks is not None or not self.worker.running:
             return
-        self._queue_ahead(self._burst_size + 1 if self._bursting else 2)
-        if self._bursting and len(self.intake.queue) <= self.intake.refill_at:
-            self.intake.changed.set()  # the fetch side refills at this wake-up, not at one of its own (_stepping)
+        self._queue_ahead(self.worker.burst_size + 1 if self.worker.bursting else 2)
+        if self.worker.bursting and len(self.intake.queue) <= self.intake.refill_at:
+            self.intake.changed.set()  # the fetch side refills at this wake-up, not at one of its own (StepWorker._stepping)
 
     def _queue_ahead(self, ahead: int) -> None:
         """Hand over batches until `ahead` steps are in flight, asking for each as _run_ahead says."""
-        while len(self._running) < ahead and self.intake.queue:
-            index = self.step + len(self._running)
+        while len(self.worker.running) < ahead and self.intake.queue:
+            index = self.step + len(self.worker.running)
             self._check_stop()
             if (self.stop_reason is not None or self._snapshot_asked or (self.max_batches and index >= self.max_batches)
                     or (self.total_batches and index >= self.total_batches)):
                 return
-            previous = next((ready.truth for ready, _ in reversed(self._running) if ready.truth), self.truth)
+            previous = next((ready.truth for ready, _ in reversed(self.worker.running) if ready.truth), self.truth)
             if self.snapshot_wanted(index, self.intake.queue[0], previous):
                 return
             self._hand_over()
-
-    def _stepping(self, ready: ReadyBatch, index: int) -> StepResult | None:
-        """Step `index`, in the worker thread, where the steps run one after another: the last loss it
-        stands in for a non-finite one is the worker's own; None, learning nothing, when `stop()` came
-        before it began (one process only: ranks agreed to step). Only once the step runs is the fetch side
-        told there is room in the queue: refilled on the event loop before, the refill's Python held
-        the GIL the worker needed to start (0.4 ms a batch of the default LSTM); now it runs beside the
-        step's torch kernels. And only once the queue is down to `_refill_at` batches (a stale length
-        read here only moves the wake-up to the next step): the fetch side then cuts them in one burst,
-        where a wake-up a batch found its Python and data cold in the caches the step had just used.
-        While results come in bursts the event loop is awake for them anyway: _run_ahead asks then."""
-        if self._halting and self.ranks is None:
-            return None
-        if len(self.intake.queue) <= self.intake.refill_at and not self._bursting:  # in bursts: _run_ahead asks
-            self._event_loop.call_soon_threadsafe(self.intake.changed.set)
-        started = time.perf_counter()
-        lockstep_from = None if self.agreement is None else self.agreement.lockstep_from
-        if lockstep_from is not None:  # ranks, every one with its batch: the agreement and hand-over
-            self.busy_s += started - lockstep_from  # are the price of stepping together, not idle
-        stalled = distributed.stalled_s()
-        result = prequential_step(self.strategy, ready.batch, ready.truth, index, self._stepped_loss)
-        self._stepped_loss = result.loss
-        # the worker's own time for it, not the step's timings: whatever holds the worker delays the results
-        ended = time.perf_counter()
-        self._step_s = ended - started
-        self.busy_s += self._step_s - (distributed.stalled_s() - stalled)  # (a rank that held its all-reduce)
-        if self.agreement is not None:
-            self.agreement.lockstep_from = ended
-        return result
 
     @contextlib.asynccontextmanager
     async def snapshot_point(self):
@@ -497,7 +405,7 @@ class PrequentialLoop:
         and the loop's consumer waiting for the next batch, in the loop or in a probe's peek (which holds the
         point: snapshot_point would wait for it). A snapshot copied now, on the event loop, is one of "after the
         last result" (the idle checkpoint, streamer.learner)."""
-        return not self._running and (not self._between_results.locked() or self._peeking > 0)
+        return not self.worker.running and (not self._between_results.locked() or self._peeking > 0)
 
     async def _agreed(self) -> ReadyBatch | None:
         """Ranks: the next batch once every rank has its own (all step), None once any rank stops (all stop)
@@ -526,24 +434,17 @@ class PrequentialLoop:
     def submit(self, function, *args) -> asyncio.Future:
         """`function(*args)` queued in the model's worker thread now (collectives keep their order on
         every rank); await the returned future for its result."""
-        return asyncio.wrap_future(self._submit(function, *args))
+        return asyncio.wrap_future(self.worker.submit(function, *args))
 
     async def in_worker(self, function, *args):
         """Run `function(*args)` in the model's worker thread, after any step in flight."""
         return await self.submit(function, *args)
 
-    def _submit(self, function, *args) -> concurrent.futures.Future:
-        """Everything the worker runs goes through here (on the event loop's thread), so that the stop
-        knows what is still in flight."""
-        future = self._worker.submit(function, *args)
-        self._submitted = [*(f for f in self._submitted if not f.done()), future]
-        return future
-
     def stop(self, reason: str = "signal") -> None:
         """Stop after the step in flight (a signal handler on the event loop calls it): the loop then
         yields no further result; the fetch side is cancelled when the `async with` block ends."""
         self.stop_reason = self.stop_reason or reason
-        self._halting = True  # steps handed to the worker and not yet begun learn nothing (_put_back)
+        self.worker.halting = True  # steps handed to the worker and not yet begun learn nothing (take_back)
         self.intake.changed.set()
 
     def _stop_unless_stopping(self, reason: str) -> None:
@@ -578,7 +479,7 @@ class PrequentialLoop:
         """Continue after a snapshot (call before `async with`; the source seeks to the batcher's next positions)."""
         self.step, self.tokens, self.intake.records = state["step"], state["tokens"], state["records"]
         self.skipped, self.last_loss = state.get("skipped", 0), state.get("last_loss", float("nan"))
-        self._stepped_loss = self.last_loss
+        self.worker.stepped_loss = self.last_loss
         self.intake.dead_letters = Counter(state.get("dead_letters", {}))
         self.intake.failed_before = self.intake.dead_letters["dead_letter_failed"]
         self.intake.read_again = state.get("read_again", 0)  # (none in a checkpoint of an earlier build)

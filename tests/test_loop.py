@@ -18,6 +18,7 @@ from streamer.batching import Batcher
 from streamer.source import Fetched
 from streamer.distributed import Agreement
 from streamer import loop as loop_module
+from streamer import step_worker
 from streamer.loop import PrequentialLoop
 from streamer.step import prequential_step, run
 from tests.helpers import batches_from_records, naive, small_stream
@@ -456,20 +457,20 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
     wanted = {20}
     loop.snapshot_wanted = lambda index, upcoming, previous: index in wanted
     ahead, wakes = [], []
-    wake = loop._results.set
-    loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
+    wake = loop.worker._results.set
+    loop.worker._results.set = lambda: (wakes.append(loop.step), wake())[1]
 
     async def go():
         results = []
         async with loop:
             async for result in loop:
                 results.append(result)
-                ahead.append(len(loop._running))  # steps handed over, not yet taken in
+                ahead.append(len(loop.worker.running))  # steps handed over, not yet taken in
                 if result.index + 1 in wanted:
                     assert loop.at_snapshot and len(learned) == result.index + 1
                 if result.index == 30:
                     await until(lambda: len(learned) >= 32)  # batch 31 done, more queued behind it
-                    queued = [ready for ready, _ in loop._running]
+                    queued = [ready for ready, _ in loop.worker.running]
                     assert len(queued) >= 2
                     loop.stop()
         return results, queued
@@ -489,8 +490,8 @@ def paced_ahead(loop, pause_s: float):
     wanting a snapshot: (results, steps handed over and not yet taken in after each, wake-ups)."""
     loop.snapshot_wanted = lambda index, upcoming, previous: False
     ahead, wakes = [], []
-    wake = loop._results.set
-    loop._results.set = lambda: (wakes.append(loop.step), wake())[1]
+    wake = loop.worker._results.set
+    loop.worker._results.set = lambda: (wakes.append(loop.step), wake())[1]
 
     def paced_step(*args, **kwargs):
         time.sleep(pause_s)
@@ -501,9 +502,9 @@ def paced_ahead(loop, pause_s: float):
         async with loop:
             async for result in loop:
                 results.append(result)
-                ahead.append(len(loop._running))
+                ahead.append(len(loop.worker.running))
         return results
-    with mock.patch("streamer.loop.prequential_step", paced_step):
+    with mock.patch("streamer.step_worker.prequential_step", paced_step):
         results = asyncio.run(go())
     return results, ahead, wakes
 
@@ -1207,14 +1208,14 @@ def test_under_ranks_the_agreement_between_two_steps_is_compute_unless_a_rank_wa
         loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), ranks=PeerInStep(0.04, waits),
                                total_records=len(records))
         stepped = []
-        loop_module_prequential = loop_module.prequential_step
+        loop_module_prequential = step_worker.prequential_step
 
         def timed_step(*args, **kwargs):
             started = time.perf_counter()
             result = loop_module_prequential(*args, **kwargs)
             stepped.append(time.perf_counter() - started)
             return result
-        with mock.patch.object(loop_module, "prequential_step", timed_step):
+        with mock.patch.object(step_worker, "prequential_step", timed_step):
             results, _ = learn(loop)
         assert len(results) >= 8 and loop.stop_reason == "end_of_stream"
         busy[waits] = (loop.busy_s - sum(stepped), len(results))
@@ -1233,14 +1234,14 @@ def test_a_word_models_stream_end_is_its_end_however_long_ago_its_last_record_wa
     the run said it stopped 'idle' (poe on lstm-word under compare --jobs 2), not at the stream's end."""
     records, _ = stream
     records = records[:40]
-    real_step = loop_module.prequential_step
+    real_step = step_worker.prequential_step
 
     def slow_step(*args, **kwargs):
         time.sleep(0.1)  # a model slower than its stream: the learning outlasts the idle timeout
         return real_step(*args, **kwargs)
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=1000), total_records=len(records),
                            idle_timeout_s=0.5)
-    with mock.patch.object(loop_module, "prequential_step", slow_step):
+    with mock.patch.object(step_worker, "prequential_step", slow_step):
         results, _ = learn(loop)
     assert len(results) * 0.1 > 0.5 and loop.records == len(records)
     assert loop.stop_reason == "end_of_stream"

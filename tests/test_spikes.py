@@ -75,7 +75,7 @@ scrape_configs:
         monitor = LiveMonitor(run=topic, strategy="naive", classes=learn_config.classes, metrics=metrics)
         started = time.time()
         thread = threading.Thread(target=lambda: asyncio.run(run_learner(learn_config, monitor=monitor)))
-        with mock.patch("streamer.loop.prequential_step", paced_step):  # the real step, slowed
+        with mock.patch("streamer.step_worker.prequential_step", paced_step):  # the real step, slowed
             thread.start()
             thread.join(timeout=600)
         assert not thread.is_alive()
