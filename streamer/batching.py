@@ -43,7 +43,7 @@ class ReadyBatch:
     truth: BatchTruth | None
     commit: dict  # {(topic, partition): next offset to commit} once this batch is learned
     # ((class, fragment, tokens), ...): what `truth` was voted from (Batcher._votes); ranks add up every
-    # rank's for the global batch's truth (PrequentialLoop._global_truth)
+    # rank's for the global batch's truth (streamer.rank_agreement.global_truth)
     votes: tuple = ()
 
 

@@ -13,12 +13,14 @@ import contextlib
 import time
 from collections import Counter, deque
 
+from monitor.results import BatchTruth
 from producers.wire import stream_id
 from streamer.batching import ReadyBatch
+from streamer.strategies.base import Batch
 
 NOT_READ = ("dead_letter_failed", "deleted_before_read")  # dead-letter counts of no record read (records_batched)
 
-__all__ = ["Intake", "NOT_READ"]
+__all__ = ["Intake", "NOT_READ", "ready_from_plain", "ready_to_plain", "rejected_record"]
 
 
 class Intake:
@@ -306,3 +308,22 @@ def rejected_record(batcher, fetched, ranks=None) -> tuple[str, str] | None:
             "partition i % partitions (streamer produce sends it there; Kafka's default partitioner hashes the key)")
     rejects = getattr(batcher, "rejects", None)
     return rejects(record) if rejects else None
+
+
+def ready_to_plain(ready: ReadyBatch) -> dict:
+    """A batch waiting in the queue as a checkpoint holds it (plain values and tensors on the CPU)."""
+    truth = None if ready.truth is None else (ready.truth.class_name, ready.truth.fragment)
+    return {"inputs": ready.batch.inputs.cpu(), "targets": ready.batch.targets.cpu(),
+            "labels_known": ready.batch.labels_known, "truth": truth,
+            "commit": [(list(tp), offset) for tp, offset in ready.commit.items()],
+            "votes": [list(each) for each in ready.votes]}
+
+
+def ready_from_plain(saved: dict, batcher) -> ReadyBatch:
+    """A waiting batch back from a checkpoint (ready_to_plain), its tensors on the batcher's device."""
+    batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
+    truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
+    votes = tuple(tuple(each) for each in saved.get("votes", ()))
+    if not votes and truth is not None:  # a checkpoint from before 2026-11-29: its truth as the batch's one vote
+        votes = ((truth.class_name, truth.fragment, batch.tokens),)
+    return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]}, votes)

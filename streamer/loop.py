@@ -44,11 +44,10 @@ from monitor.results import BatchTruth, StepResult
 from streamer.batching import ReadyBatch
 from streamer.broker_watch import BrokerWatch
 from streamer.checkpoint import RankPart
-from streamer.intake import Intake
+from streamer.intake import Intake, ready_from_plain, ready_to_plain
 from streamer.rank_agreement import Counts, RankAgreement, counts_of
 from streamer.source import Source
 from streamer.step_worker import StepWorker
-from streamer.strategies.base import Batch
 
 __all__ = ["PrequentialLoop"]
 
@@ -78,7 +77,8 @@ class PrequentialLoop:
         self.intake = Intake(batcher, source, queue_size=queue_size, lag_every_s=lag_every_s,
                              ahead_windows=ahead_windows, hold_quiet_s=hold_quiet_s, keep_windows=keep_windows,
                              reread_records=reread_records, idle_timeout_s=idle_timeout_s, ranks=ranks,
-                             log=self._log, stop=self._stop_unless_stopping, in_flight=lambda: bool(self.worker.running))
+                             log=self._log, stop=self._stop_unless_stopping,
+                             in_flight=lambda: bool(self.worker.running))
         self._broker = BrokerWatch(source, probe_every_s=probe_every_s, lost_after_s=lost_after_s,
                                    broker_timeout_s=broker_timeout_s, log=self._log,
                                    each_probe=self.intake.log_changes, stop=self.stop)
@@ -308,7 +308,8 @@ class PrequentialLoop:
                     self._hand_over()
                 self._run_ahead()
                 ready, stepped = self.worker.running[0]
-                result = await self.worker.result_of(stepped)  # predict -> record -> learn happened in the worker, in this order
+                # predict -> record -> learn happened in the worker, in this order
+                result = await self.worker.result_of(stepped)
                 if result is None:  # stop() came before this step began: it and those behind it are not learned
                     self.intake.queue.extendleft(reversed(await self.worker.take_back()))
                     continue
@@ -351,7 +352,7 @@ class PrequentialLoop:
             return
         self._queue_ahead(self.worker.burst_size + 1 if self.worker.bursting else 2)
         if self.worker.bursting and len(self.intake.queue) <= self.intake.refill_at:
-            self.intake.changed.set()  # the fetch side refills at this wake-up, not at one of its own (StepWorker._stepping)
+            self.intake.changed.set()  # the fetch side refills at this wake-up, not at one of its own (the worker's)
 
     def _queue_ahead(self, ahead: int) -> None:
         """Hand over batches until `ahead` steps are in flight, asking for each as _run_ahead says."""
@@ -471,7 +472,7 @@ class PrequentialLoop:
             "dead_letters": dict(self.dead_letters), "read_again": self.read_again,
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
-            "waiting": [_ready_to_plain(ready) for ready in self.intake.queue],
+            "waiting": [ready_to_plain(ready) for ready in self.intake.queue],
             "offsets": self.batcher.offsets.kept_positions(),
         }
 
@@ -485,7 +486,7 @@ class PrequentialLoop:
         self.intake.read_again = state.get("read_again", 0)  # (none in a checkpoint of an earlier build)
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
-        self.intake.queue = deque(_ready_from_plain(saved, self.batcher) for saved in state["waiting"])
+        self.intake.queue = deque(ready_from_plain(saved, self.batcher) for saved in state["waiting"])
 
     def _check_stop(self) -> None:
         now = time.monotonic()
@@ -526,19 +527,3 @@ async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say
             if task.done() and not task.cancelled():
                 task.exception()
 
-
-def _ready_to_plain(ready: ReadyBatch) -> dict:
-    truth = None if ready.truth is None else (ready.truth.class_name, ready.truth.fragment)
-    return {"inputs": ready.batch.inputs.cpu(), "targets": ready.batch.targets.cpu(),
-            "labels_known": ready.batch.labels_known, "truth": truth,
-            "commit": [(list(tp), offset) for tp, offset in ready.commit.items()],
-            "votes": [list(each) for each in ready.votes]}
-
-
-def _ready_from_plain(saved: dict, batcher) -> ReadyBatch:
-    batch = Batch(saved["inputs"].to(batcher.device), saved["targets"].to(batcher.device), saved["labels_known"])
-    truth = None if saved["truth"] is None else BatchTruth(*saved["truth"])
-    votes = tuple(tuple(each) for each in saved.get("votes", ()))
-    if not votes and truth is not None:  # a checkpoint from before 2026-11-29: its truth as the batch's one vote
-        votes = ((truth.class_name, truth.fragment, batch.tokens),)
-    return ReadyBatch(batch, truth, {tuple(tp): offset for tp, offset in saved["commit"]}, votes)

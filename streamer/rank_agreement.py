@@ -164,8 +164,8 @@ class RankAgreement:
         """This rank's records, lag, dead letters and records read again to rank 0 (a gather in the worker
         thread, where every rank runs its collectives in the same order), kept there as the other ranks' reports."""
         intake = self.intake
-        own = {"records": intake.records, "lag": intake.lag, "dead_letters": intake.dead_letters,  # (JSON: keys as text)
-               "read_again": intake.read_again, "waiting_for": intake.waiting_for}
+        own = {"records": intake.records, "lag": intake.lag,  # (JSON: keys as text)
+               "dead_letters": intake.dead_letters, "read_again": intake.read_again, "waiting_for": intake.waiting_for}
         parts = await self._in_worker(self.ranks.gather_bytes, json.dumps(own).encode())
         self._reported_at = time.monotonic()
         if parts is not None:

@@ -1151,15 +1151,16 @@ def test_a_queued_batch_from_a_checkpoint_without_votes_votes_for_its_own_truth(
     votes were kept held a queued batch's truth alone: it then counts as that part's one vote, where no
     vote at all made rank 0 log the first resumed batches with no class (a false switch and back)."""
     from monitor.results import BatchTruth
+    from streamer.intake import ready_from_plain, ready_to_plain
     from streamer.rank_agreement import global_truth
 
     batch = Batcher(2, 3)
     for stream, text in (("0", "abcdefgh"), ("1", "ijklmnop")):
         batch.add(Record(stream, text, Truth("en", 4, position=0, produced=0.0)))
-    saved = loop_module._ready_to_plain(batch.pop())
+    saved = ready_to_plain(batch.pop())
     assert saved["votes"] == [["en", 4, 6]]
     del saved["votes"]  # as before 2026-11-29
-    ready = loop_module._ready_from_plain(saved, batch)
+    ready = ready_from_plain(saved, batch)
     assert ready.truth == BatchTruth("en", 4) and ready.votes == (("en", 4, ready.batch.tokens),)
     assert global_truth([json.dumps(ready.votes).encode()] * 2) == BatchTruth("en", 4)
 
