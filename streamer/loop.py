@@ -48,6 +48,7 @@ from streamer.intake import Intake, ready_from_plain, ready_to_plain
 from streamer.rank_agreement import Counts, RankAgreement, counts_of
 from streamer.source import Source
 from streamer.step_worker import StepWorker
+from streamer.stop_conditions import StopConditions
 
 __all__ = ["PrequentialLoop"]
 
@@ -70,8 +71,8 @@ class PrequentialLoop:
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
         self.checkpoint_agreed = False  # the last agreement asks for a checkpoint after its step
         self._log = log or (lambda line: None)
-        self.max_batches, self.total_batches, self.total_records = max_batches, total_batches, total_records
-        self.max_seconds, self.idle_timeout_s = max_seconds, idle_timeout_s
+        self.limits = StopConditions(max_batches=max_batches, total_batches=total_batches, total_records=total_records,
+                                     max_seconds=max_seconds, idle_timeout_s=idle_timeout_s)
         # the fetch side: reads, batches and keeps records, dead_letters, read_again, lag, waiting_for and
         # waiting_since (read through the properties below)
         self.intake = Intake(batcher, source, queue_size=queue_size, lag_every_s=lag_every_s,
@@ -98,7 +99,6 @@ class PrequentialLoop:
         self.labels_known: int | None = None  # classifiers: labels known when the last batch was cut
         self.stop_reason: str | None = None
         self._peeking = 0  # peek()s waiting (at_rest)
-        self._started = time.monotonic()
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._rank_watcher: asyncio.Task | None = None  # ranks: says a collective another rank holds
@@ -233,7 +233,7 @@ class PrequentialLoop:
             raise
         if not started:
             return self  # stopped while starting (a signal, --minutes or --idle-timeout while it waited)
-        self.intake.last_record = time.monotonic()  # (--minutes counts from the loop's start: _started)
+        self.intake.last_record = time.monotonic()  # (--minutes counts from the loop's start: StopConditions)
         self._fetcher = asyncio.create_task(self._fetch())
         self._watcher = asyncio.create_task(self._watch())
         if self.ranks is not None:
@@ -277,10 +277,7 @@ class PrequentialLoop:
             await asyncio.wait({starting}, timeout=0.2)
             missing = getattr(self.source, "topic_missing_since", None)
             if missing is not None and self.stop_reason is None:
-                if self.max_seconds and time.monotonic() - self._started >= self.max_seconds:
-                    self.stop_reason = "time_limit"
-                elif self.idle_timeout_s and time.time() - missing >= self.idle_timeout_s:
-                    self.stop_reason = "idle"
+                self.stop_reason = self.limits.while_starting(missing)
             if self.stop_reason is not None and not starting.done():
                 await _ended([starting], self._log)
                 return False
@@ -359,8 +356,7 @@ class PrequentialLoop:
         while len(self.worker.running) < ahead and self.intake.queue:
             index = self.step + len(self.worker.running)
             self._check_stop()
-            if (self.stop_reason is not None or self._snapshot_asked or (self.max_batches and index >= self.max_batches)
-                    or (self.total_batches and index >= self.total_batches)):
+            if self.stop_reason is not None or self._snapshot_asked or self.limits.past_last_batch(index):
                 return
             previous = next((ready.truth for ready, _ in reversed(self.worker.running) if ready.truth), self.truth)
             if self.snapshot_wanted(index, self.intake.queue[0], previous):
@@ -489,20 +485,10 @@ class PrequentialLoop:
         self.intake.queue = deque(ready_from_plain(saved, self.batcher) for saved in state["waiting"])
 
     def _check_stop(self) -> None:
-        now = time.monotonic()
-        if self.max_batches and self.step >= self.max_batches:
-            self.stop_reason = self.stop_reason or "max_batches"
-        if self.total_batches and self.step >= self.total_batches:
-            self.stop_reason = self.stop_reason or "end_of_stream"
-        if (self.ranks is None  # ranks: agreed (their records add up to it)
-                and self.total_records and self.intake.records_read() >= self.total_records and not self.intake.queue
-                and not self.intake.more()):  # every record read and batched: what remains is less than a batch
-            self.stop_reason = self.stop_reason or "end_of_stream"  # (before idle: a word model's end, whose
-            # records were all read more than idle_timeout_s before its learning ended, said idle)
-        if self.max_seconds and now - self._started >= self.max_seconds:
-            self.stop_reason = self.stop_reason or "time_limit"
-        if self.ranks is None and not self.intake.queue and self.intake.idle(now):  # ranks: agreed (every rank idle)
-            self.stop_reason = self.stop_reason or "idle"
+        """stop_reason, unless set, from the stop conditions that hold now (StopConditions.reached)."""
+        reached = self.limits.reached(self.step, self.intake, self.ranks is None)
+        self.stop_reason = self.stop_reason or reached
+
 
 async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say_after_s: float = 10.0) -> None:
     """Cancel `tasks` and wait until every one has ended, cancelling again each `again_after_s` one
