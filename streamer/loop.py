@@ -254,6 +254,8 @@ class PrequentialLoop:
             finally:  # an interrupt the wait held back still leaves the group
                 await self.source.stop()
 
+    # The loop's own tasks, as _ended names them in its line ("still stopping: PrequentialLoop._fetch ...")
+
     async def _fetch(self) -> None:
         """The fetch side's task (Intake.fetch)."""
         await self.intake.fetch()
@@ -407,7 +409,7 @@ class PrequentialLoop:
     async def _agreed(self) -> ReadyBatch | None:
         """Ranks: the next batch once every rank has its own (all step), None once any rank stops (all stop)
         (RankAgreement.agreed)."""
-        agreed = await self.agreement.agreed(lambda: self.stop_reason, self.checkpoint_wanted)
+        agreed = await self.agreement.agreed(lambda: self.stop_reason, lambda: self.checkpoint_wanted())
         if agreed.stop_reason is not None:
             self.stop_reason = self.stop_reason or agreed.stop_reason
             return None
