@@ -248,7 +248,7 @@ class KafkaSource:
     async def reachable(self) -> bool:
         """Whether the broker answers a metadata request within `probe_timeout_s` and lists the topic: one
         deleted under the learner (`topic_gone`; it said nothing and showed caught up, lag 0) is waited for as
-        a broker that does not answer (streamer.loop), up to --broker-timeout."""
+        a broker that does not answer (streamer.broker_watch), up to --broker-timeout."""
         if self._consumer is None:
             return False
         try:
