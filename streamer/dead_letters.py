@@ -87,7 +87,7 @@ class DeadLetters:
     async def send(self, producer, fetched: Fetched, reason: str, detail: str, timeout_s: float) -> None:
         """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
         that could not be decoded (its copy, made then). Not at the read: a record read again after a
-        rewind (streamer.batching.OffsetTracker.admit) is passed over, and its copy is not sent again.
+        rewind (streamer.offsets.OffsetTracker.admit) is passed over, and its copy is not sent again.
         `producer` None: said and counted only (no dead-letter producer); `timeout_s`: the longest the send
         may hold up fetching, then it counts as failed."""
         source = f"{fetched.tp[0]}:{fetched.tp[1]}:{fetched.offset}"
