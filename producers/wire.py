@@ -22,7 +22,7 @@ consumer). Checked in this order, the first failing rule gives the reason:
     unreadable     a record the Kafka client cannot parse at all: a header *name* that is not UTF-8
                    (aiokafka decodes names strictly) or a failed CRC. Its copy holds no key or value;
                    records after it in the same producer batch cannot be parsed either and are
-                   dead-lettered the same way (streamer.dead_letters).
+                   dead-lettered the same way (streamer.kafka.dead_letters).
 
 and, after decoding, by the learner's batcher (streamer.batching, streamer.utterance_batching):
 

@@ -12,7 +12,7 @@ A checkpoint is a plain dict (nanoGPT's checkpoint dict; bytewax's snapshot):
                     learned, records read and dead-lettered, the last truth
     offsets         {"topic:partition": next offset to read}; committed to Kafka only after the checkpoint
                     holding them is written, so Kafka's committed offsets never run ahead of it; a restart
-                    reads every partition from here (streamer.assignment.SeekOnAssign), not from Kafka's
+                    reads every partition from here (streamer.kafka.assignment.SeekOnAssign), not from Kafka's
     step            batches learned
     order           the MULTI reference (streamer.multitask, no loop, tracker or offsets of a topic): the
                     shuffled order it learned the stream's batches in

@@ -49,7 +49,7 @@ from producers.wire import REASONS
 from streamer import checkpoint, distributed
 from streamer.checkpointer import Checkpointer
 from streamer.config import LearnConfig, RunSummary
-from streamer.consumer import KafkaSource
+from streamer.kafka.consumer import KafkaSource
 from streamer.loop import PrequentialLoop
 from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set

@@ -54,7 +54,7 @@ __all__ = ["PrequentialLoop"]
 
 
 class PrequentialLoop:
-    """Learn batches from `source` (a streamer.source.Source: streamer.consumer.KafkaSource) until
+    """Learn batches from `source` (a streamer.source.Source: streamer.kafka.consumer.KafkaSource) until
     a stop condition: `max_batches` learned, `max_seconds` elapsed, `idle_timeout_s` without a record,
     or the end of the stream: `total_batches` learned, or every one of `total_records` read and no
     whole batch left (both from the producer's manifest)."""

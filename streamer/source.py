@@ -1,5 +1,5 @@
 """What the learning loop reads from: the `Source` protocol, the records it yields (`Fetched`) and the
-one-line error it raises (`SourceError`). streamer.consumer.KafkaSource is the product's source; a
+one-line error it raises (`SourceError`). streamer.kafka.consumer.KafkaSource is the product's source; a
 test's in-memory list is another (tests/test_loop.py's MemorySource). No Kafka client here: the loop
 imports this, not aiokafka."""
 

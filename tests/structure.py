@@ -4,7 +4,8 @@
 
 Product code is streamer/, producers/ and monitor/. Counted: import cycles between
 modules, upward imports (producers/ or monitor/ importing streamer/), underscore names
-imported from another module, argparse imported outside the CLI room (streamer/cli/),
+imported from another module, argparse imported outside the CLI room (streamer/cli/), aiokafka
+imported in streamer/ outside its Kafka package (streamer/kafka/),
 modules reading the environment, hand-written __repr__ in strategies, modules calling
 torch.save, and pickle imports.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("streamer", "producers", "monitor")
 CLI_ROOM = "streamer.cli"
+KAFKA_ROOM = "streamer.kafka"
 
 
 def module_name(path: Path) -> str:
@@ -119,7 +121,8 @@ def check() -> dict[str, list[str]]:
     known = product_modules()
     graph: dict[str, set[str]] = {}
     faults: dict[str, list[str]] = {key: [] for key in (
-        "cycles", "upward", "private", "argparse", "environment", "strategy_repr", "torch_save", "pickle")}
+        "cycles", "upward", "private", "argparse", "aiokafka", "environment", "strategy_repr", "torch_save",
+        "pickle")}
     for module, path in known.items():
         found = imports_of(module, path, known)
         # a package's own __init__ is not an edge from its submodules (importing a.b runs a/__init__)
@@ -130,6 +133,9 @@ def check() -> dict[str, list[str]]:
             faults["upward"] += [f"{module} -> {t}" for t in sorted(found.targets) if t.split(".")[0] == "streamer"]
         if "argparse" in found.names and not (module == CLI_ROOM or module.startswith(CLI_ROOM + ".")):
             faults["argparse"].append(module)
+        if top == "streamer" and any(name.split(".")[0] == "aiokafka" for name in found.names) \
+                and not module.startswith(KAFKA_ROOM + "."):
+            faults["aiokafka"].append(module)
         if "pickle" in found.names or "cPickle" in found.names or "dill" in found.names:
             faults["pickle"].append(module)
         text = path.read_text(encoding="utf-8")

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from producers.kafka import ensure_topic
-from streamer.consumer import KafkaSource
+from streamer.kafka.consumer import KafkaSource
 from streamer.source import SourceError
 from tests.conftest import write_corpus
 from tests.learners import (ENV, assert_equal_losses, error_lines, finish, kill_leftovers, learn_command,

@@ -28,7 +28,7 @@ from producers.wire import Record, encode
 from streamer.checkpoint import load
 from streamer.config import LearnConfig
 from streamer.broker import EmbeddedBroker
-from streamer.consumer import KafkaSource
+from streamer.kafka.consumer import KafkaSource
 from streamer.learner import run as run_learner
 from streamer.step import run
 from tests.helpers import TINY, batches_from_records, naive, small_stream, until_stopped

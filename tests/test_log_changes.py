@@ -1,4 +1,4 @@
-"""A partition's log that no longer holds the learner's offsets: the decision (streamer.assignment.where_to_read),
+"""A partition's log that no longer holds the learner's offsets: the decision (streamer.kafka.assignment.where_to_read),
 the Kafka side's answer to an out-of-range fetch and to an assignment, and the offset tracker's jump.
 
 Retention deleting records before the learner read them cannot be made on the embedded broker (Tansu has
@@ -13,8 +13,8 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from streamer.assignment import SeekOnAssign, where_to_read
-from streamer.consumer import KafkaSource
+from streamer.kafka.assignment import SeekOnAssign, where_to_read
+from streamer.kafka.consumer import KafkaSource
 from streamer.offsets import OffsetTracker
 from streamer.source import SourceError
 

@@ -1301,7 +1301,7 @@ def test_the_loop_is_at_rest_while_its_consumer_waits_for_the_next_batch_in_a_pr
 
 
 def test_the_kafka_source_and_a_list_in_memory_meet_the_loops_source_protocol():
-    from streamer.consumer import KafkaSource
+    from streamer.kafka.consumer import KafkaSource
     from streamer.source import Source
 
     assert isinstance(MemorySource([]), Source)

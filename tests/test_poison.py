@@ -26,7 +26,7 @@ from producers.kafka import ensure_topic
 from producers.wire import (MAX_STREAM_ID, REASONS, Record, Truth, WireError, dead_letter_copy, decode, encode,
                             stream_id)
 from streamer.batching import Batcher
-from streamer.consumer import KafkaSource
+from streamer.kafka.consumer import KafkaSource
 from tests.conftest import write_corpus
 
 STREAMER = [sys.executable, "-m", "streamer.cli"]

@@ -71,7 +71,7 @@ def test_kafka_security_holds_where_the_password_is_never_the_password(monkeypat
 def test_tls_and_sasl_options_reach_every_aiokafka_client(tls_files, monkeypatch):
     from aiokafka import AIOKafkaProducer
 
-    from streamer.consumer import KafkaSource
+    from streamer.kafka.consumer import KafkaSource
 
     monkeypatch.setenv("STREAMER_KAFKA_PASSWORD", SECRET)
     security = KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", username="u",

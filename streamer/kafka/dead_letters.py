@@ -1,5 +1,5 @@
 """Records the learner cannot learn, as the Kafka side meets them (a Kafka-side module of the learner, with
-streamer.consumer): each fetched message decoded into a Fetched, or with its reason and its dead-letter copy
+streamer.kafka.consumer): each fetched message decoded into a Fetched, or with its reason and its dead-letter copy
 (`decoded`); a record the Kafka client itself cannot parse stepped past as `unreadable`
 (step_past_unreadable); and the copies of those the learner takes sent to `<topic>.dlq` (DeadLetters).
 

@@ -1,4 +1,4 @@
-"""Committing the learner's offsets to Kafka (a Kafka-side module of the learner: streamer.consumer's
+"""Committing the learner's offsets to Kafka (a Kafka-side module of the learner: streamer.kafka.consumer's
 KafkaSource commits by these): only when asked, after a checkpoint that holds them is written, bounded in
 time, and a commit given up on kept quiet.
 """

@@ -1,8 +1,7 @@
-"""The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses are the
-modules of streamer/ that import aiokafka: streamer.reach (reaching the broker at start),
-streamer.learner_group (who may learn in the group), streamer.assignment (where each assigned partition
-is read from), streamer.dead_letters (records that cannot be learned), streamer.commits (committing
-offsets) and streamer.lag (consumer lag).
+"""The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses, its package
+streamer.kafka, are the modules of streamer/ that import aiokafka: reach (reaching the broker at start),
+learner_group (who may learn in the group), assignment (where each assigned partition is read from),
+dead_letters (records that cannot be learned), commits (committing offsets) and lag (consumer lag).
 
 Fetches in batches, decodes wire records, dead-letters bad ones (sent to `<topic>.dlq` when the learner
 takes them: send_dead_letter; a failed send is counted in `dead_letter_failures`, logged, and never
@@ -10,9 +9,9 @@ raised), commits offsets only when asked (bounded in time), and reports consumer
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
-and so is its learner group, and another learner is refused (streamer.learner_group). Every partition
+and so is its learner group, and another learner is refused (streamer.kafka.learner_group). Every partition
 is read from the learner's own offset, or from the earliest one: never from the group's committed
-offset (streamer.assignment). Afterwards `reachable()` tells the loop whether the broker answers, and a
+offset (streamer.kafka.assignment). Afterwards `reachable()` tells the loop whether the broker answers, and a
 rebalance hands the learner's state over (`on_revoke`) and seeks to the learner's own offsets
 (SeekOnAssign); it never raises.
 """
@@ -29,12 +28,12 @@ from aiokafka.errors import (GroupAuthorizationFailedError, IllegalStateError, K
 
 from producers.kafka import closed_quietly
 from producers.wire import MAX_RECORD_BYTES
-from streamer.assignment import SeekOnAssign, deleted_unread, place_out_of_range, seek_to_own
-from streamer.commits import commit_assigned, quiet_abandoned_commits
-from streamer.dead_letters import UNREADABLE, DeadLetters, decoded, step_past_unreadable
-from streamer.lag import HeldEnds, records_behind
-from streamer.learner_group import Membership
-from streamer.reach import BrokerReach
+from streamer.kafka.assignment import SeekOnAssign, deleted_unread, place_out_of_range, seek_to_own
+from streamer.kafka.commits import commit_assigned, quiet_abandoned_commits
+from streamer.kafka.dead_letters import UNREADABLE, DeadLetters, decoded, step_past_unreadable
+from streamer.kafka.lag import HeldEnds, records_behind
+from streamer.kafka.learner_group import Membership
+from streamer.kafka.reach import BrokerReach
 from streamer.source import Fetched, SourceError
 
 __all__ = ["KafkaSource"]
@@ -69,7 +68,7 @@ class KafkaSource:
         still committed under `group_id`): a list, or partitions(count) -> list given the topic's
         partition count (a rank of a distributed learner, streamer.distributed), whose ValueError is
         SourceError. `rank_0_of`: with `partitions`, this is rank 0 of a learner of that many ranks, and
-        joins the learner group (streamer.learner_group) for all of them (the other ranks give None; one
+        joins the learner group (streamer.kafka.learner_group) for all of them (the other ranks give None; one
         process always joins)."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
@@ -201,7 +200,7 @@ class KafkaSource:
                               f"{limit:g} s") from None
 
     def _membership(self) -> Membership:
-        """This learner in its group and its learner group, as the rules of streamer.learner_group see it."""
+        """This learner in its group and its learner group, as the rules of streamer.kafka.learner_group see it."""
         return Membership(self.bootstrap_servers, self.topic, self.group_id, subscribed=self.partitions is None,
                           processes=self._processes, describe_timeout_s=self.probe_timeout_s * 5)
 
@@ -395,7 +394,7 @@ class KafkaSource:
         beyond its position before that fetch. Never before `read`'s offset (as `taken`): the records
         before it were read, and a partition read again from an earlier offset does not count them. A
         held partition (hold()) is not fetched, so its end is asked of the broker in the background
-        (streamer.lag.HeldEnds): the records written while it is held count from the next read on, and
+        (streamer.kafka.lag.HeldEnds): the records written while it is held count from the next read on, and
         after the hold until a fetch of it has seen as far. Never waits on the network."""
         if self._consumer is None:
             return {}

@@ -1,5 +1,5 @@
 """Consumer lag: the records in each assigned partition's log that the learner has not yet taken (a Kafka-side
-module of the learner, with streamer.consumer, whose KafkaSource.lag reads it), and the ends of held
+module of the learner, with streamer.kafka.consumer, whose KafkaSource.lag reads it), and the ends of held
 partitions, which no fetch answers, asked of the broker in the background (HeldEnds).
 """
 
@@ -10,7 +10,7 @@ from typing import Callable
 
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from streamer.assignment import not_this_log
+from streamer.kafka.assignment import not_this_log
 
 __all__ = ["HeldEnds", "records_behind"]
 

@@ -1,5 +1,5 @@
 """Where each assigned partition is read from: the learner's own offsets against the log as the broker
-has it now (a Kafka-side module of the learner: streamer.consumer's KafkaSource seeks by these).
+has it now (a Kafka-side module of the learner: streamer.kafka.consumer's KafkaSource seeks by these).
 
 Every partition is read from the learner's own offset (a checkpoint's, then what it has read), or from
 the log's beginning: never from the group's committed offset. An own offset below the beginning lost the

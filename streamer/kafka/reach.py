@@ -1,4 +1,4 @@
-"""Reaching the broker at a learner's start (a Kafka-side module of the learner, with streamer.consumer): a
+"""Reaching the broker at a learner's start (a Kafka-side module of the learner, with streamer.kafka.consumer): a
 broker that does not answer is retried with backoff up to --broker-timeout and said once, then one line
 naming its address; credentials it refuses are one line; a topic that does not exist is said once and
 waited for, asked with a listing, which never creates it (a consumer's metadata request for it would, with
