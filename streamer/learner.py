@@ -12,7 +12,8 @@
     loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
         --> its console snapshot --> LiveView and <run_dir>/status.json, polled a few times a second
 
-`run(config, ...)` composes them for the command line; it prints only through `log`.
+`run(config, ...)` composes them for the command line; it prints only through `log`. The consumers'
+order and the idle checkpoint are streamer.result_consumers'; the signals' handling streamer.run_signals'.
 
 Ranks of a distributed learner (streamer.distributed, under torchrun): each rank reads its own
 partitions into its rows and steps with the others; rank 0 alone writes the run directory (config,
@@ -26,10 +27,7 @@ import asyncio
 import contextlib
 import inspect
 import json
-import os
 import random
-import signal
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,8 +40,7 @@ from monitor.console import STATUS_FILE, LoopReading, read_status, write_status
 from monitor.exporter import create_metrics, serve
 from monitor.files import replace_text
 from monitor.live import LiveMonitor
-from monitor.losslog import LossLogWriter
-from monitor.view import LiveView, learning_on_line, waiting_for_line
+from monitor.view import LiveView
 from producers.kafka import ensure_topic
 from producers.wire import REASONS
 from streamer import checkpoint, distributed
@@ -53,12 +50,13 @@ from streamer.kafka.consumer import KafkaSource
 from streamer.loop import PrequentialLoop
 from streamer.models import ModelRequest, build_model
 from streamer.probe import ProbeScheduler, load_probe_set
-from streamer.resume import trim_logs
+from streamer.result_consumers import consume_results, sync_monitor
+from streamer.run_signals import StopOnSignals
 from streamer.settings import kafka_client_options
 from streamer.spin import governor, in_passing
 from streamer.strategies import STRATEGIES
 
-__all__ = ["build_strategy", "resolve_device", "run", "Checkpointer", "write_run_config"]
+__all__ = ["build_strategy", "resolve_device", "run", "told_the_class", "write_run_config", "restore"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -205,14 +203,14 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
             log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
             _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
         before = (loop.step, loop.tokens, loop.skipped)  # the checkpoint's: the summary counts this start's own
-        with view, _StopOnSignals(stop_signals, loop, log):
+        with view, StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
-            tasks = [asyncio.create_task(_consume(loop, monitor, checkpointer, probes, run_dir, view, log=log,
+            tasks = [asyncio.create_task(consume_results(loop, monitor, checkpointer, probes, run_dir, view, log=log,
                                                   final_probe=built.kind == "classifier", resumed=resume is not None))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             await _until_learned(tasks, loop)
-            _sync(loop, monitor, checkpointer, probes, finished=True)
+            sync_monitor(loop, monitor, checkpointer, probes, finished=True)
             final = monitor.console_snapshot()
             view.update(final, force=True)
             if leader:
@@ -320,202 +318,6 @@ async def _until_learned(tasks: list, loop: PrequentialLoop) -> None:
         for task in pending:
             task.cancel()
     await asyncio.gather(*pending, return_exceptions=loop.stop_reason == "signal")
-
-
-class _StopOnSignals:
-    """While the run lasts, `signals` stop the loop cleanly; a second SIGINT exits at once (130), through
-    the report too, and a second SIGTERM is ignored."""
-
-    def __init__(self, signals: tuple, loop: PrequentialLoop, log):
-        self.signals, self.loop, self.log = tuple(signals), loop, log
-
-    def __enter__(self):
-        event_loop = asyncio.get_running_loop()
-        for signum in self.signals:
-            event_loop.add_signal_handler(signum, self._received, signum)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        event_loop = asyncio.get_running_loop()
-        for signum in self.signals:
-            event_loop.remove_signal_handler(signum)  # puts Python's own SIGINT handler back
-        if self.loop.stop_reason == "signal":  # "Ctrl-C again aborts" holds through the report as well
-            signal.signal(signal.SIGINT, _abort_handler)
-            # and a second SIGTERM is ignored there, as during the stop: the report is kept (a rank's
-            # agent that dies sends one)
-            if signal.SIGTERM in self.signals:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-    def _received(self, signum) -> None:
-        name = signal.Signals(signum).name
-        if self.loop.stop_reason == "signal":
-            if signum == signal.SIGINT:
-                _abort(signum)
-            return
-        self.log(f"{name}: stopping after the step in flight (checkpoint, commit, leave the group); "
-                 + ("Ctrl-C again aborts" if signum == signal.SIGINT else "SIGINT aborts"))
-        self.loop.stop("signal")
-        # From now on SIGINT aborts in Python's own handler, which runs between two bytecodes of the
-        # main thread: the event loop's handler would wait for whatever the shutdown is doing
-        # (the last checkpoint, the report), which under load took over 2 s.
-        signal.signal(signal.SIGINT, _abort_handler)
-
-
-def _abort_handler(signum, frame) -> None:
-    _abort(signum)
-
-
-def _abort(signum) -> None:
-    print(f"streamer: {signal.Signals(signum).name} again: exiting now, without a final checkpoint",
-          file=sys.stderr, flush=True)
-    os._exit(130)
-
-
-async def _consume(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, probes, run_dir: Path | None, view,
-                   final_probe: bool, resumed: bool = False, log=None) -> None:
-    """The consumers of the loop's results, in order: monitor, loss log, checkpointer, probes. The run's
-    logs are cut back to the loop's step (a resumed run's checkpoint; 0 otherwise) once the source has
-    started, then appended to. `run_dir` None (a rank other than 0): no log, no status file."""
-    # from the start: the consumer group's JoinGroup (in the source's start) shows as joining
-    publisher = asyncio.create_task(_publish(loop, monitor, view, checkpointer, probes, run_dir, log))
-    try:
-        async with loop:
-            if run_dir is not None and (kept := trim_logs(run_dir, loop.step)[0]) < loop.step:
-                (log or print)(f"losses.jsonl holds {kept} of the checkpoint's {loop.step} batches: batches {kept} "
-                               f"to {loop.step - 1} are missing from the loss log (cut, or lost in a crash of the "
-                               "machine), so a report from it leaves them out; the model learned them")
-            loss_log = _NoLossLog() if run_dir is None else LossLogWriter(run_dir / "losses.jsonl", append=resumed)
-            with loss_log as losses:
-                if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
-                    monitor.probed(row)
-                idle = asyncio.create_task(_checkpoint_while_idle(loop, checkpointer, losses))
-                try:
-                    async for result in loop:
-                        losses.write(monitor.observe(result))
-                        if checkpointer.due():
-                            losses.sync()  # on disk before a checkpoint past its lines (a power cut keeps both)
-                            checkpointer.start()  # copied here, written in the background
-                        if probes and (row := await probes.before_next(loop)):
-                            monitor.probed(row)
-                finally:
-                    idle.cancel()
-                    failed = (await asyncio.gather(idle, return_exceptions=True))[0]
-                if isinstance(failed, Exception):  # its checkpoint's write failed (a full disk): the run's error
-                    raise failed
-            if probes and final_probe and loop.step:  # the model after the whole stream: the last task's stage
-                monitor.probed(await probes.score(loop, "end"))
-            _sync(loop, monitor, checkpointer, probes)
-            await checkpointer.write()  # one at the end, always
-    except BaseException:
-        checkpointer.abandon()  # the run's own error is the one reported
-        raise
-    finally:
-        publisher.cancel()
-        await asyncio.gather(publisher, return_exceptions=True)
-
-
-async def _checkpoint_while_idle(loop: PrequentialLoop, checkpointer: Checkpointer, losses, every_s: float = 0.5):
-    """A learner caught up with its topic takes no result until records come, so the checkpoint due at the
-    next result waited: the batches learned since the last one stayed out of it (their offsets uncommitted)
-    for as long as the topic was quiet, hours for a daemon, and a kill -9 then cost them. Once a checkpoint
-    is due and the loop waits for records, at rest, one is written here. One process only: the ranks
-    checkpoint where they agree, at a step."""
-    if checkpointer.ranks is not None:
-        return
-    started = loop.step  # (a resumed run's checkpoint holds its batches)
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            checkpointer.raise_failure()  # a write that failed (a full disk) ends the run, quiet topic or not
-            if loop.step > max(started, checkpointer.step_written or 0) and loop.waiting_since is not None \
-                    and checkpointer.time_due() and loop.at_rest:  # (not snapshot_point: a probe's peek holds it)
-                losses.sync()
-                checkpointer.start()
-        except Exception:
-            loop.stop("checkpoint_failed")  # the consumer ends and raises it
-            raise
-
-
-class _NoLossLog:
-    """The loss log of a rank other than 0: rank 0 writes the global one."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def write(self, line) -> None:
-        pass
-
-    def sync(self) -> None:
-        pass
-
-
-async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpointer=None, probes=None,
-                   run_dir: Path | None = None, log=None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
-    """Read the loop's plain state into the monitor and refresh the view a few times a second; write
-    the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
-    and whenever the activity changes; with a run directory (one process, rank 0), `say` in `log` when
-    the learning begins to wait for streams and when it learns on."""
-    written_at, written_activity = None, None
-    say = _WaitsSaid(loop, log) if run_dir is not None and log is not None else None
-    while True:
-        _sync(loop, monitor, checkpointer, probes)
-        if say is not None:
-            say()
-        snapshot = monitor.console_snapshot()
-        view.update(snapshot)
-        now = time.monotonic()
-        if run_dir is not None and (written_at is None or now - written_at >= status_every_s
-                                    or snapshot.activity != written_activity):
-            written_at, written_activity = now, snapshot.activity
-            write_status(run_dir / STATUS_FILE, snapshot)
-        await asyncio.sleep(every_s)
-
-
-class _WaitsSaid:
-    """The learner's log lines about the streams the learning waits for (loop.streams_waited_for): a wait
-    once it has lasted `after_s` since the last batch (a stream far slower than the others is waited for
-    at each of its windows, briefly), the streams it adds later, and its end when a batch is cut again."""
-
-    def __init__(self, loop: PrequentialLoop, log, after_s: float = 60.0):
-        self.loop, self.log, self.after_s = loop, log, after_s
-        self._said: tuple = ()  # the streams of the wait said so far (() when none is)
-        self._since = None  # the wait's start (wall: the last batch)
-
-    def __call__(self) -> None:
-        streams, now = self.loop.streams_waited_for, time.time()
-        if not streams:
-            if self._said:
-                self.log(learning_on_line(self._said, now - self._since))
-                self._said = ()
-            return
-        since = self.loop.waiting_for_records_since or now
-        if not self._said and now - since < self.after_s:
-            return
-        if not set(streams) <= set(self._said):
-            self._since = since if not self._said else self._since
-            self._said = tuple(sorted(set(self._said) | set(streams)))
-            self.log(waiting_for_line(self._said, self.loop.ahead_windows, now - self._since))
-
-
-def _sync(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes, finished: bool = False) -> None:
-    """The loop's, the checkpointer's and the probes' plain state into the monitor (the source's
-    topic-missing time where it has one: an in-memory source has none)."""
-    counts = loop.across_ranks()  # (ranks, on rank 0: every rank's)
-    counted = monitor.dead_letters
-    for reason, count in counts.dead_letters.items():
-        if count > counted.get(reason, 0):
-            monitor.dead_letter(reason, count - counted.get(reason, 0))
-    monitor.read(LoopReading(
-        step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
-        queue_depth=loop.queue_depth,
-        waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
-        checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
-        probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
-        topic_missing_since=getattr(loop.source, "topic_missing_since", None),
-        waiting_for=() if finished else loop.streams_waited_for, busy_s=loop.busy_s))
 
 
 def _batch_limits(config: LearnConfig, built, manifest: dict | None) -> tuple[int | None, int | None]:

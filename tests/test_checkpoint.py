@@ -342,7 +342,7 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
     from monitor.live import LiveMonitor
     from streamer.checkpointer import Checkpointer
     from streamer.config import LearnConfig
-    from streamer.learner import _consume
+    from streamer.result_consumers import consume_results
     from streamer.loop import PrequentialLoop
     from tests.helpers import naive
     from tests.test_loop import MemorySource
@@ -372,7 +372,7 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
         monitor = LiveMonitor(run="r", strategy="naive")
         checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 0.0, config=LearnConfig("b:9092", "t", tmp_path),
                                     loop=loop, monitor=monitor)
-        await _consume(loop, monitor, checkpointer, None, None, Quiet(), final_probe=False)
+        await consume_results(loop, monitor, checkpointer, None, None, Quiet(), final_probe=False)
 
     with caplog.at_level("ERROR", logger="asyncio"), pytest.raises(RuntimeError, match="the step's own error"):
         asyncio.run(go())

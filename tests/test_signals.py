@@ -204,7 +204,7 @@ def test_after_a_signal_stop_ctrl_c_still_aborts_and_sigterm_is_ignored_while_th
     during the report then raised KeyboardInterrupt inside matplotlib's import (a traceback, status 1,
     once in a full suite) instead of the promised abort. SIGTERM went back to its default: a second one
     (the kernel's, to a rank whose agent died) ended the process without its report."""
-    from streamer.learner import _StopOnSignals
+    from streamer.run_signals import StopOnSignals
 
     class Loop:
         stop_reason = None
@@ -213,7 +213,7 @@ def test_after_a_signal_stop_ctrl_c_still_aborts_and_sigterm_is_ignored_while_th
             self.stop_reason = reason
 
     async def run_stopped_by_sigterm():
-        with _StopOnSignals((signal.SIGINT, signal.SIGTERM), Loop(), lambda line: None) as stopping:
+        with StopOnSignals((signal.SIGINT, signal.SIGTERM), Loop(), lambda line: None) as stopping:
             stopping._received(signal.SIGTERM)
         return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
@@ -226,7 +226,7 @@ def test_after_a_signal_stop_ctrl_c_still_aborts_and_sigterm_is_ignored_while_th
     # a second SIGTERM (a rank's agent that died sends one) is ignored through the report, as during the stop
     assert on_sigterm == signal.SIG_IGN
     assert handler not in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN)
-    with mock.patch("streamer.learner._abort") as aborted:
+    with mock.patch("streamer.run_signals._abort") as aborted:
         handler(signal.SIGINT, None)
     aborted.assert_called_once_with(signal.SIGINT)
 

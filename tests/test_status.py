@@ -146,11 +146,11 @@ def test_a_wait_for_streams_is_said_once_it_has_lasted_a_minute_with_the_streams
     """A stream far slower than the others is waited for at each of its windows, briefly: not said."""
     from types import SimpleNamespace
 
-    from streamer.learner import _WaitsSaid
+    from streamer.result_consumers import WaitsSaid
 
     loop = SimpleNamespace(streams_waited_for=(), ahead_windows=256, waiting_for_records_since=time.time() - 30)
     lines = []
-    say = _WaitsSaid(loop, lines.append)
+    say = WaitsSaid(loop, lines.append)
     say()
     loop.streams_waited_for = (1,)
     say()  # 30 s: not yet
