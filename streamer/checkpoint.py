@@ -350,7 +350,7 @@ class CheckpointView:
     @property
     def config(self) -> dict:
         """The run's LearnConfig as plain values ({} when it has none)."""
-        return self.state.get("config", {})
+        return self.state.get("config") or {}
 
     @property
     def step(self) -> int:

@@ -393,3 +393,14 @@ def test_a_checkpoint_of_a_later_format_is_refused_and_one_of_format_1_loads(tmp
     tracker = OffsetTracker()
     tracker.load_state_dict(checkpoint.load(path)["loop"]["batcher"]["offsets"])
     assert checkpoint.FORMAT_VERSION == 2 and tracker.commit_positions() == {("t", 0): 5}
+
+
+def test_the_checkpoint_views_read_what_an_old_or_partial_checkpoint_holds():
+    """CheckpointView is how every reader takes a checkpoint's parts: a config of None (or none) reads as {}, a run
+    of one process has world size 1 and its own part at the top level, a distributed one each rank's."""
+    assert checkpoint.CheckpointView({"config": None, "step": 3}).config == {}
+    assert checkpoint.CheckpointView({"step": 3}).config == {}
+    one = checkpoint.CheckpointView({"step": 3, "strategy": {"s": 1}, "loop": {}, "rng": {}})
+    assert one.world_size == 1 and one.part().strategy == {"s": 1} and one.tracker is None
+    ranks = checkpoint.CheckpointView({"step": 3, "world_size": 2, "ranks": [{"strategy": 0}, {"strategy": 1}]})
+    assert ranks.world_size == 2 and ranks.part(1).strategy == 1

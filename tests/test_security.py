@@ -90,6 +90,8 @@ def test_tls_and_sasl_options_reach_every_aiokafka_client(tls_files, monkeypatch
     source = KafkaSource("127.0.0.1:1", "t", "g", security=security,  # consumer and dead-letter producer
                          client_options=options)
     assert source._client_options["sasl_plain_password"] == SECRET
+    with pytest.raises(TypeError, match="client_options"):  # never plaintext for a source told of credentials
+        KafkaSource("127.0.0.1:1", "t", "g", security=security)
     with pytest.raises(ValueError, match="TLS files cannot be loaded"):
         kafka_client_options(dataclasses.replace(security, ca_file=str(tls_files / "ca.key")))
 

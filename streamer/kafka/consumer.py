@@ -56,7 +56,8 @@ class KafkaSource:
         failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
         `security`: the producers.security.KafkaSecurity the refusal of our credentials names (one line);
         `client_options`: its aiokafka keyword arguments, the password resolved by the caller
-        (streamer.settings.kafka_client_options; None: none, plaintext), for every client of the source.
+        (streamer.settings.kafka_client_options; None: none, plaintext; required with `security`), for every
+        client of the source.
         `on_revoke`: an async callable awaited when partitions are revoked from a started learner (a
         rebalance), e.g. Checkpointer.on_revoke; settable as an attribute until start().
         `broker_timeout_s`: how long start() retries a broker that does not answer (then SourceError).
@@ -83,6 +84,9 @@ class KafkaSource:
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
         self._sought: set = set()  # the partitions `seek` moved during the fetch in progress
         self._held_ends = HeldEnds()  # the ends of held partitions, asked of the broker (lag())
+        if security is not None and client_options is None:  # (it would connect in plaintext, unauthenticated)
+            raise TypeError("KafkaSource: `security` names the refused credentials; give its resolved "
+                            "client_options too (streamer.settings.kafka_client_options)")
         self._client_options = client_options or {}
         self._security = security
         self.on_revoke = on_revoke
