@@ -147,26 +147,10 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
     if ranks is not None:
         batcher.first_stream = ranks.first_stream(config.streams)
     total_batches, shown_total = _batch_limits(config, built, manifest)
-    if monitor is None:
-        monitor = LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
-                              from_fragment=config.from_fragment, total_batches=shown_total,
-                              metrics=create_metrics() if config.metrics_port is not None and leader else None,
-                              detector=config.detector, dead_letter_reasons=REASONS,
-                              oracle=told_the_class(config))
-    else:
-        monitor.total_batches = shown_total
+    monitor = _monitor(config, monitor, shown_total, leader)
     if view is None:
         view = LiveView(console=console if config.live_view else Console(force_terminal=False), enabled=leader)
-    client_options = kafka_client_options(config.kafka_security)  # ValueError: a password that is not there
-    if producer is not None:  # the topic must exist before the consumer subscribes
-        await ensure_topic(config.bootstrap_servers, config.topic, client_options=client_options,
-                           broker_timeout_s=config.broker_timeout_s, log=log)
-    source = KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
-                         max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
-                         client_options=client_options,
-                         broker_timeout_s=config.broker_timeout_s,
-                         partitions=None if ranks is None else ranks.partitions(config.streams),
-                         rank_0_of=ranks.world if ranks is not None and ranks.leader else None)
+    source = await _kafka_source(config, ranks, log, topic_first=producer is not None)
     source.seek_on_assign(batcher.offsets.next_positions, new_run=resume is None and not from_beginning)
     loop = PrequentialLoop(strategy, batcher, source,
                            max_batches=config.max_batches, total_batches=None if config.max_batches else total_batches,
@@ -185,28 +169,17 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
         loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
             checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
-        if resume is not None:  # in a passing thread: the parameters' copies leave no OpenMP team behind
-            counters = _counters_continue(config.run_dir, resume)
-            if monitor.metrics is not None and not counters:
-                log(f"metrics: the counters start at 0 (the run's last learner did not stop at its checkpoint's "
-                    f"batch {checkpoint.CheckpointView(resume).step}: Prometheus may have scraped more); the gauges "
-                    "continue")
-            in_passing(restore, resume, loop, monitor, ranks, counters)
-            if leader and checkpointer.path.exists():  # the console shows its age until the next one
-                monitor.checkpointed(checkpointer.path.stat().st_mtime)
+        if resume is not None:
+            _resume(config, resume, loop, monitor, checkpointer, ranks, log)
         if config.metrics_port is not None and monitor.metrics is not None:  # served once restored: a scrape
             # between saw a resumed run's counters at 0, then at its totals (increase() counted them again)
-            _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
-            server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
-                              ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
-                              security=config.metrics_security)
-            log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
-            _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
+            server = _serve_metrics(config, monitor, loop, log)
         before = (loop.step, loop.tokens, loop.skipped)  # the checkpoint's: the summary counts this start's own
         with view, StopOnSignals(stop_signals, loop, log):
             run_dir = config.run_dir if leader else None  # the other ranks write no log and no status
             tasks = [asyncio.create_task(consume_results(loop, monitor, checkpointer, probes, run_dir, view, log=log,
-                                                  final_probe=built.kind == "classifier", resumed=resume is not None))]
+                                                         final_probe=built.kind == "classifier",
+                                                         resumed=resume is not None))]
             if producer is not None:
                 tasks.append(asyncio.create_task(producer()))
             await _until_learned(tasks, loop)
@@ -236,6 +209,56 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
                       batches_before=before[0], skipped=loop.skipped - before[2],
                       stop_line=getattr(loop.source, "refusal", None) or "", topic_gone=loop.topic_gone)
+
+
+def _monitor(config: LearnConfig, monitor: LiveMonitor | None, shown_total: int | None, leader: bool) -> LiveMonitor:
+    """The caller's LiveMonitor told the run's total, or the run's own (Prometheus metrics where they are served:
+    one process, or rank 0)."""
+    if monitor is not None:
+        monitor.total_batches = shown_total
+        return monitor
+    return LiveMonitor(run=config.run_name, strategy=config.strategy, classes=config.classes, k=config.k,
+                       from_fragment=config.from_fragment, total_batches=shown_total,
+                       metrics=create_metrics() if config.metrics_port is not None and leader else None,
+                       detector=config.detector, dead_letter_reasons=REASONS, oracle=told_the_class(config))
+
+
+async def _kafka_source(config: LearnConfig, ranks, log, topic_first: bool) -> KafkaSource:
+    """The run's KafkaSource, its client options resolved here (ValueError: a password that is not there);
+    `topic_first` (a producer beside the learner): the topic is created before the consumer subscribes."""
+    client_options = kafka_client_options(config.kafka_security)
+    if topic_first:
+        await ensure_topic(config.bootstrap_servers, config.topic, client_options=client_options,
+                           broker_timeout_s=config.broker_timeout_s, log=log)
+    return KafkaSource(config.bootstrap_servers, config.topic, config.group_id,
+                       max_record_bytes=config.max_record_bytes, log=log, security=config.kafka_security,
+                       client_options=client_options, broker_timeout_s=config.broker_timeout_s,
+                       partitions=None if ranks is None else ranks.partitions(config.streams),
+                       rank_0_of=ranks.world if ranks is not None and ranks.leader else None)
+
+
+def _resume(config: LearnConfig, resume: dict, loop: PrequentialLoop, monitor: LiveMonitor, checkpointer, ranks,
+            log) -> None:
+    """Continue the checkpoint `resume` (restore, in a passing thread: the parameters' copies leave no OpenMP
+    team behind); the counters continue only where the last learner stopped at it."""
+    counters = _counters_continue(config.run_dir, resume)
+    if monitor.metrics is not None and not counters:
+        log(f"metrics: the counters start at 0 (the run's last learner did not stop at its checkpoint's "
+            f"batch {checkpoint.CheckpointView(resume).step}: Prometheus may have scraped more); the gauges continue")
+    in_passing(restore, resume, loop, monitor, ranks, counters)
+    if (ranks is None or ranks.leader) and checkpointer.path.exists():  # the console shows its age until the next
+        monitor.checkpointed(checkpointer.path.stat().st_mtime)
+
+
+def _serve_metrics(config: LearnConfig, monitor: LiveMonitor, loop: PrequentialLoop, log):
+    """The run's /metrics, served (and its address noted in config.json) until the run ends; the server."""
+    _spins_gauge(monitor.metrics, (config.run_name, config.strategy))
+    server, _ = serve(monitor.metrics, config.metrics_port, config.metrics_host,
+                      ready=lambda: loop.consuming, labels=(config.run_name, config.strategy),
+                      security=config.metrics_security)
+    log(f"metrics: {config.metrics_security.scheme}://{config.metrics_host}:{server.server_address[1]}/metrics")
+    _note_in_run_config(config.run_dir, metrics_address=f"{config.metrics_host}:{server.server_address[1]}")
+    return server
 
 
 def _failed_status(loop: PrequentialLoop, monitor: LiveMonitor, probes, run_dir: Path, error: Exception) -> None:
