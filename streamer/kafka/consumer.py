@@ -104,6 +104,10 @@ class KafkaSource:
         self.refusal: str | None = None  # assignment.not_this_log's line once a partition's log is not the learner's
         self.topic_gone = False  # the last reachable() found the topic deleted (the broker answers)
         self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
+        self._reach = BrokerReach(bootstrap_servers, broker_timeout_s, self._client_options, security, self._log)
+        # this learner in its group and its learner group, as the rules of streamer.kafka.learner_group see it
+        self._membership = Membership(bootstrap_servers, topic, group_id, subscribed=partitions is None,
+                                      processes=self._processes, describe_timeout_s=probe_timeout_s * 5)
 
     def seek_on_assign(self, positions, new_run: bool = False) -> None:
         """Before start(): on every assignment, seek each partition to `positions()`'s
@@ -119,9 +123,9 @@ class KafkaSource:
         and the learner group, and refuse (SourceError) when another learner is in either, or when the
         group's committed offsets belong to a model that is not this run's (_refuse_other_learners)."""
         quiet_abandoned_commits(asyncio.get_running_loop())
-        admin = await self._reach().admin()
+        admin = await self._reach.admin()
         try:
-            await self._reach().until_topic_exists(admin, self.topic, self.group_id, self._topic_missing)
+            await self._reach.until_topic_exists(admin, self.topic, self.group_id, self._topic_missing)
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
                 enable_auto_commit=False, auto_offset_reset="none", request_timeout_ms=15_000,  # (seek_to_own)
@@ -155,13 +159,9 @@ class KafkaSource:
         finally:
             await closed_quietly(admin.close())
 
-    def _reach(self) -> BrokerReach:
-        return BrokerReach(self.bootstrap_servers, self.broker_timeout_s, self._client_options, self._security,
-                           self._log)
-
     async def _started(self, starting) -> None:
         """Await a client's start(); a broker that refuses our credentials is one line (SourceError)."""
-        await self._reach().started(starting)
+        await self._reach.started(starting)
 
     def _topic_missing(self, since: float | None) -> None:
         self.topic_missing_since = since
@@ -203,13 +203,8 @@ class KafkaSource:
             raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
                               f"{limit:g} s") from None
 
-    def _membership(self) -> Membership:
-        """This learner in its group and its learner group, as the rules of streamer.kafka.learner_group see it."""
-        return Membership(self.bootstrap_servers, self.topic, self.group_id, subscribed=self.partitions is None,
-                          processes=self._processes, describe_timeout_s=self.probe_timeout_s * 5)
-
     def _learner_member(self) -> AIOKafkaConsumer:
-        return self._membership().learner_member(self._client_options, self.session_timeout_ms,
+        return self._membership.learner_member(self._client_options, self.session_timeout_ms,
                                                  self.heartbeat_interval_ms)
 
     async def _learner_joined(self) -> None:
@@ -220,17 +215,16 @@ class KafkaSource:
         except GroupAuthorizationFailedError:
             member, self._member = self._member, None
             await closed_quietly(member.stop())
-            self._log(self._membership().not_authorized())
+            self._log(self._membership.not_authorized())
 
     async def _refuse_other_learners(self, admin) -> None:
         """SourceError when another learner reads in the group or the learner group, or when this run is new
         (seek_on_assign's `new_run`) and the group's committed offsets are another model's."""
-        membership = self._membership()
-        await membership.refuse_if_group_shared(admin)
+        await self._membership.refuse_if_group_shared(admin)
         if self._member is not None:
-            await membership.refuse_if_learner_group_shared(admin)
+            await self._membership.refuse_if_learner_group_shared(admin)
         if self._new_run:
-            await membership.refuse_if_elsewhere(admin, self._consumer)
+            await self._membership.refuse_if_elsewhere(admin, self._consumer)
 
     async def stop(self) -> None:
         """Close the clients, leaving the group and the learner group; a broker that is away does not hold
