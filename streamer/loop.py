@@ -112,6 +112,18 @@ class PrequentialLoop:
         # is then not yet taken in; True keeps it until then. None: every result is a snapshot point.
         self.snapshot_wanted = None
 
+    # Limits, pacing and the log held by the rooms built in __init__ (StopConditions, Intake, BrokerWatch, StepWorker):
+    # set once there. An assignment on the loop would make a new attribute that nothing reads, so it is refused.
+    _CONSTRUCTOR_ONLY = frozenset({
+        "max_batches", "total_batches", "total_records", "max_seconds", "idle_timeout_s", "queue_size",
+        "broker_timeout_s", "probe_every_s", "lost_after_s", "burst", "burst_span_s", "lag_every_s",
+        "hold_quiet_s", "keep_windows", "reread_records", "log"})
+
+    def __setattr__(self, name, value):
+        if name in self._CONSTRUCTOR_ONLY:
+            raise AttributeError(f"PrequentialLoop.{name} is set only by its constructor: its rooms hold it")
+        super().__setattr__(name, value)
+
     # What the fetch side and the broker watch keep, read between results (streamer.intake, streamer.broker_watch)
 
     @property

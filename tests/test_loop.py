@@ -114,6 +114,28 @@ def test_stop_conditions_and_dead_letters_are_plain_state(stream):
     assert loop.stop_reason == "idle" and loop.step == len(results)
 
 
+def test_a_limit_set_on_the_loop_after_its_construction_is_refused_not_silently_ignored(stream):
+    """The loop's limits live in the rooms its constructor builds: `loop.max_batches = 3` would make an attribute
+    nothing reads and the run would go on to its end. Every keyword of the constructor is either still read on the
+    loop (an attribute or a property) or refused when set."""
+    import inspect
+    records, _ = stream
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), total_records=len(records))
+    with pytest.raises(AttributeError, match="max_batches is set only by its constructor"):
+        loop.max_batches = 3
+    assert not hasattr(loop, "max_batches")
+    keywords = [name for name, parameter in inspect.signature(PrequentialLoop).parameters.items()
+                if parameter.kind is parameter.KEYWORD_ONLY]
+    for name in keywords:
+        if name in PrequentialLoop._CONSTRUCTOR_ONLY:
+            with pytest.raises(AttributeError):
+                setattr(loop, name, 1)
+        else:
+            assert hasattr(loop, name), f"{name}: neither kept on the loop nor refused when set"
+    loop.step = 7  # its plain state is still set as before
+    assert loop.step == 7
+
+
 def test_a_backlog_read_past_before_the_quiet_names_the_stream_it_waits_for():
     """A restart over a backlog: stream 0's records end early, stream 1's go on, and nothing arrives after
     they are read. Stream 1's surplus is read past (left in Kafka) within hold_quiet_s of the last cut, so
