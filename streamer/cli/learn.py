@@ -139,30 +139,9 @@ def run(args) -> int:
             if not leader:
                 config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
             config = _resumed_settings(config, state, leader)
-            from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
-            from streamer.source import SourceError
-
             with _fresh_start(run_dir, manifest, args.fresh if leader else None) as before_run:
-                try:
-                    summary = run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
-                        config, manifest=manifest, resume=state, from_beginning=args.fresh,
-                        before_run=before_run)))
-                except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
-                    raise UserError(str(exc)) from None
-                except OSError as exc:  # a full disk, a run directory turned read-only: one line, no traceback
-                    if (line := storage_error(exc)) is None:
-                        raise
-                    raise UserError(f"{line}; once it can be written, the same command continues from the last "
-                                    f"checkpoint in {run_dir}") from None
-                except SourceError as exc:
-                    if exc.every_rank and not leader:  # rank 0 says the same line
-                        leave_the_line_to_rank_0()
-                    raise
-                except RuntimeError as exc:
-                    if ranks is None or not a_peer_is_gone(exc):
-                        raise
-                    raise UserError(f"another rank is gone ({last_words(exc)}): torchrun's agent ends the run; the "
-                                    f"same command continues from the last checkpoint in {run_dir}") from None
+                summary = _learn(config, run_dir, manifest, state, args.fresh, before_run, leader=leader,
+                                 ranked=ranks is not None)
     except BaseException:
         if ranks is not None:  # (distributed: imported where the ranks started)
             distributed.stop()
@@ -176,19 +155,53 @@ def run(args) -> int:
             distributed.part(outlast_rank_0_s=10.0 if not leader and status == 2 else 0.0)
     if not leader:
         return status
-    if summary.stop_reason == "broker_lost":  # checkpointed by the learner; exit 2 with one line
+    if (line := _stopped_line(summary, config, run_dir)) is not None:  # checkpointed by the learner: one line, exit 2
+        raise UserError(line)
+    gc.freeze()  # the interpreter's exit then skips its last collection, about a second of torch's objects
+    return status
+
+
+def _learn(config, run_dir: Path, manifest, state, fresh: bool, before_run, *, leader: bool, ranked: bool):
+    """The run itself, under the live view; a stop that the checkpoint survives (a full disk, a checkpoint the
+    strategy cannot load, a rank gone) is one line. Returns the learner's summary."""
+    from streamer.checkpoint import CheckpointError  # torch: imported only where a run starts
+    from streamer.source import SourceError
+
+    try:
+        return run_with_report_on_interrupt(run_dir, lambda: asyncio.run(learn_under_view(
+            config, manifest=manifest, resume=state, from_beginning=fresh, before_run=before_run)))
+    except CheckpointError as exc:  # a checkpoint the strategy cannot load: one line
+        raise UserError(str(exc)) from None
+    except OSError as exc:  # a full disk, a run directory turned read-only: one line, no traceback
+        if (line := storage_error(exc)) is None:
+            raise
+        raise UserError(f"{line}; once it can be written, the same command continues from the last "
+                        f"checkpoint in {run_dir}") from None
+    except SourceError as exc:
+        if exc.every_rank and not leader:  # rank 0 says the same line
+            leave_the_line_to_rank_0()
+        raise
+    except RuntimeError as exc:
+        if not ranked or not a_peer_is_gone(exc):
+            raise
+        raise UserError(f"another rank is gone ({last_words(exc)}): torchrun's agent ends the run; the "
+                        f"same command continues from the last checkpoint in {run_dir}") from None
+
+
+def _stopped_line(summary, config, run_dir: Path) -> str | None:
+    """The line of a run that stopped for want of its log (the broker or topic gone past --broker-timeout, the log
+    changed under it), both checkpointed by the learner; None for every other stop."""
+    if summary.stop_reason == "broker_lost":
         learned = summary.batches_before + summary.batches
         lost = (f"topic {config.topic} was gone from {config.bootstrap_servers} (deleted)" if summary.topic_gone
                 else f"Kafka at {config.bootstrap_servers} was lost")
-        raise UserError(f"{lost} for {config.broker_timeout_s:g} s "
-                        f"(--broker-timeout); the checkpoint at batch {learned} is in {run_dir}: "
-                        "the same command continues the run")
-    if summary.stop_reason == "log_changed":  # checkpointed by the learner; a restart refuses with the same line
-        raise UserError(summary.stop_line or f"another rank found a partition of topic {config.topic} ending before "
-                        "its offset there: the topic was re-created or truncated; start a new model with --fresh, "
-                        "or give another --run-dir or --group")
-    gc.freeze()  # the interpreter's exit then skips its last collection, about a second of torch's objects
-    return status
+        return (f"{lost} for {config.broker_timeout_s:g} s (--broker-timeout); the checkpoint at batch {learned} is "
+                f"in {run_dir}: the same command continues the run")
+    if summary.stop_reason == "log_changed":  # a restart refuses with the same line
+        return summary.stop_line or (f"another rank found a partition of topic {config.topic} ending before its "
+                                     "offset there: the topic was re-created or truncated; start a new model with "
+                                     "--fresh, or give another --run-dir or --group")
+    return None
 
 
 def _launch(args) -> int:
