@@ -168,6 +168,43 @@ def test_agem_projects_when_memory_holds_a_different_class():
     assert strategy.projections <= 59  # at most once per update with a non-empty memory
 
 
+def test_agem_steps_with_the_projected_gradient():
+    """The update is made with project(g, g_ref): g from the batch (carried state), g_ref from the
+    reference rows the sample generator draws from memory (zero state). The projection count alone
+    (above) passed with the unprojected g applied: naive fine-tuning that counted conflicts."""
+    import copy
+
+    def flat(model):
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in model.parameters()])
+
+    options = dict(lr=1e-2, p_write=1.0, n_ref=8, memory_size=50)  # (9 of the 30 Czech updates conflict)
+    torch.manual_seed(0)
+    strategy = AGEM(LSTMLanguageModel(TINY), **options)
+    for t in range(30):  # memory fills with English windows
+        strategy.learn(windows("the quick brown fox jumps over the lazy dog ", rows=4, start=t * 40))
+    applied, step = [], strategy._trainer.clip_and_step  # noqa: SLF001 - the gradient the optimizer is given
+    strategy._trainer.clip_and_step = lambda *args: applied.append(flat(strategy.model)) or step(*args)  # noqa: SLF001
+    conflicts = 0
+    for t in range(30):  # Czech: its gradient conflicts with the English reference
+        batch = windows("příliš žluťoučký kůň úpěl ďábelské ódy ", rows=4, start=t * 40)
+        twin = AGEM(LSTMLanguageModel(TINY), **options)
+        twin.load_state_dict(copy.deepcopy(strategy.state_dict()))
+        trainer = twin._trainer  # noqa: SLF001
+        twin.model.train()
+        trainer.loss(batch, trainer.start_state(batch))[0].backward()
+        g = flat(twin.model)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.zero_state_loss(*twin.memory.sample(twin.n_ref, twin._sample_generator)).backward()  # noqa: SLF001
+        g_ref = flat(twin.model)
+        strategy.learn(batch)
+        assert torch.allclose(applied[-1], project(g, g_ref), rtol=1e-5, atol=1e-8), t
+        if torch.dot(g, g_ref) < 0:
+            conflicts += 1
+            assert not torch.allclose(applied[-1], g, rtol=1e-3, atol=1e-6), t
+    assert conflicts >= 5, conflicts
+
+
 def test_agem_without_memory_is_naive():
     from streamer.strategies.naive import Naive
 
