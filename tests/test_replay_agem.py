@@ -82,6 +82,23 @@ def test_replay_makes_one_update_per_r_interval_rows_learned():
     assert int(adam_steps) == batches + 17
 
 
+def test_each_replay_update_is_on_n_replay_rows_the_memory_holds():
+    """A replay update's loss is taken on n_replay (input, target) rows held in memory. The count and
+    Adam's steps above passed with the replay loss taken on other targets (zeros) than the rows'."""
+    strategy = replay(p_write=0.5, r_interval=7, n_replay=4, memory_size=30)
+    replayed, loss = [], strategy._trainer.zero_state_loss  # noqa: SLF001 - the replay loss Replay.learn passes
+
+    def noted(inputs, targets):
+        held = {(tuple(i.tolist()), tuple(t.tolist())) for i, t in zip(*strategy.memory.rows())}
+        replayed.append([(tuple(i.tolist()), tuple(t.tolist())) in held for i, t in zip(inputs, targets)])
+        return loss(inputs, targets)
+    strategy._trainer.zero_state_loss = noted  # noqa: SLF001
+    for t in range(40):
+        strategy.learn(windows("hello world, how are you ", rows=3, start=t * 30))
+    assert len(replayed) == strategy.replays == 17
+    assert all(rows == [True] * 4 for rows in replayed), replayed
+
+
 class CountingTrainer:
     """An OnlineTrainer's step_on that notes the rows of each replay loss it is given."""
 
