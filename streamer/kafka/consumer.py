@@ -24,7 +24,7 @@ from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (GroupAuthorizationFailedError, IllegalStateError, KafkaConnectionError, KafkaError,
-                             NoOffsetForPartitionError, OffsetOutOfRangeError)
+                             NoOffsetForPartitionError, OffsetOutOfRangeError, UnsupportedCodecError)
 
 from producers.kafka import closed_quietly
 from producers.wire import MAX_RECORD_BYTES
@@ -36,7 +36,16 @@ from streamer.kafka.learner_group import Membership
 from streamer.kafka.reach import BrokerReach
 from streamer.source import Fetched, SourceError
 
-__all__ = ["KafkaSource"]
+__all__ = ["KafkaSource", "unsupported_codec"]
+
+
+def unsupported_codec(topic: str, error: Exception) -> str:
+    """The refusal's line for records of `topic` compressed with a codec aiokafka cannot decompress here (its
+    lz4, snappy and zstd need the cramjam package): the records are good, so the learner stops, with its
+    checkpoint, rather than dead-letter every one; the same command continues once the codec is installed."""
+    return (f"topic {topic} holds records compressed with a codec this installation cannot decompress ({error}); "
+            "install aiokafka's codecs where the learner runs (pip install cramjam), or produce with "
+            "compression gzip or none: the same command then continues the run")
 
 
 def _stderr(line: str) -> None:
@@ -316,6 +325,10 @@ class KafkaSource:
             known = self._seek_positions()
             await self._placed({tp: known.get((tp.topic, tp.partition)) for tp in exc.args
                                 if isinstance(tp, TopicPartition)})
+            self._taking_from = None
+            return
+        except UnsupportedCodecError as exc:  # a producer batch compressed with lz4, snappy or zstd, without cramjam
+            self._refuse(unsupported_codec(self.topic, exc))  # valid records: stop, never dead-letter them
             self._taking_from = None
             return
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
