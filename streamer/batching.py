@@ -152,6 +152,15 @@ class Batcher:
             return ()
         return tuple(self.first_stream + row for row, buf in enumerate(self._buffers) if len(buf.data) <= self.window)
 
+    def silent_streams(self) -> tuple[int, ...]:
+        """The stream ids the next batch waits for that have sent no record since this start, while another
+        stream holds more than a window (a producer of fewer streams than --streams); () otherwise."""
+        if self.ready() or self._short == self.streams:
+            return ()
+        seen = set(self._rows.values())
+        return tuple(self.first_stream + row for row, buf in enumerate(self._buffers)
+                     if row not in seen and len(buf.data) <= self.window)
+
     def far_ahead(self, windows: int) -> bool:
         """Whether a stream holds more than `windows` windows (at least 1): the others' fall behind."""
         enough = max(windows, 1) * self.window

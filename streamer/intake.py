@@ -56,6 +56,7 @@ class Intake:
         self._ahead_at = min(ahead_windows, keep_windows // 2)  # far ahead: never beyond what a stream may keep
         self._skips = hasattr(batcher, "admit") and hasattr(source, "seek")
         self._skips_said: set = set()  # the partitions whose skipping the log has said
+        self._silence_said = False  # whether the log has said the streams that never sent (_say_silent_streams)
         self._cut_at = time.monotonic()  # when the last batch was cut (or the fetch side began)
         self._cut_wall = time.time()  # then, as wall time
         self.learned_wall = self._cut_wall  # when the last result was taken in (wall time; the loop sets it)
@@ -150,6 +151,7 @@ class Intake:
             self.log_changes()
             await self.read_lag(now=not got)  # a fetch with nothing: caught up, say so at once
             self.waiting_for = self._streams_waited_for()
+            self._say_silent_streams()
             if self.waiting_for:  # waiting for records, of these streams, since the last batch
                 self.waiting_since = self._cut_wall
             elif self._starved():  # records come, too few for a batch: caught up all the same
@@ -237,6 +239,20 @@ class Intake:
             return ()
         return self.batcher.short_streams()
 
+    def _say_silent_streams(self) -> None:
+        """Once a run: caught up, no batch cut for `hold_quiet_s`, and the next batch waits for streams that have
+        sent nothing since the start while another holds more than a window. A producer that keys all its
+        records "0" read 80 of them, learned nothing and showed only "caught up, waiting for records"."""
+        silent = getattr(self.batcher, "silent_streams", None)
+        if (self._silence_said or silent is None or not self._quiet() or not self.lag or any(self.lag.values())
+                or not (streams := silent())):
+            return
+        self._silence_said = True
+        first, count = self.batcher.first_stream, self.batcher.streams
+        self._log(f"the next batch waits for {stream_ids(streams)}, which sent no record since the start: a batch "
+                  f"takes a window of each of the streams {first} to {first + count - 1} (--streams), so a producer "
+                  "of fewer streams needs --streams that many (said once)")
+
     def _partitions_ahead(self) -> set:
         """The partitions to leave unread for the next fetch (Batcher.ahead): none once no batch has been
         cut for `hold_quiet_s`, until the next one is, so that a short stream whose records are behind
@@ -286,6 +302,16 @@ class Intake:
                     if partition in lag:  # (an assigned partition)
                         lag[partition] += unread
                 self.lag = lag
+
+
+def stream_ids(ids: tuple[int, ...]) -> str:
+    """"stream 3", "streams 1 to 9" (a run of ids), "streams 1, 4, 7" (at most 8 named, then how many more)."""
+    if len(ids) == 1:
+        return f"stream {ids[0]}"
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"streams {ids[0]} to {ids[-1]}"
+    named = ", ".join(map(str, ids[:8]))
+    return f"streams {named}" + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
 
 
 def rejected_record(batcher, fetched, ranks=None) -> tuple[str, str] | None:

@@ -136,6 +136,35 @@ def test_a_limit_set_on_the_loop_after_its_construction_is_refused_not_silently_
     assert loop.step == 7
 
 
+def test_streams_that_never_sent_a_record_are_said_once_when_the_learning_waits_for_them(stream):
+    """A producer of its own keyed every record "0" for a learner of 2 streams: the learner read them all,
+    learned nothing and showed only "caught up, waiting for records". It says which streams never sent."""
+    records, _ = stream
+    only_0 = [r for r in records if r.stream == "0"]
+    said = []
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(only_0), idle_timeout_s=1.5, hold_quiet_s=0.2,
+                           lag_every_s=0.05, log=said.append)
+    results, _ = learn(loop)
+    assert results == [] and loop.stop_reason == "idle" and loop.records == len(only_0)
+    assert [line for line in said if "sent no record" in line] == [
+        "the next batch waits for stream 1, which sent no record since the start: a batch takes a window of each "
+        "of the streams 0 to 1 (--streams), so a producer of fewer streams needs --streams that many (said once)"]
+
+    said = []  # both streams send: nothing to say
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), idle_timeout_s=1.0, hold_quiet_s=0.2,
+                           lag_every_s=0.05, log=said.append)
+    results, _ = learn(loop)
+    assert results and not [line for line in said if "sent no record" in line]
+
+
+def test_stream_ids_are_named_as_a_run_or_a_short_list():
+    from streamer.intake import stream_ids
+    assert stream_ids((3,)) == "stream 3" and stream_ids((1, 2)) == "streams 1, 2"
+    assert stream_ids(tuple(range(1, 10))) == "streams 1 to 9"
+    assert stream_ids((1, 4, 7)) == "streams 1, 4, 7"
+    assert stream_ids(tuple(range(0, 30, 3))) == "streams 0, 3, 6, 9, 12, 15, 18, 21 and 2 more"
+
+
 def test_a_backlog_read_past_before_the_quiet_names_the_stream_it_waits_for():
     """A restart over a backlog: stream 0's records end early, stream 1's go on, and nothing arrives after
     they are read. Stream 1's surplus is read past (left in Kafka) within hold_quiet_s of the last cut, so
