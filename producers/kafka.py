@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (ClusterAuthorizationFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError,
                              TopicAlreadyExistsError, TopicAuthorizationFailedError, for_code)
 
-from producers.security import is_refusal, refusal_reason
+from producers.security import is_refusal, no_answer, refusal_reason
 from producers.wire import Record, encode, stream_id
 
 __all__ = ["ProduceError", "closed_quietly", "ensure_topic", "produce", "started_client"]
@@ -83,8 +83,7 @@ async def started_client(make, closer: str, bootstrap_servers: str, client_optio
         except (KafkaConnectionError, asyncio.TimeoutError):
             await closed_quietly(getattr(client, closer)())
             if time.monotonic() >= deadline:
-                raise ProduceError(f"cannot reach Kafka at {bootstrap_servers} (no answer for {timeout_s:g} s; "
-                                   "--broker-timeout)") from None
+                raise ProduceError(no_answer(bootstrap_servers, timeout_s, client_options)) from None
         except Exception as exc:
             await closed_quietly(getattr(client, closer)())
             if not is_refusal(exc, client_options):

@@ -16,7 +16,7 @@ from aiokafka.errors import (AuthenticationFailedError, AuthenticationMethodNotS
                              UnsupportedSaslMechanismError)
 
 __all__ = ["KafkaSecurity", "PROTOCOLS", "MECHANISMS", "read_password_file", "AUTH_ERRORS", "is_refusal",
-           "authentication_failed", "refusal_reason"]
+           "authentication_failed", "no_answer", "refusal_reason"]
 
 # What aiokafka raises when the broker refuses the credentials or the mechanism.
 AUTH_ERRORS = (AuthenticationFailedError, AuthenticationMethodNotSupported, SaslAuthenticationFailed,
@@ -138,6 +138,19 @@ def authentication_failed(bootstrap_servers: str, security: KafkaSecurity | None
         hint = "the broker asks for authentication: see --security-protocol and --sasl-mechanism"
     how = security.describe() if security else "PLAINTEXT"
     return f"Kafka at {bootstrap_servers} refused the connection ({how}): {refusal_reason(exc)}; {hint}"
+
+
+def no_answer(bootstrap_servers: str, timeout_s: float, options: dict | None) -> str:
+    """The one line for a broker that did not answer for `timeout_s`. aiokafka takes a listener that does not
+    take the client's security protocol or SASL mechanism (SASL to a plaintext port: UnsupportedSaslMechanism)
+    for one that does not answer, so a client with security (`options`, aiokafka's keyword arguments) is told
+    to check it."""
+    line = f"cannot reach Kafka at {bootstrap_servers} (no answer for {timeout_s:g} s; --broker-timeout)"
+    protocol = (options or {}).get("security_protocol", "PLAINTEXT")
+    if protocol != "PLAINTEXT":
+        flags = "--security-protocol, --sasl-mechanism" if protocol.startswith("SASL") else "--security-protocol"
+        line += f"; or its listener there does not take {protocol}: check {flags} and the port"
+    return line
 
 
 def refusal_reason(exc: BaseException) -> str:

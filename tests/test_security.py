@@ -128,6 +128,27 @@ def test_a_refused_password_is_one_line_and_exit_2_for_producer_and_learner(auth
     assert SECRET not in written + produced.out + learned.out + produced.err + learned.err
 
 
+def test_sasl_to_a_plaintext_listener_is_one_line_that_names_the_security_to_check(broker, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """A listener that does not take SASL (the plaintext broker answers UnsupportedSaslMechanism, which aiokafka
+    takes for no answer) was 'cannot reach Kafka ... (no answer for 10 s)': nothing pointed at the protocol."""
+    corpus = write_corpus(tmp_path / "corpus")
+    sasl = ("--bootstrap-servers", broker.bootstrap_servers, "--topic", "sasl-to-plaintext", "--broker-timeout", "2",
+            "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "alice")
+    monkeypatch.setenv("STREAMER_KAFKA_PASSWORD", SECRET)
+    hint = ("(no answer for 2 s; --broker-timeout); or its listener there does not take SASL_PLAINTEXT: check "
+            "--security-protocol, --sasl-mechanism and the port\n")
+    assert main(["produce", *sasl, "--corpus", str(corpus), "--fragments", "2", "--probe-tokens", "0",
+                 "--manifest", str(tmp_path / "m.json")]) == 2
+    produced = capsys.readouterr().err.splitlines(keepends=True)
+    assert produced[-1].endswith(f"cannot reach Kafka at {broker.bootstrap_servers} {hint}")
+    assert main(["learn", *sasl, "--run-dir", str(tmp_path / "run"), "--no-view", "--hidden", "8", "--embedding", "4",
+                 "--max-batches", "1"]) == 2
+    learned = capsys.readouterr().err.splitlines(keepends=True)
+    assert learned[-1].endswith(f"cannot reach Kafka at {broker.bootstrap_servers} {hint}")
+    assert SECRET not in "".join(produced + learned)
+
+
 class Payload:
     """Unpickling this would create the marker file: the code a crafted state file would run."""
 

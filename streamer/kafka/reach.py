@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from producers.kafka import closed_quietly
-from producers.security import authentication_failed, is_refusal
+from producers.security import authentication_failed, is_refusal, no_answer
 from streamer.source import SourceError
 
 __all__ = ["BrokerReach"]
@@ -35,8 +35,7 @@ class BrokerReach:
     log: Callable[[str], None]
 
     def no_answer(self) -> SourceError:
-        return SourceError(f"cannot reach Kafka at {self.bootstrap_servers} (no answer for "
-                           f"{self.timeout_s:g} s; --broker-timeout)")
+        return SourceError(no_answer(self.bootstrap_servers, self.timeout_s, self.client_options))
 
     async def started(self, starting) -> None:
         """Await a client's start(); a broker that refuses our credentials is one line (SourceError)."""
