@@ -123,6 +123,27 @@ def test_trim_across_rotated_files(tmp_path):
     assert trim_loss_log(path, 0) == 0 and read_loss_log(path) == []
 
 
+def test_trim_parses_only_the_file_that_holds_the_cut(tmp_path, monkeypatch):
+    """A resume cut a daemon's log (rotated files up to 2 GB) by parsing every line of every file, on the event
+    loop: 15 s for 280 MB at each start. A rotated file whose last line lies before the cut stays whole and is
+    counted, not parsed; the lines kept and the log left are those of the line-by-line cut."""
+    import monitor.losslog as losslog
+
+    path = tmp_path / "losses.jsonl"
+    size = len(json.dumps(line(0)).encode()) + 1
+    write_lines(path, range(60), max_bytes=10 * size)
+    assert len(loss_log_files(path)) >= 6
+    parsed, loads = [], json.loads
+    monkeypatch.setattr(losslog.json, "loads", lambda text, *a, **kw: parsed.append(text) or loads(text, *a, **kw))
+    assert trim_loss_log(path, 55) == 55
+    monkeypatch.undo()
+    assert [r["batch"] for r in read_loss_log(path)] == list(range(55))
+    assert len(parsed) <= 10 + 2 * len(loss_log_files(path))  # the cut's file, and two lines of each other
+    write_lines(path, range(55, 60), append=True, max_bytes=10 * size)
+    assert trim_loss_log(path, 100) == 60 and trim_loss_log(path, 31) == 31
+    assert [r["batch"] for r in read_loss_log(path)] == list(range(31))
+
+
 def test_trim_by_position_without_batch_indices(tmp_path):
     path = tmp_path / "losses.jsonl"
     path.write_text("".join(json.dumps({"loss": 1.0, "domain": 0, "domain_name": "a", "sequence": 0}) + "\n"
