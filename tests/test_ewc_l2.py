@@ -221,3 +221,31 @@ def test_state_dict_carries_anchor_and_fisher(batches):
     a = [r.loss for r in run(strategy, batches[7:12])]
     b = [r.loss for r in run(restored, batches[7:12])]
     assert a == b and restored.consolidated_at == strategy.consolidated_at
+
+
+def test_a_daemon_lists_only_its_last_boundaries(batches):
+    """Boundaries kept every batch index it found: a daemon's detector finds one every ~150 batches (EWC's
+    Page-Hinkley, 1,188 at batch 170,549 of a CALM stream), so the list grew in memory and in every checkpoint
+    for the run's life. The count goes on; the indices of the last FOUND_LISTED are kept."""
+    from streamer.strategies.boundary import FOUND_LISTED, Boundaries
+
+    boundaries = Boundaries("every:1")
+    for _ in range(FOUND_LISTED + 500):
+        boundaries.update(torch.tensor(1.0))
+    assert boundaries.found == FOUND_LISTED + 500
+    assert boundaries.found_at == tuple(range(500, FOUND_LISTED + 500))
+    state = copy.deepcopy(boundaries.state_dict())
+    assert len(state["found_at"]) == FOUND_LISTED
+    resumed = Boundaries("every:1")
+    resumed.load_state_dict(state)
+    assert (resumed.found, resumed.found_at) == (boundaries.found, boundaries.found_at)
+    strategy = make(L2, boundary="every:1")  # a checkpoint of before: every index listed, no count
+    learn_all(strategy, batches[:3])
+    state = copy.deepcopy(strategy.state_dict())
+    state.pop("consolidations", None)
+    state["consolidated_at"] = list(range(3 * FOUND_LISTED))
+    strategy.load_state_dict(state)
+    assert strategy.consolidations == 3 * FOUND_LISTED and len(strategy.consolidated_at) == FOUND_LISTED
+    learn_all(strategy, batches[3:4])
+    assert strategy.consolidations == 3 * FOUND_LISTED + 1 and strategy.consolidated_at[-1] == 3
+    assert strategy.state_dict()["consolidations"] == 3 * FOUND_LISTED + 1

@@ -14,13 +14,18 @@ since its last reset, replayed on load).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
 
 from streamer.strategies.params import HyperparameterRepr
 
-__all__ = ["Boundaries", "parse_boundary"]
+__all__ = ["Boundaries", "parse_boundary", "FOUND_LISTED"]
+
+# boundaries whose batch index is kept (found_at): a daemon's detector finds one every ~150 batches (EWC's
+# Page-Hinkley on a CALM stream), and a list of every one grew in memory and in each checkpoint without end
+FOUND_LISTED = 1000
 
 
 def parse_boundary(boundary: str) -> int | None:
@@ -40,7 +45,8 @@ def parse_boundary(boundary: str) -> int | None:
 class Boundaries(HyperparameterRepr):
     """Counts learned batches and says after which of them a boundary falls.
 
-    `found_at` holds the 0-based index of the learned batch after which each boundary fell.
+    `found` counts the boundaries; `found_at` holds the 0-based index of the learned batch after which each
+    of the last FOUND_LISTED of them fell.
     """
 
     def __init__(self, boundary: str = "page-hinkley"):
@@ -48,14 +54,21 @@ class Boundaries(HyperparameterRepr):
         self._period = parse_boundary(boundary)
         self._detector = None if self._period is not None else _drift().make_detector(boundary)
         self._learned = 0
-        self._found_at: list[int] = []
+        self._found = 0
+        self._found_at: deque[int] = deque(maxlen=FOUND_LISTED)
 
     @property
     def learned(self) -> int:
         return self._learned
 
     @property
+    def found(self) -> int:
+        """Boundaries found so far."""
+        return self._found
+
+    @property
     def found_at(self) -> tuple[int, ...]:
+        """The learned batch index after which each of the last FOUND_LISTED boundaries fell."""
         return tuple(self._found_at)
 
     @property
@@ -75,19 +88,22 @@ class Boundaries(HyperparameterRepr):
             self._detector.update(loss.item())
             found = self._detector.drift_detected
         if found:
+            self._found += 1
             self._found_at.append(self._learned - 1)
         return found
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "learned": self._learned,
+            "found": self._found,
             "found_at": list(self._found_at),
             "detector": None if self._detector is None else _drift().detector_state(self._detector),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._learned = state["learned"]
-        self._found_at = list(state["found_at"])
+        self._found = state.get("found", len(state["found_at"]))  # (a checkpoint of before: every one listed)
+        self._found_at = deque(state["found_at"], maxlen=FOUND_LISTED)
         self._detector = None if state["detector"] is None else _drift().load_detector(state["detector"])
 
 

@@ -135,11 +135,11 @@ class _Consolidating(HyperparameterRepr):
 
     @property
     def consolidations(self) -> int:
-        return len(self._boundaries.found_at)
+        return self._boundaries.found
 
     @property
     def consolidated_at(self) -> tuple[int, ...]:
-        """0-based learn index after which each consolidation happened."""
+        """0-based learn index after which each of the last FOUND_LISTED consolidations happened."""
         return self._boundaries.found_at
 
     @property
@@ -193,6 +193,7 @@ class _Consolidating(HyperparameterRepr):
             **self._trainer.state_dict(),
             "learned": boundaries["learned"],
             "consolidated_at": boundaries["found_at"],
+            "consolidations": boundaries["found"],
             "detector": boundaries["detector"],  # plain values (monitor.drift.detector_state)
             **self._penalty.state_dict(),
         }
@@ -200,6 +201,7 @@ class _Consolidating(HyperparameterRepr):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._trainer.load_state_dict(state)
         self._boundaries.load_state_dict({"learned": state["learned"], "found_at": state["consolidated_at"],
+                                          "found": state.get("consolidations", len(state["consolidated_at"])),
                                           "detector": state["detector"]})
         self._penalty.load_state_dict(state)
 
