@@ -3,9 +3,11 @@
 The learner scores the probe between steps, exactly when it would score a language
 model's probe split (start, true switches, every N batches, and once more at the end
 of the run). Each evaluation returns the accuracy of every class (language or domain)
-on its held-out utterances, predicting among the labels the model has learned so far,
-and saves the pooled encoder representations of all probe utterances with their class
-and label to `<run>/probe_features/batch-<batch>.npz`; monitor.dmi clusters them.
+on its held-out utterances, predicting among the labels the model has learned so far.
+The evaluations DMI reads (the one that ends each class's first fragment, and the run's
+last: streamer.probe.ProbeScheduler says which) also save the pooled encoder representations
+of all probe utterances with their class and label to `<run>/probe_features/batch-<batch>.npz`;
+monitor.dmi clusters them.
 Eval mode, no gradient, the training flag restored: nothing the strategy owns changes.
 """
 
@@ -28,6 +30,7 @@ class ClassifierProbe:
     """`score(model)` -> ({class: accuracy}, seconds); `progress()` gives (batches learned, labels known)."""
 
     unit = "accuracy"
+    saves_features = True  # ProbeScheduler says which probes save theirs (score's `save_features`)
 
     def __init__(self, examples: dict[str, list[tuple[str, str]]], batcher: UtteranceBatcher, out_dir: Path,
                  progress: Callable[[], tuple[int, int | None]], chunk: int = 64):
@@ -46,7 +49,9 @@ class ClassifierProbe:
         return sorted(set(self._classes.tolist()))
 
     @torch.no_grad()
-    def score(self, model) -> tuple[dict[str, float], float]:
+    def score(self, model, save_features: bool = True) -> tuple[dict[str, float], float]:
+        """({class: accuracy}, seconds); with `save_features`, the probe utterances' representations are
+        written to probe_features/batch-<batch>.npz (DMI's stages)."""
         started = time.perf_counter()
         batch, known = self._progress()
         known = known or 0
@@ -69,6 +74,8 @@ class ClassifierProbe:
         ids = {name: i for i, name in enumerate(names)}
         correct = guesses == np.array([ids.get(label, -2) for label in self._labels])
         scores = {name: float(correct[self._classes == name].mean()) for name in self.classes}
+        if not save_features:
+            return scores, time.perf_counter() - started
         self._out.mkdir(parents=True, exist_ok=True)
         np.savez(self._out / f"batch-{batch:08d}.npz", features=features, classes=self._classes,
                  labels=self._labels, predicted=guesses, vocabulary=np.array(names, dtype=str), batch=batch)

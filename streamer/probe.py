@@ -124,6 +124,28 @@ class ProbeScheduler:
         self.every, self.at_switches, self.unit = every, at_switches, unit
         self.evaluations = 0
         self.seconds = 0.0
+        self._staged: set | None = None  # classes whose first fragment a probe row has ended (read on first use)
+
+    def _a_stage(self, trigger: str, ended: str | None) -> bool:
+        """Whether a probe's representations are saved: DMI reads those of the probe that ends each class's
+        first fragment (monitor.dmi), and the run's last ("end") is kept. Each probe's were saved, at every
+        switch and --probe-every batch of a daemon's looped stream: a file each, never removed (about 1.6 MB
+        for 900 probe utterances of a 384-wide encoder). The classes of the rows already in probes.jsonl (a
+        resumed run's, cut back to its checkpoint) have theirs."""
+        if self._staged is None:
+            self._staged = set()
+            if self.path.exists():
+                for line in self.path.read_text(encoding="utf-8").splitlines():
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        break  # a row torn by a crash ends the log
+                    if row.get("trigger") in ("switch", "end") and row.get("ended_class"):
+                        self._staged.add(row["ended_class"])
+        first = ended is not None and ended not in self._staged
+        if ended is not None:
+            self._staged.add(ended)
+        return trigger == "end" or first
 
     def trigger(self, index: int, upcoming, previous) -> str | None:
         """Why to score before learning batch `index` of truth `upcoming` after `previous`; None: no probe."""
@@ -152,10 +174,14 @@ class ProbeScheduler:
         return None if trigger is None else await self.score(loop, trigger)
 
     async def score(self, loop, trigger: str) -> dict:
-        scores, seconds = await loop.in_worker(self.probe_set.score, loop.strategy.model)
         previous = loop.truth
-        row = {"batch": loop.step, "trigger": trigger,
-               "ended_class": previous.class_name if trigger in ("switch", "end") and previous else None,
+        ended = previous.class_name if trigger in ("switch", "end") and previous else None
+        if getattr(self.probe_set, "saves_features", False):  # a classifier's: its representations for DMI
+            scores, seconds = await loop.in_worker(self.probe_set.score, loop.strategy.model,
+                                                   self._a_stage(trigger, ended))
+        else:
+            scores, seconds = await loop.in_worker(self.probe_set.score, loop.strategy.model)
+        row = {"batch": loop.step, "trigger": trigger, "ended_class": ended,
                "scores": scores, "seconds": round(seconds, 4), "time": round(time.time(), 3)}
         if self.unit:
             row["unit"] = self.unit
