@@ -256,6 +256,32 @@ def test_the_summary_line_of_a_resumed_run_counts_its_own_batches_and_tokens():
                                             "4.0s computing (200 tokens/s)")
 
 
+def test_a_stop_by_a_signal_leaves_a_long_logs_report_to_streamer_report(tmp_path, monkeypatch, capsys):
+    """The report reads the whole loss log, up to 2 GB for a daemon: 43.5 s from SIGTERM to exit with 280 MB, past
+    systemd's TimeoutStopSec (20 s), which killed the stop and marked the unit failed. A stop by a signal writes
+    the report of a log up to SIGNAL_REPORT_BYTES; past it, one line says which command writes it. Any other stop
+    (the stream's end, a limit) writes it whatever the log's size."""
+    from streamer.cli import report
+    from streamer.config import RunSummary
+
+    run = make_run(tmp_path)
+    size = (run / "losses.jsonl").stat().st_size
+    assert report.print_run_report(RunSummary(21, 210, 1.0, "signal", {}, run)) is not None  # a short log
+    assert (run / "results.json").is_file()
+    (run / "results.json").unlink()
+    monkeypatch.setattr(report, "SIGNAL_REPORT_BYTES", size - 1)  # this log, as a daemon's 2 GB
+    capsys.readouterr()
+    assert report.print_run_report(RunSummary(21, 210, 1.0, "signal", {}, run)) is None
+    assert not (run / "results.json").exists()
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        f"report not written at this stop: the loss log holds 0 MB, and a stop by a signal reads at most 0 MB of it, "
+        f"to stay within the stop timeouts of systemd and docker; `streamer report {run}` writes it (the checkpoint "
+        "is written)") and len(out) == 2
+    assert report.print_run_report(RunSummary(21, 210, 1.0, "end_of_stream", {}, run))["metrics"]
+    assert (run / "results.json").is_file()
+
+
 def test_the_summary_line_says_how_many_updates_were_skipped():
     """A model gone non-finite (a damaged checkpoint's NaN weights) skipped every update and the run
     ended with exit 0 and a line that looked like any other: only a Prometheus counter knew."""

@@ -95,11 +95,26 @@ def accuracy_line(report: dict) -> str | None:
     return line
 
 
-def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict:
-    """The run's one-line summary, its report written over the run's span, and CALM's metrics printed."""
+# A stop by a signal (systemd's or docker's, Ctrl-C) writes the report only of a loss log this large: the report reads
+# the whole log (about 10 MB/s on 2 cores), and a daemon's grows to 2 GB; systemd kills a stop after TimeoutStopSec
+# (20 s in deploy/systemd), docker after 10 s. 43.5 s from SIGTERM to exit with a 280 MB log: killed, marked failed.
+SIGNAL_REPORT_BYTES = 32 * 2**20
+
+
+def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAULT) -> dict | None:
+    """The run's one-line summary, its report written over the run's span, and CALM's metrics printed; after a
+    stop by a signal with a loss log over SIGNAL_REPORT_BYTES, a line that leaves the report to `streamer
+    report` instead (None)."""
+    from monitor.losslog import loss_log_files
     from monitor.report import report_files, write_report  # river and scipy: loaded by the commands that report
 
     print(summary_line(summary))
+    size = sum(file.stat().st_size for file in loss_log_files(summary.run_dir / "losses.jsonl") if file.exists())
+    if summary.stop_reason == "signal" and size > SIGNAL_REPORT_BYTES:
+        print(f"report not written at this stop: the loss log holds {size / 2**20:,.0f} MB, and a stop by a signal "
+              f"reads at most {SIGNAL_REPORT_BYTES // 2**20} MB of it, to stay within the stop timeouts of systemd and "
+              f"docker; `streamer report {summary.run_dir}` writes it (the checkpoint is written)")
+        return None
     report = write_report(summary.run_dir, from_fragment=from_fragment)
     print(f"\nCALM metrics over {span_title(report['span'])}:\n")
     print(format_table(report["metrics"]))
