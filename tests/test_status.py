@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -226,7 +227,10 @@ def test_the_status_of_a_finished_compare_run_says_it_is_over(tmp_path, capsys):
     import sys
 
     learner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "streamer"])
-    try:
+    try:  # until it has exec'd: before, its command line is this test's, and status said "no learner running"
+        deadline = time.monotonic() + 30
+        while b"streamer" not in Path(f"/proc/{learner.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         (tmp_path / ".lock").write_text(str(learner.pid))
         assert main(["status", str(tmp_path)]) == 0
         out = capsys.readouterr().out
