@@ -26,7 +26,7 @@ __all__ = ["ActivityClock", "ConsoleSnapshot", "LoopReading", "TimeSplit", "COMP
            "STATUS_FILE", "as_console", "snapshot_to_json", "snapshot_from_json", "write_status", "read_status"]
 
 COMPUTE_ACTIVITIES = ("consuming", "checkpointing", "stopping")  # the rest waits: topic_missing, joining,
-# waiting (caught up), broker_lost
+# waiting (caught up), broker_lost, topic_gone (deleted under the learner: waited for as a lost broker)
 STATUS_VERSION = 1
 STATUS_FILE = "status.json"  # in the run directory: the console's latest snapshot, for `streamer status`
 
@@ -45,6 +45,7 @@ class LoopReading:
     waiting_since: float | None = None
     waiting_reported: bool = False
     broker_lost_since: float | None = None
+    topic_gone: bool = False  # lost as the topic was deleted (the broker answers), since broker_lost_since
     checkpointing: bool = False
     checkpoint_at: float | None = None  # the last written checkpoint
     probe_seconds: float = 0.0
@@ -136,7 +137,7 @@ class ActivityClock:
             return
         bucket = {"consuming": "compute_s", "checkpointing": "compute_s", "stopping": "compute_s",
                   "joining": "joining_s", "topic_missing": "topic_missing_s", "waiting": "idle_s",
-                  "broker_lost": "broker_lost_s"}.get(self.activity)
+                  "broker_lost": "broker_lost_s", "topic_gone": "broker_lost_s"}.get(self.activity)
         if bucket == "compute_s" and self.activity == "consuming" and self._busy_seen is not None:
             self._pool += max(0.0, now - self._last)  # settled at the next reading (_settle)
         elif bucket:
@@ -205,7 +206,7 @@ class ActivityClock:
         if r.finished:
             return "stopped", None
         if r.broker_lost_since is not None:
-            return "broker_lost", r.broker_lost_since
+            return ("topic_gone" if r.topic_gone else "broker_lost"), r.broker_lost_since
         if r.stop_reason is not None:
             return "stopping", None
         if r.checkpointing:

@@ -139,6 +139,7 @@ def duration(seconds: float | None) -> str:
 
 _ACTIVITY_STYLE = {"consuming": "bold green", "checkpointing": "bold blue", "waiting": "bold yellow",
                    "joining": "bold yellow", "topic_missing": "bold yellow", "broker_lost": "bold red",
+                   "topic_gone": "bold red",
                    "stopping": "bold", "stopped": "bold"}
 
 
@@ -152,6 +153,7 @@ def activity_text(snapshot: ConsoleSnapshot) -> str:
             "joining": f"joining the consumer group since {since}",
             "topic_missing": f"waiting for the topic to be created since {since}",
             "broker_lost": f"broker lost since {since}",
+            "topic_gone": f"topic deleted since {since} (waited for up to --broker-timeout)",
             "stopping": f"stopping ({snapshot.stop_reason}): last checkpoint, commit, leaving the group",
             "stopped": f"stopped: {snapshot.stop_reason or 'done'}"}.get(snapshot.activity, snapshot.activity)
 

@@ -161,6 +161,7 @@ def sync_monitor(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Chec
         step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
         queue_depth=loop.queue_depth,
         waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
+        topic_gone=loop.topic_gone,
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
         topic_missing_since=getattr(loop.source, "topic_missing_since", None),

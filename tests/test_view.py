@@ -176,6 +176,12 @@ def test_the_loops_own_waiting_and_broker_lost_times_win():
     clock.read(_reading(waiting_reported=True, lag={0: 9}), now=3.0)
     assert clock.activity == "consuming"
     assert clock.split(now=3.0).broker_lost_s == 1.0 and clock.split(now=3.0).compute_s == 1.0
+    # a topic deleted under the learner (the broker answers) was shown as "broker lost since"
+    clock.read(_reading(waiting_reported=True, broker_lost_since=AT + 8, topic_gone=True), now=3.5)
+    assert (clock.activity, clock.activity_since) == ("topic_gone", AT + 8)
+    assert clock.split(now=4.0).broker_lost_s == 1.5
+    assert activity_text(replace(SNAPSHOT, activity="topic_gone")) == (
+        "topic deleted since 15:32:10 (waited for up to --broker-timeout)")
     clock.read(_reading(waiting_reported=True, stop_reason="signal"), now=4.0)
     assert clock.activity == "stopping"  # the last checkpoint, the commit, leaving the group
     clock.read(_reading(waiting_reported=True, stop_reason="signal", finished=True), now=5.0)
