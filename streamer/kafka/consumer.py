@@ -55,14 +55,18 @@ def _stderr(line: str) -> None:
 class KafkaSource:
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
                  *, max_records: int = 2000, dead_letter: bool = True,
-                 max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0, log=None,
+                 max_record_bytes: int | None = MAX_RECORD_BYTES, dead_letter_timeout_s: float = 5.0,
+                 dead_letter_retry_s: float = 60.0, dead_letter_say_every_s: float = 300.0, log=None,
                  security=None, client_options: dict | None = None, on_revoke=None, broker_timeout_s: float = 60.0,
                  session_timeout_ms: int = 6000, heartbeat_interval_ms: int = 2000, probe_timeout_s: float = 2.0,
                  commit_timeout_s: float = 10.0, join_timeout_s: float = 60.0, partitions=None,
                  rank_0_of: int | None = None):
         """`max_record_bytes`: larger records are dead-lettered as too_large (None: no limit).
         `dead_letter_timeout_s`: the longest a dead-letter send may hold up fetching; then it counts as
-        failed. `log`: where the one line per failed dead-letter send goes (default: standard error).
+        failed. `dead_letter_retry_s`: for this long after a failed dead-letter send the copies are counted as
+        failed without being tried (so a .dlq that cannot be written holds fetching up at most once per
+        this, not at every bad record). `log`: where the lines go (default: standard error), among them the
+        first failed dead-letter send's and, at most every `dead_letter_say_every_s`, the count of those since.
         `security`: the producers.security.KafkaSecurity the refusal of our credentials names (one line);
         `client_options`: its aiokafka keyword arguments, the password resolved by the caller
         (streamer.settings.kafka_client_options; None: none, plaintext; required with `security`), for every
@@ -87,8 +91,9 @@ class KafkaSource:
         self.dead_letter = dead_letter
         self.max_record_bytes = max_record_bytes
         self.dead_letter_timeout_s = dead_letter_timeout_s
+        self.dead_letter_retry_s, self.dead_letter_say_every_s = dead_letter_retry_s, dead_letter_say_every_s
         self._log = log or _stderr
-        self._dead_letters = DeadLetters(topic, self._log)
+        self._dead_letters = DeadLetters(topic, self._log, dead_letter_retry_s, dead_letter_say_every_s)
         self._seek_positions, self._new_run = dict, False  # seek_on_assign() sets the learner's own
         self._taking_from: dict | None = None  # while a fetch's records are being taken: the positions before it
         self._sought: set = set()  # the partitions `seek` moved during the fetch in progress
@@ -247,6 +252,7 @@ class KafkaSource:
             for client in (consumer, producer):
                 if client is not None:
                     await closed_quietly(client.stop(), timeout_s)
+            self._dead_letters.say_unsaid()  # (the copies that failed since the last line about them)
         finally:
             if leaving is not None:
                 await leaving

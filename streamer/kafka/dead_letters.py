@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 from aiokafka.errors import CorruptRecordException
 
+from monitor.view import duration
 from producers.wire import WireError, dead_letter_copy, decode, encode
 from streamer.source import Fetched
 
@@ -75,14 +76,25 @@ async def step_past_unreadable(consumer, before: dict, error: Exception, max_rec
 
 class DeadLetters:
     """The dead letters of a learner reading `topic`: the first of each reason said in one line to `log`, each
-    copy sent to `<topic>.dlq` by the producer `send` is given; a failed send is counted in `failures`,
-    said in one line, and never raised."""
+    copy sent to `<topic>.dlq` by the producer `send` is given. A copy not sent (its send failed, now or at
+    delivery, or it was not tried) is counted in `failures`, never raised: the first failure is said in one
+    line with its cause, later ones at most every `say_every_s` in one line with their count since
+    (say_unsaid says the rest at the stop). For `retry_s` after a failed send the copies are counted as failed
+    without being tried, so a .dlq the broker never gives (no such topic and no auto-creation, a name it
+    refuses, writes denied, the broker away) holds fetching up at most once per `retry_s`, not at every
+    bad record; then the next copy is tried again."""
 
-    def __init__(self, topic: str, log):
+    def __init__(self, topic: str, log, retry_s: float = 60.0, say_every_s: float = 300.0):
         self.topic = topic
-        self.failures = 0  # dead-letter sends that failed (each record is counted by reason too)
+        self.retry_s = retry_s
+        self.say_every_s = say_every_s
+        self.failures = 0  # dead-letter copies not sent: failed or not tried (each record is counted by reason too)
         self._log = log
         self._reasons_said: set[str] = set()  # the reasons whose first dead letter was said in a line
+        self._failed_at: float | None = None  # (monotonic) the last send that failed: copies wait retry_s after it
+        self._said_at: float | None = None  # (monotonic) the last line about failed copies
+        self._unsaid, self._untried = 0, 0  # copies failed since that line, and of those the ones not tried
+        self._cause = ""  # the last failed send's
 
     async def send(self, producer, fetched: Fetched, reason: str, detail: str, timeout_s: float) -> None:
         """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
@@ -106,23 +118,60 @@ class DeadLetters:
                                                     source=source), timeout_s)
 
     async def _send(self, producer, copy: tuple, timeout_s: float) -> None:
-        """Send one dead-letter copy without waiting for the broker; a failure, now or at delivery, is
-        counted in `failures` and logged in one line, never raised."""
+        """Send one dead-letter copy without waiting for the broker, unless a send failed in the last
+        `retry_s` (then it is counted as failed, untried); a failure, now or at delivery, is counted in
+        `failures` and said (_failed), never raised."""
         if producer is None:
+            return
+        if self._failed_at is not None and time.monotonic() - self._failed_at < self.retry_s:
+            self._failed(None)
             return
         key, value, headers = copy
         try:
             async with asyncio.timeout(timeout_s):  # a broker that is away blocks send()
                 delivery = await producer.send(f"{self.topic}.dlq", key=key, value=value, headers=headers)
+        except TimeoutError:  # (its text is empty) no metadata for the topic, or no room in the producer's buffer
+            self._failed(f"not sent within {timeout_s:g} s: the broker gives no {self.topic}.dlq (it does not "
+                         "exist and is not auto-created, its name is refused, or the broker is away or slow)")
+            return
         except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
-            self._failed(exc)
+            self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
             return
         delivery.add_done_callback(self._delivered)
 
     def _delivered(self, delivery) -> None:
-        if not delivery.cancelled() and delivery.exception() is not None:
-            self._failed(delivery.exception())
+        if delivery.cancelled():  # (the producer stopped with it unsent)
+            self._failed("cancelled: the producer stopped before it was delivered")
+        elif delivery.exception() is not None:
+            exc = delivery.exception()
+            self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, cause: str | None) -> None:
+        """One copy not sent: its send failed with `cause`, or (None) it was not tried, within `retry_s` of a
+        failed send. The first is said in one line; later ones are counted and said by say_unsaid, at most
+        every `say_every_s`."""
         self.failures += 1
-        self._log(f"dead letter to {self.topic}.dlq failed ({type(exc).__name__}: {str(exc)[:200]}); going on")
+        now = time.monotonic()
+        if cause is not None:
+            self._failed_at, self._cause = now, cause
+        if self._said_at is None:
+            self._said_at = now
+            self._log(f"dead letter to {self.topic}.dlq failed ({cause}); going on: for {self.retry_s:g} s after "
+                      "a failed send the copies are not tried, and every copy not sent is counted "
+                      "(streamer_dead_letter_total, reason dead_letter_failed) and said at most every "
+                      f"{duration(self.say_every_s)}")
+            return
+        self._unsaid += 1
+        self._untried += cause is None
+        if now - self._said_at >= self.say_every_s:
+            self.say_unsaid()
+
+    def say_unsaid(self) -> None:
+        """Say in one line the copies that failed since the last line about them, if any (at the stop too)."""
+        if not self._unsaid:
+            return
+        now = time.monotonic()
+        self._log(f"{self._unsaid} more dead-letter {'copy' if self._unsaid == 1 else 'copies'} to {self.topic}.dlq "
+                  f"failed in the last {duration(now - self._said_at)} ({self._untried} not tried, within "
+                  f"{self.retry_s:g} s of a failed send; last: {self._cause}); going on")
+        self._said_at, self._unsaid, self._untried = now, 0, 0
