@@ -14,6 +14,7 @@ import time
 from collections import Counter, deque
 
 from monitor.results import BatchTruth
+from monitor.view import streams_text
 from producers.wire import stream_id
 from streamer.batching import ReadyBatch
 from streamer.strategies.base import Batch
@@ -249,7 +250,7 @@ class Intake:
             return
         self._silence_said = True
         first, count = self.batcher.first_stream, self.batcher.streams
-        self._log(f"the next batch waits for {stream_ids(streams)}, which sent no record since the start: a batch "
+        self._log(f"the next batch waits for {streams_text(streams)}, which sent no record since the start: a batch "
                   f"takes a window of each of the streams {first} to {first + count - 1} (--streams), so a producer "
                   "of fewer streams needs --streams that many (said once)")
 
@@ -302,16 +303,6 @@ class Intake:
                     if partition in lag:  # (an assigned partition)
                         lag[partition] += unread
                 self.lag = lag
-
-
-def stream_ids(ids: tuple[int, ...]) -> str:
-    """"stream 3", "streams 1 to 9" (a run of ids), "streams 1, 4, 7" (at most 8 named, then how many more)."""
-    if len(ids) == 1:
-        return f"stream {ids[0]}"
-    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
-        return f"streams {ids[0]} to {ids[-1]}"
-    named = ", ".join(map(str, ids[:8]))
-    return f"streams {named}" + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
 
 
 def rejected_record(batcher, fetched, ranks=None) -> tuple[str, str] | None:

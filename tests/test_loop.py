@@ -157,14 +157,6 @@ def test_streams_that_never_sent_a_record_are_said_once_when_the_learning_waits_
     assert results and not [line for line in said if "sent no record" in line]
 
 
-def test_stream_ids_are_named_as_a_run_or_a_short_list():
-    from streamer.intake import stream_ids
-    assert stream_ids((3,)) == "stream 3" and stream_ids((1, 2)) == "streams 1, 2"
-    assert stream_ids(tuple(range(1, 10))) == "streams 1 to 9"
-    assert stream_ids((1, 4, 7)) == "streams 1, 4, 7"
-    assert stream_ids(tuple(range(0, 30, 3))) == "streams 0, 3, 6, 9, 12, 15, 18, 21 and 2 more"
-
-
 def test_a_backlog_read_past_before_the_quiet_names_the_stream_it_waits_for():
     """A restart over a backlog: stream 0's records end early, stream 1's go on, and nothing arrives after
     they are read. Stream 1's surplus is read past (left in Kafka) within hold_quiet_s of the last cut, so
