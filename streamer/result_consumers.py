@@ -103,10 +103,12 @@ class _NoLossLog:
 async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpointer=None, probes=None,
                    run_dir: Path | None = None, log=None, every_s: float = 0.25, status_every_s: float = 5.0) -> None:
     """Read the loop's plain state into the monitor and refresh the view a few times a second; write
-    the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`
-    and whenever the activity changes; with a run directory (one process, rank 0), `say` in `log` when
-    the learning begins to wait for streams and when it learns on."""
-    written_at, written_activity = None, None
+    the console's snapshot to <run_dir>/status.json (for `streamer status`) every `status_every_s`,
+    whenever the activity changes and once the first checkpoint is on disk (a restart without
+    checkpoint.pt reads there whether the run had one: streamer.resume.old_run_without_checkpoint); with a
+    run directory (one process, rank 0), `say` in `log` when the learning begins to wait for streams and
+    when it learns on."""
+    written_at, written_activity, written_checkpointed = None, None, False
     say = WaitsSaid(loop, log) if run_dir is not None and log is not None else None
     while True:
         sync_monitor(loop, monitor, checkpointer, probes)
@@ -115,9 +117,10 @@ async def _publish(loop: PrequentialLoop, monitor: LiveMonitor, view, checkpoint
         snapshot = monitor.console_snapshot()
         view.update(snapshot)
         now = time.monotonic()
+        checkpointed = snapshot.checkpoint_age_s is not None
         if run_dir is not None and (written_at is None or now - written_at >= status_every_s
-                                    or snapshot.activity != written_activity):
-            written_at, written_activity = now, snapshot.activity
+                                    or snapshot.activity != written_activity or checkpointed != written_checkpointed):
+            written_at, written_activity, written_checkpointed = now, snapshot.activity, checkpointed
             write_status(run_dir / STATUS_FILE, snapshot)
         await asyncio.sleep(every_s)
 
