@@ -1,5 +1,6 @@
 """A run directory across restarts: the checkpoint to resume from, the logs cut back to it, the old run set
-aside on purpose (--fresh), and one learner at a time in a directory (a lock the kernel drops when the
+aside on purpose (--fresh) or because a new run would write over it (an old run without its checkpoint),
+and one learner at a time in a directory (a lock the kernel drops when the
 process dies, even by SIGKILL).
 
     state = resume_state(run_dir, config)   # None: no checkpoint; ValueError naming the keys that differ
@@ -16,11 +17,12 @@ import shutil
 import time
 from pathlib import Path
 
-from monitor.losslog import trim_loss_log
+from monitor.console import STATUS_FILE, read_status
+from monitor.losslog import loss_log_files, trim_loss_log
 from streamer import checkpoint
 
 __all__ = ["IDENTITY_KEYS", "KEPT_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "kept_settings",
-           "trim_logs", "check_set_aside", "put_back", "set_aside"]
+           "trim_logs", "check_set_aside", "put_back", "set_aside", "old_run_without_checkpoint"]
 
 # A checkpoint continues only the run that wrote it: the same stream, model and strategy.
 IDENTITY_KEYS = ("topic", "strategy", "strategy_options", "model_name", "model", "model_options", "lr", "clip",
@@ -156,14 +158,14 @@ def trim_logs(run_dir: Path, step: int) -> tuple[int, int]:
 RUN_FILES = ("status.json", "losses.jsonl", "checkpoint.pt")
 
 
-def check_set_aside(run_dir: Path) -> None:
-    """ValueError (one line) when --fresh must not move `run_dir`'s files: it holds files but not a run's
-    (`--run-dir .` in a project folder would have moved all of it)."""
+def check_set_aside(run_dir: Path, why: str = "--fresh") -> None:
+    """ValueError (one line, after `why`) when --fresh (or a new run, `why`) must not move `run_dir`'s files:
+    it holds files but not a run's (`--run-dir .` in a project folder would have moved all of it)."""
     run_dir = Path(run_dir).resolve()
     others = [p.name for p in run_dir.iterdir() if p.name != ".lock"] if run_dir.is_dir() else []
     if others and not ("config.json" in others and any(name in RUN_FILES for name in others)):
         shown = ", ".join(sorted(others)[:3]) + (", ..." if len(others) > 3 else "")
-        raise ValueError(f"--fresh: {run_dir} holds {len(others)} file(s) ({shown}) but not a run's (config.json "
+        raise ValueError(f"{why}: {run_dir} holds {len(others)} file(s) ({shown}) but not a run's (config.json "
                          f"with {', '.join(RUN_FILES[:-1])} or {RUN_FILES[-1]}); not moving them: give an empty or "
                          "new --run-dir")
 
@@ -196,3 +198,51 @@ def set_aside(run_dir: Path) -> Path | None:
         if entry.name != ".lock":
             entry.rename(aside / entry.name)
     return aside
+
+
+# what a new run writes over (LossLogWriter starts its log afresh, the report replaces its files): an old run's
+HISTORY_FILES = ("losses.jsonl", "probes.jsonl", "results.json", "loss_curve.png")
+
+
+def old_run_without_checkpoint(run_dir: Path, config) -> tuple[str | None, bool]:
+    """What a new run in `run_dir`, which holds no checkpoint.pt, would write over: (its words, "a loss log of
+    40 batches", or None when it holds nothing of a run's history; whether those files are this run's own,
+    whose learner stopped before its first checkpoint (kill -9, out of memory, an error): its status.json says
+    no checkpoint was written, and its config.json is `config`'s. Its restart (systemd's) learns those batches
+    again, seeded, from the topic's beginning: the same lines. Anything else (a run that checkpointed, whose
+    checkpoint was removed or lost; another configuration's; no status.json) is an old run to set aside."""
+    run_dir = Path(run_dir)
+    logs = [path for path in loss_log_files(run_dir / "losses.jsonl") if path.exists() and path.stat().st_size]
+    others = [name for name in HISTORY_FILES[1:] if (run_dir / name).exists() and (run_dir / name).stat().st_size]
+    if not logs and not others:
+        return None, False
+    batches = _batches_logged(logs[-1]) if logs else None
+    words = (f"a loss log of {batches} batch{'es' if batches != 1 else ''}" if batches is not None
+             else "a loss log" if logs else ", ".join(others))
+    status = read_status(run_dir / STATUS_FILE)
+    if status is None or status.checkpoint_age_s is not None:  # (a checkpoint was written, then removed or lost)
+        return words, False
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return words, False
+    return words, isinstance(saved, dict) and not differing_keys(saved, config)
+
+
+def _batches_logged(path: Path, tail_bytes: int = 65536) -> int | None:
+    """The batches a loss log holds: its last complete line's batch index + 1 (read from its end: a daemon's
+    log grows to gigabytes); None where no line of the tail says."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail_bytes))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            batch = json.loads(line).get("batch")
+        except (ValueError, AttributeError):
+            continue  # a line torn by a crash, or the tail's cut first line
+        if isinstance(batch, int) and not isinstance(batch, bool):
+            return batch + 1
+    return None

@@ -410,6 +410,36 @@ def test_fresh_moves_the_old_run_only_once_the_model_is_built_and_never_a_folder
     assert line.startswith("streamer learn: error: --metrics-port 0: cannot bind 999.1.1.1:0 (")
 
 
+def test_an_old_runs_loss_log_without_checkpoint_moves_aside_and_back_and_a_folder_of_other_files_stays(tmp_path):
+    """A plain `learn` in a run directory that holds an old run's loss log but no checkpoint wrote over it (the
+    new run's log starts afresh); now its files move aside as --fresh moves them (here the broker is
+    unreachable, so they come back), and a folder whose loss log is not a run's is refused in one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")  # (no status.json: nothing says the run never checkpointed)
+    (run / "losses.jsonl").write_text('{"batch": 0, "loss": 5.5}\n{"batch": 1, "loss": 5.4}\n')
+    learn = ["learn", "--bootstrap-servers", "127.0.0.1:9", "--broker-timeout", "1", "--streams", "2", "--window",
+             "5", *TINY_FLAGS]
+    back = streamer(*learn, "--run-dir", "run", cwd=tmp_path)
+    assert "127.0.0.1:9" in _one_clean_line(back)
+    assert re.search(rf"^run dir run holds a loss log of 2 batches but no checkpoint: its files moved to "
+                     rf"{re.escape(str(run))}\.replaced-\S+; a new run starts$", back.stdout, re.M), back.stdout
+    assert f"the new run ended before its first checkpoint; the old run is back in {run}" in back.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.json", "losses.jsonl"]
+    assert (run / "losses.jsonl").read_text().count("\n") == 2
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "losses.jsonl").write_text('{"batch": 0, "loss": 5.5}\n')
+    line = _one_clean_line(streamer(*learn, "--run-dir", ".", cwd=folder))
+    assert line.endswith(f"no checkpoint, and a new run would write over a loss log of 1 batch: {folder} holds 2 "
+                         "file(s) (losses.jsonl, notes.txt) but not a run's (config.json with status.json, "
+                         "losses.jsonl or checkpoint.pt); not moving them: give an empty or new --run-dir"), line
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "losses.jsonl", "notes.txt"]
+
+
 def test_a_classifier_on_a_stream_of_running_text_is_one_line(tmp_path):
     """--model hf-classifier on a text topic dead-lettered every record (no label) and waited for more."""
     from streamer.cli import parse

@@ -216,3 +216,85 @@ def test_a_file_too_large_or_a_full_disk_is_one_line_and_the_same_command_contin
     got = [json.loads(line)["batch"] for line in read_lines(run_dir / "losses.jsonl")]
     assert got == list(range(300))  # each batch once, in order
     print(f"the refused write: {line}; resumed at {step} of {total}")
+
+
+def test_an_old_run_without_its_checkpoint_is_set_aside_not_written_over(broker, stream):
+    """A run directory whose checkpoint is gone (removed, lost) but which holds the run's loss log and report:
+    a plain `learn` in a group without committed offsets (another group; an idle group's offsets expired) said
+    "no checkpoint yet" and its new run wrote over the old run's losses.jsonl and results.json, silently. Now
+    the old run's files move aside as --fresh moves them, said in one line, and the new run starts."""
+    root, manifest = stream
+    run_dir = root / "lost-checkpoint"
+    command = learn_command(broker, manifest, "naive", "--run-dir", str(run_dir), "--max-batches", "40")
+    first = subprocess.run([*command, "--group", "lost-a"], cwd=root, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    old = {name: (run_dir / name).read_bytes() for name in ("losses.jsonl", "results.json", "config.json")}
+    assert len(old["losses.jsonl"].splitlines()) == 40
+    (run_dir / "checkpoint.pt").unlink()
+
+    # in its own group, whose committed offsets are the lost checkpoint's: refused, and the old run is back
+    refused = subprocess.run([*command, "--group", "lost-a"], cwd=root, env=ENV, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and "committed offsets" in refused.stderr, refused.stderr[-3000:]
+    assert f"the new run ended before its first checkpoint; the old run is back in {run_dir}" in refused.stdout
+    assert {name: (run_dir / name).read_bytes() for name in old} == old
+    assert not [p.name for p in root.iterdir() if p.name.startswith("lost-checkpoint.replaced-")]
+
+    again = subprocess.run([*command, "--group", "lost-b"], cwd=root, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no checkpoint yet" not in again.stdout
+    (moved,) = re.findall(rf"^run dir {re.escape(str(run_dir))} holds a loss log of 40 batches but no checkpoint: "
+                          r"its files moved to (\S+); a new run starts$", again.stdout, re.M)
+    aside = Path(moved)
+    assert aside.parent == run_dir.parent and aside.name.startswith("lost-checkpoint.replaced-")
+    assert {name: (aside / name).read_bytes() for name in old} == old  # the old run, whole
+    assert not (aside / "checkpoint.pt").exists()
+    got = [json.loads(line)["batch"] for line in read_lines(run_dir / "losses.jsonl")]
+    assert got == list(range(40)) and checkpoint_step(run_dir / "checkpoint.pt") == 40  # the new run's own
+
+
+def test_a_kill_9_before_the_first_checkpoint_restarts_the_same_run_in_place(broker, stream):
+    """The case the above must leave alone: a learner killed (kill -9, out of memory) before its first
+    checkpoint and restarted by systemd with the same command. Its loss log holds batches the restart learns
+    again, seeded, from the topic's beginning: nothing moves aside (a crash loop would leave a copy a
+    restart), and the log ends as an uninterrupted run's, each batch once."""
+    root, manifest = stream
+    batches = 400
+    whole_dir = root / "whole-before-first"
+    whole = subprocess.run(learn_command(broker, manifest, "naive", "--group", "whole-before-first", "--run-dir",
+                                         str(whole_dir), "--max-batches", str(batches)),
+                           cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = [json.loads(line) for line in read_lines(whole_dir / "losses.jsonl")]
+
+    run_dir = root / "killed-before-first"
+    command = [*learn_command(broker, manifest, "naive", "--group", "killed-before-first", "--run-dir",
+                              str(run_dir), "--max-batches", str(batches)), "--checkpoint-every", "3600"]
+    process = subprocess.Popen(command, cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    try:
+        while len(read_lines(run_dir / "losses.jsonl")) < 20:
+            assert process.poll() is None, f"the learner exited early: {process.stdout.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no 20 batches logged"
+            time.sleep(0.005)
+        process.send_signal(signal.SIGSTOP)
+        until_stopped(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+    logged = len(read_lines(run_dir / "losses.jsonl"))
+    assert 20 <= logged < batches and not (run_dir / "checkpoint.pt").exists()
+
+    restart = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    assert restart.returncode == 0, restart.stderr[-3000:]
+    assert re.search(r"no checkpoint yet \(its learner stopped before its first checkpoint; a loss log of \d+ "
+                     r"batch(es)? is logged again\)", restart.stdout), restart.stdout[-3000:]
+    assert "moved to" not in restart.stdout
+    assert not [p.name for p in root.iterdir() if p.name.startswith("killed-before-first.replaced-")]
+    got = [json.loads(line) for line in read_lines(run_dir / "losses.jsonl")]
+    assert [line["batch"] for line in got] == list(range(batches))  # each batch once, in order
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected))
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"

@@ -36,9 +36,11 @@ def add_parser(sub) -> None:
                                    "learners of one topic never share offsets by accident)")
     p.add_argument("--fresh", action="store_true",
                    help="start over: move the run directory's old files aside and read the topic from its "
-                        "beginning (default: continue the run from its checkpoint, when it has one; the run "
-                        "directory defaults to runs/<topic>-<group>; a run without a checkpoint is refused in a "
-                        "group that has committed offsets: they belong to a model elsewhere)")
+                        "beginning (default: continue the run from its checkpoint, when it has one, else set an "
+                        "old run's loss log aside all the same, unless its learner stopped before a first "
+                        "checkpoint; the run directory defaults to runs/<topic>-<group>; a run without a "
+                        "checkpoint is refused in a group that has committed offsets: they belong to a model "
+                        "elsewhere)")
     p.add_argument("--manifest", type=Path,
                    help="the producer's manifest: total batches, classes, N, streams and window (default: "
                         f"{default_manifest_path('<topic>')} when `streamer produce` wrote it there)")
@@ -135,11 +137,11 @@ def run(args) -> int:
                 except RunDirBusy as exc:
                     raise UserError(str(exc)) from None
 
-            state, stream = _start_or_resume(config, args.fresh, ranks, lock, manifest)
+            state, stream, old = _start_or_resume(config, args.fresh, ranks, lock, manifest)
             if not leader:
                 config, manifest = _rank_0s_stream(config, stream), stream["manifest"]
             config = _resumed_settings(config, state, leader)
-            with _fresh_start(run_dir, manifest, args.fresh if leader else None) as before_run:
+            with _fresh_start(run_dir, manifest, args.fresh if leader else None, old=old) as before_run:
                 summary = _learn(config, run_dir, manifest, state, args.fresh, before_run, leader=leader,
                                  ranked=ranks is not None)
     except BaseException:
@@ -242,22 +244,24 @@ _KEPT_SAID = {"from_fragment": ("--from-fragment", "the span it started with, fr
 
 
 def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: None,
-                     manifest: dict | None = None) -> tuple[dict | None, dict | None]:
+                     manifest: dict | None = None) -> tuple[dict | None, dict | None, str | None]:
     """(The checkpoint to continue (None: a fresh start), said in one line with the topic, group and run
-    dir; with ranks, rank 0's stream for _rank_0s_stream). `lock()` takes the run directory first (rank
-    0's). Ranks: rank 0 reads the checkpoint and sends it to the others (who may not see the run
-    directory) with its `manifest` and what it decided of the stream. A refusal is rank 0's one line,
-    the others exit quietly."""
+    dir; with ranks, rank 0's stream for _rank_0s_stream; on rank 0, the old run's files that a new run sets
+    aside, in words (_checkpoint_to_continue)). `lock()` takes the run directory first (rank 0's). Ranks:
+    rank 0 reads the checkpoint and sends it to the others (who may not see the run directory) with its
+    `manifest` and what it decided of the stream. A refusal is rank 0's one line, the others exit quietly."""
     if ranks is None:
         lock()
-        return _checkpoint_to_continue(config, fresh, 1), None
+        state, old = _checkpoint_to_continue(config, fresh, 1)
+        return state, None, old
     from streamer import checkpoint
 
-    payload, failure = None, None
+    payload, failure, old = None, None, None
     if ranks.leader:
         try:
             lock()
-            payload = {"state": _checkpoint_to_continue(config, fresh, ranks.world), "stream": {
+            state, old = _checkpoint_to_continue(config, fresh, ranks.world)
+            payload = {"state": state, "stream": {
                 "manifest": manifest, "streams": config.streams, "window": config.window,
                 "from_fragment": config.from_fragment, "hidden": config.model.hidden}}
         except UserError as exc:
@@ -267,7 +271,7 @@ def _start_or_resume(config: LearnConfig, fresh: bool, ranks=None, lock=lambda: 
         raise failure
     if "error" in shared:
         leave_the_line_to_rank_0()
-    return shared["state"], shared["stream"]
+    return shared["state"], shared["stream"], old
 
 
 def _rank_0s_stream(config: LearnConfig, stream: dict) -> LearnConfig:
@@ -281,21 +285,25 @@ def _rank_0s_stream(config: LearnConfig, stream: dict) -> LearnConfig:
 
 
 @contextlib.contextmanager
-def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
+def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None, old: str | None = None):
     """The learner's `before_run` (None off rank 0): once the model is built (a flag it refuses leaves the
-    old run where it was), --fresh moves the old run's files aside, then the run's copy of its manifest is
-    written. A run that fails before its first checkpoint (an unreachable broker, a busy port) puts the
-    old run back: it had moved for a run that never began."""
+    old run where it was), --fresh moves the old run's files aside, as does a new run where the run
+    directory holds an old run's history without its checkpoint (`old`, its words: the new run would write
+    over it), then the run's copy of its manifest is written. A run that fails before its first checkpoint
+    (an unreachable broker, a busy port, a group with another model's offsets) puts the old run back: it
+    had moved for a run that never began."""
     from streamer.resume import put_back, set_aside
 
     moved = []
 
     def before_run() -> None:
         with signals_deferred():  # (a Ctrl-C amid the move left the old run split, and nothing to put back)
-            if fresh and (aside := set_aside(run_dir)):
+            if (fresh or old) and (aside := set_aside(run_dir)):
                 moved.append(aside)
-                unwind_on_sigterm("--fresh's old run, moved aside")
-                print(f"--fresh: the old run moved to {aside}", flush=True)
+                unwind_on_sigterm("--fresh's old run, moved aside" if fresh else "the old run, moved aside")
+                print(f"--fresh: the old run moved to {aside}" if fresh else
+                      f"run dir {run_dir} holds {old} but no checkpoint: its files moved to {aside}; a new run "
+                      "starts", flush=True)
         if manifest is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -305,14 +313,18 @@ def _fresh_start(run_dir: Path, manifest: dict | None, fresh: bool | None):
         if moved and not (run_dir / "checkpoint.pt").exists():
             with signals_deferred():  # a second Ctrl-C waits for the old run to be whole again
                 put_back(run_dir, moved[0])
-                print("--fresh: the new run ended before its first checkpoint; the old run is back in "
-                      f"{run_dir.resolve()}", flush=True)
+                print(f"{'--fresh: ' if fresh else ''}the new run ended before its first checkpoint; the old run "
+                      f"is back in {run_dir.resolve()}", flush=True)
         raise
 
 
-def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dict | None:
+def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> tuple[dict | None, str | None]:
+    """(The run dir's checkpoint to continue, or None; without one, the old run's files that the new run sets
+    aside (as --fresh does, _fresh_start), in words, or None: a run whose checkpoint was removed or lost had
+    its whole history overwritten by the new run's, silently. The files of this same run whose learner
+    stopped before its first checkpoint are not an old run's: its restart logs the same batches again.)"""
     from streamer.checkpoint import CheckpointView
-    from streamer.resume import check_set_aside, resume_state
+    from streamer.resume import check_set_aside, old_run_without_checkpoint, resume_state
 
     where = f"topic {config.topic}, group {config.group_id}, run dir {config.run_dir}"
     if fresh:  # the old run's files move once the model is built (_fresh_start): a bad flag keeps them
@@ -321,7 +333,7 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
         except ValueError as exc:
             raise UserError(str(exc)) from None
         print(f"{where}: starting fresh (--fresh)", flush=True)
-        return None
+        return None, None
     try:
         state = resume_state(config.run_dir, config)
     except ValueError as exc:
@@ -330,11 +342,22 @@ def _checkpoint_to_continue(config: LearnConfig, fresh: bool, world: int) -> dic
     if saved != world:
         raise UserError(f"{config.run_dir} holds the checkpoint of a run of {saved} rank(s); continue it with "
                         f"--nproc {saved} (or torchrun --nproc-per-node {saved}), or start over with --fresh")
-    if state is None:
-        print(f"{where}: no checkpoint yet; a new run reads the topic from its beginning (where the group has "
-              "committed no offsets: those are another model's)", flush=True)
-    else:
+    if state is not None:
         resumed = CheckpointView(state)
         print(f"{where}: resuming from the checkpoint at batch {resumed.step} "
               f"(offsets {', '.join(f'{tp}={offset}' for tp, offset in sorted(resumed.offsets.items()))})", flush=True)
-    return state
+        return state, None
+    old, own = old_run_without_checkpoint(config.run_dir, config)
+    if old is None or own:
+        again = f" (its learner stopped before its first checkpoint; {old} is logged again)" if old else ""
+        print(f"{where}: no checkpoint yet{again}; a new run reads the topic from its beginning (where the group "
+              "has committed no offsets: those are another model's)", flush=True)
+        return None, None
+    try:  # refused before the model is built: a directory not a run's keeps its files
+        check_set_aside(config.run_dir, why=f"no checkpoint, and a new run would write over {old}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"{where}: no checkpoint, but {old} of an earlier run, which a new run would write over: its files move "
+          "aside, and a new run reads the topic from its beginning (where the group has committed no offsets)",
+          flush=True)
+    return None, old
