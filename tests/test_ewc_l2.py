@@ -129,6 +129,20 @@ def test_the_running_fisher_leaves_out_the_penaltys_gradient_once_a_penalty_is_i
                for n in after)
 
 
+@pytest.mark.parametrize("cls", [L2, EWC])
+def test_each_consolidation_moves_the_anchor_to_the_weights_of_that_moment(batches, cls):
+    # the penalty tests compute it from the anchor the strategy reports: an anchor taken at the first
+    # consolidation only (the later ones leaving it) passed them
+    strategy = make(cls, boundary="every:3")
+    learn_all(strategy, batches[:3])
+    first = strategy.anchor
+    assert same(first, parameters(strategy))
+    learn_all(strategy, batches[3:6])
+    now = parameters(strategy)
+    assert strategy.consolidated_at == (2, 5) and not same(first, now)
+    assert same(strategy.anchor, now)
+
+
 @pytest.mark.parametrize("cls,hyperparameters", [(L2, {"l2_lambda": 0.0}), (EWC, {"ewc_lambda": 0.0})])
 def test_lambda_zero_gives_naives_losses_exactly(batches, cls, hyperparameters):
     strategy = make(cls, boundary="every:4", **hyperparameters)
