@@ -299,6 +299,24 @@ def test_the_gate_lstm_trains_one_step_per_batch_on_detached_experts():
     assert len(strategy.state_dict()["hidden"]) == 4  # experts' (h, c) and the gate's (h, c), carried
 
 
+@pytest.mark.parametrize("name", ["poe-lstm", "moe-lstm"])
+def test_the_gate_lstm_carries_its_own_state_from_batch_to_batch(name):
+    # the check above counts the carried tensors: carrying the gate's start state again (zeros for ever)
+    # instead of the state its forward of the batch ended in passed test_experts and the conformance tests
+    strategy = build(name, n_experts=3, gate_hidden=8, warmup_batches=0)
+    first, second = random_batches(2)
+    twin = copy.deepcopy(strategy)  # the gate's state comes from its forward before its step
+    strategy.learn(first)
+    _, after_first = twin.model.gate(first.inputs, twin.model.gate.initial_state(3))
+    carried = strategy.state_dict()["hidden"]
+    assert all(torch.equal(got, want) for got, want in zip(carried[2:], after_first))
+    assert after_first[0].abs().sum() > 0
+    twin.learn(first)  # (the same state, and the gate's weights after its step on the first batch)
+    _, after_second = twin.model.gate(second.inputs, after_first)
+    strategy.learn(second)
+    assert all(torch.equal(got, want) for got, want in zip(strategy.state_dict()["hidden"][2:], after_second))
+
+
 def test_mos_gives_probabilities_that_sum_to_one():
     torch.manual_seed(0)
     model = MixtureOfSoftmaxes(LSTMConfig(embedding=8, hidden=12, layers=2, dropout=0.3, vocab=30), components=4)
