@@ -172,6 +172,25 @@ def test_a_strategy_option_restated_at_its_default_is_the_same_run(tmp_path):
     assert differing_keys(checkpoint.plain(seeded), dataclasses.replace(run, seed=7)) == []  # --seed: the run's kept
 
 
+def test_a_checkpoint_continues_only_its_own_stream_model_and_learning_rate(tmp_path):
+    """Only strategy and its options were checked: IDENTITY_KEYS cut to those two passed the suite, so a
+    restart with another --window, --streams, --lr, --hidden or --topic would have loaded the checkpoint."""
+    from streamer.config import LearnConfig
+    from streamer.models import LSTMConfig
+    from streamer.resume import differing_keys, resume_state
+
+    run = LearnConfig("127.0.0.1:9092", "t", run_dir=tmp_path, lr=1e-3)
+    saved = checkpoint.plain(run)
+    changes = {"topic": "other", "model_name": "word", "model": LSTMConfig(hidden=7), "model_options": (("x", 1),),
+               "lr": 2e-3, "clip": 0.5, "streams": run.streams + 1, "window": run.window + 1}
+    for key, value in changes.items():
+        assert differing_keys(saved, dataclasses.replace(run, **{key: value})) == [key]
+    assert differing_keys(saved, dataclasses.replace(run, seed=run.seed + 1, run_name="again")) == []
+    checkpoint.save(tmp_path / "checkpoint.pt", {"step": 5, "config": saved})
+    with pytest.raises(ValueError, match=r"another configuration \(window 20 -> 21\); use --fresh"):
+        resume_state(tmp_path, dataclasses.replace(run, window=21))
+
+
 class _DiskFull:
     """Refused midway through a checkpoint's write, as a full disk refuses it."""
 
