@@ -73,6 +73,23 @@ def test_independent_routes_by_class_and_leaves_other_classes_models_untouched(s
     assert sum(p.numel() for p in strategy.model.parameters()) == 2 * one_model  # grows per class
 
 
+def test_independent_routes_a_batch_without_a_class_to_a_model_of_its_own(stream):
+    # no test routed None: a route(None) that kept the previous class's model (its batches learned into
+    # that class's model) passed the suite
+    _, _, batches = stream
+    torch.manual_seed(0)
+    strategy = Independent(LSTMLanguageModel(TINY), lr=2e-3)
+    strategy.route(BatchTruth("en", 0))
+    strategy.learn(batches[0][0])
+    after_en = params(strategy.model["0"])
+    strategy.route(None)
+    assert strategy.classes == {"en": "0", "unlabelled": "1"} and strategy.model.selected == "1"
+    strategy.learn(batches[1][0])
+    assert same(params(strategy.model["0"]), after_en)
+    strategy.route(None)  # the same model for every batch without a class
+    assert strategy.model.selected == "1" and len(strategy.classes) == 2
+
+
 def test_independent_probe_scores_each_class_with_its_own_model(stream):
     _, _, batches = stream
     torch.manual_seed(0)
