@@ -175,7 +175,7 @@ POISON = [  # (key, value, headers, reason): more than twelve kinds
     (b"-1", b"negative", [], "bad_key"),
     (b"2147483648", b"too large an id", [], "bad_key"),
     (b"k" * 5000, b"a long key", [], "bad_key"),
-    (b"7", b"a stream beyond the rows", [], "extra_stream"),
+    (b"7", b"a stream beyond the rows", TRUTH, "extra_stream"),  # decoded, then refused: its copy re-encoded
     (b"0", None, [], "missing_value"),
     (b"1", b"", [], "empty_value"),
     (b"2", b"nul \x00 inside", [], "nul_byte"),
@@ -243,6 +243,17 @@ def test_poison_before_and_after_a_stream_is_dead_lettered_and_the_losses_are_a_
     headers, message = by_reason["too_large"]
     assert headers["streamer.truncated"] == b"1" and len(message.value) == 64 * 1024
     assert len(by_reason["bad_key"][1].key or b"") <= 1024
+    # each copy is its record as it came (cut to the DLQ sizes), its own headers before the streamer.* ones:
+    # reason, source and sizes only were checked, so copies without the key or the headers passed
+    messages = {int(headers["streamer.source"].decode().rsplit(":", 1)[1]): m for headers, m in letters}
+    for offset, (key, value, headers, reason) in enumerate(POISON):
+        if reason == "unreadable":  # no byte of it can be read
+            key, value, headers = None, b"", []
+        want_key, want_value, want_headers = dead_letter_copy(key, value, headers, reason=reason, detail="",
+                                                              source="")
+        got = messages[offset]
+        assert (got.key, got.value) == (want_key, want_value), reason
+        assert [(n, v) for n, v in got.headers][:-2] == want_headers[:-2], reason  # (then detail and source)
 
 
 def test_a_failed_dead_letter_send_is_counted_and_logged_in_one_line(broker):
