@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer
 
 from producers.orders import (ScheduleError, balanced_permutations, calm_lengths, recurring_order,
                               sequence_order)
-from producers.schedule import Schedule, build_stream, split_probe
+from producers.schedule import Schedule, build_stream, plan_streams, split_probe
 from producers.stream import looped, prepare_stream, produce_stream
 
 CLASSES = ["cs", "de", "en", "es", "fr"]
@@ -64,6 +64,21 @@ def test_recurring_visits_each_class_r_times_never_twice_in_a_row():
         order = recurring_order(CLASSES, 3, np.random.default_rng(seed))
         assert sorted(order) == sorted(CLASSES * 3)
         assert all(a != b for a, b in zip(order, order[1:]))
+
+
+@pytest.mark.parametrize("kind", ["sequence", "recurring", "independent"])
+def test_every_schedule_cuts_fragments_of_lambda_tokens_over_all_streams(kind):
+    """lambda (mean_tokens) counts tokens over all b streams: a fragment is about lambda / (b w) windows (CALM's
+    draws average 1.1 times their scale). Only calm's lengths were checked: recurring's, sequence's or
+    independent's scaled by lambda / w (b times too long) passed the suite."""
+    schedule = Schedule(kind=kind, n_fragments=1000, mean_tokens=6000, streams=3, window=10, repeats=600, seed=0,
+                        order="h2l")
+    plans = plan_streams(schedule, CLASSES, dict(zip(CLASSES, range(5))), np.random.default_rng(0))
+    lengths = [n for plan in plans for _, n in plan[:-1]]  # (independent: each stream's last is cut to the shortest)
+    if kind == "sequence":  # each class once, lambda / (b w) windows each
+        assert [n for _, n in plans[0]] == [200] * 5
+    else:
+        assert abs(np.mean(lengths) - 1.1 * 200) < 0.1 * 1.1 * 200
 
 
 @pytest.mark.parametrize("kind", ["calm", "sequence", "recurring", "independent"])
