@@ -35,6 +35,10 @@ def test_every_stream_slice_is_exactly_its_windows_and_records_are_ordered():
     schedule = CalmSchedule(n_fragments=9, mean_tokens=900, streams=3, window=10, record_tokens=7, seed=1)
     records, manifest = build_stream(CORPUS, schedule)
     per_stream = defaultdict(bytes)
+    # production order is time order: window by window, stream 0 to b-1 within one (sorted by stream first,
+    # each stream's records all before the next stream's, this test passed)
+    moments = [(r.truth.position // 10, int(r.stream)) for r in records]
+    assert moments == sorted(moments) and len({stream for _, stream in moments[:6]}) == 3
     for record in records:
         assert len(record.text.encode()) <= 7 or len(record.text) == 1
         assert record.truth.position == len(per_stream[record.stream])  # contiguous positions
