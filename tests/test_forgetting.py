@@ -249,6 +249,15 @@ def test_matrix_from_probe_log_takes_first_endings_only():
     assert summary["aultc"] == approx(-29 / 9)
 
 
+def test_of_probe_rows_at_one_batch_the_first_read_counts():
+    # as the docstring says; the before row or a curve point taken from the last row read at its batch passed
+    first = [{"batch": 0, "trigger": "periodic", "ended_class": None, "scores": {"a": 5.0, "b": 5.0}},
+             {"batch": 4, "trigger": "periodic", "ended_class": None, "scores": {"a": 3.0, "b": 4.0}}]
+    again = [{**row, "scores": {"a": 9.0, "b": 9.0}} for row in first]
+    matrix = matrix_from_probe_log(first + again, ["a", "b"])
+    assert matrix.before == (5.0, 5.0) and matrix.curve == ((0, 5.0), (4, 3.5))
+
+
 def test_probe_log_without_probe_every_and_last_class_unended():
     rows = [row for row in PROBE_LOG if row["ended_class"] != "c"]
     matrix = matrix_from_probe_log(rows, ["a", "b", "c"])
