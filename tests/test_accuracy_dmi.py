@@ -99,6 +99,16 @@ def test_kmeans_finds_well_separated_groups_and_is_seeded():
         kmeans(x, 16)
 
 
+def test_kmeans_keeps_the_restart_of_least_inertia():
+    # the separated groups above come out alike from every restart: keeping the worst restart passed the suite.
+    # A structureless cloud has restarts that differ; the first of n_init restarts is the one n_init=1 makes.
+    x = np.random.default_rng(1).normal(size=(40, 2))
+
+    def inertia(assignment):
+        return sum(((x[assignment == c] - x[assignment == c].mean(0)) ** 2).sum() for c in np.unique(assignment))
+    assert inertia(kmeans(x, 4, n_init=10)) < inertia(kmeans(x, 4, n_init=1)) - 0.1
+
+
 # Two tasks. Task A has labels x, y; task B has labels z, w. Points 100 apart are different groups.
 TASKS = np.array(["A"] * 4 + ["B"] * 4)
 LABELS = np.array(["x", "x", "y", "y", "z", "z", "w", "w"])
