@@ -112,13 +112,18 @@ def test_perplexity_selection_picks_the_adapter_of_the_matching_language(en, cs)
             assert strategy.model.select(batch.inputs, state) == adapter  # by the inputs alone (probes)
     per_row = copy.copy(strategy)
     per_row.selection = "row"
-    right = 0
+    right = better = 0
     for e, c in zip(en[60:80], cs[60:80]):  # streams in different languages: rows 0-1 English, row 2 Czech
         mixed = type(e)(inputs=torch.cat([e.inputs[:2], c.inputs[2:]]), targets=torch.cat([e.targets[:2], c.targets[2:]]))
         rows = strategy.adapter_losses(mixed, strategy.model.initial_state(3))
         right += (rows[:, :2].argmin(0) == 0).sum().item() + (rows[:, 2:].argmin(0) == 1).sum().item()
-        assert per_row.predict(mixed).loss <= strategy.predict(mixed).loss
+        # each row its own adapter's loss ("row" scored as "batch" passed the former <= alone)
+        carried = strategy.adapter_losses(mixed)
+        assert per_row.predict(mixed).loss == carried.min(0).values.mean()
+        assert strategy.predict(mixed).loss == carried.mean(1).min()
+        better += bool(per_row.predict(mixed).loss < strategy.predict(mixed).loss)
     assert right >= 0.8 * 60  # one 10-token row from a fresh state is sometimes ambiguous (52 of 60 here)
+    assert better >= 10
 
 
 def test_a_detected_switch_spawns_an_adapter_and_the_cap_holds(en, cs):
