@@ -126,6 +126,16 @@ def test_perplexity_selection_picks_the_adapter_of_the_matching_language(en, cs)
     assert better >= 10
 
 
+def test_the_hidden_state_carries_from_batch_to_batch(en):
+    # no test looked at the carried state: a learn that never carried it (every batch from zeros) passed the suite
+    strategy = lstm_adapters(boundary="none")
+    twin = copy.deepcopy(strategy)
+    strategy.learn(en[0])
+    _, expected = twin.model(en[0].inputs, twin.model.initial_state(3), adapter=0)
+    assert all(torch.equal(got, want) for got, want in zip(strategy.state_dict()["hidden"], expected))
+    assert strategy.predict(en[1]).loss == strategy.adapter_losses(en[1], expected).mean(1).min()  # from it
+
+
 def test_a_detected_switch_spawns_an_adapter_and_the_cap_holds(en, cs):
     strategy = lstm_adapters(boundary="page-hinkley", max_adapters=2)
     train(strategy, en[:40])
