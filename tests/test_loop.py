@@ -114,6 +114,18 @@ def test_stop_conditions_and_dead_letters_are_plain_state(stream):
     assert loop.stop_reason == "idle" and loop.step == len(results)
 
 
+def test_dead_letters_do_not_hold_back_the_offsets_to_commit(stream):
+    """A dead letter is taken and learned at once: one never finished kept commit_positions at its offset for
+    the run's life (Kafka's committed offset stuck at the first bad record), and no test read them past one."""
+    records, _ = stream
+    source = MemorySource([records[0], Record("7", "a third stream"), *records[1:]], bad={3})
+    loop = PrequentialLoop(naive(), Batcher(2, 10), source, idle_timeout_s=0.3)
+    learn(loop)
+    assert loop.stop_reason == "idle" and dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1}
+    read, commit = loop.batcher.offsets.next_positions()[("t", 0)], loop.batcher.offsets.commit_positions()[("t", 0)]
+    assert read == len(source.records) and read - commit < 2 * 10  # only a part batch's records wait in the batcher
+
+
 def test_a_limit_set_on_the_loop_after_its_construction_is_refused_not_silently_ignored(stream):
     """The loop's limits live in the rooms its constructor builds: `loop.max_batches = 3` would make an attribute
     nothing reads and the run would go on to its end. Every keyword of the constructor is either still read on the
