@@ -26,6 +26,8 @@ def test_where_to_read_places_the_learners_offset_in_the_log():
     assert where_to_read(("t", 0), 400, 0, 400) == (400, 0)  # at its end: caught up
     assert where_to_read(("t", 0), None, 500, 800) == (500, 0)  # nothing read yet: from the beginning, none lost
     assert where_to_read(("t", 0), 300, 500, 800) == (500, 200)  # retention deleted 300..499 unread
+    # the edges (own < beginning - 1 for a loss passed the cases above): one record lost, and none
+    assert where_to_read(("t", 0), 499, 500, 800) == (500, 1) and where_to_read(("t", 0), 500, 500, 800) == (500, 0)
     with pytest.raises(SourceError, match=r"^t:0 ends at offset 100, before this learner's offset 300 there .*"
                                           r"re-created or truncated.*--fresh"):
         where_to_read(("t", 0), 300, 0, 100)  # another log: a re-created or truncated topic
