@@ -31,6 +31,9 @@ class Fetched:
     dead_reason: str | None = None
     copy: tuple | None = field(default=None, repr=False)  # then its dead-letter copy (send_dead_letter sends it)
     last: int | None = None  # the last offset of its partition this fetch returns (None: not known)
+    # a decoded record's headers as they came (a Kafka source's): its dead-letter copy, if it is refused after
+    # decoding (extra_stream), keeps those of the producer's own (a trace id) beside the truth's
+    headers: tuple | list | None = field(default=None, repr=False)
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ def decoded(message, max_record_bytes: int | None, last: int | None = None) -> F
         return Fetched(None, tp, message.offset, exc.reason,
                        dead_letter_copy(message.key, message.value, message.headers, reason=exc.reason,
                                         detail=str(exc), source=f"{tp[0]}:{tp[1]}:{message.offset}"), last=last)
-    return Fetched(record, tp, message.offset, last=last)
+    return Fetched(record, tp, message.offset, last=last, headers=message.headers)
 
 
 async def step_past_unreadable(consumer, before: dict, error: Exception, max_records: int, sought: set,
@@ -114,7 +114,9 @@ class DeadLetters:
             if fetched.copy is not None:
                 await self._send(producer, fetched.copy, timeout_s)
             return
-        await self._send(producer, dead_letter_copy(*encode(fetched.record), reason=reason, detail=detail,
+        key, value, headers = encode(fetched.record)  # (a decoded record's key and value are its bytes)
+        headers = headers if fetched.headers is None else fetched.headers  # the producer's own too (a trace id)
+        await self._send(producer, dead_letter_copy(key, value, headers, reason=reason, detail=detail,
                                                     source=source), timeout_s)
 
     async def _send(self, producer, copy: tuple, timeout_s: float) -> None:
