@@ -203,8 +203,9 @@ def test_the_report_of_a_long_rotated_log_stays_in_memory_independent_of_its_len
     write_long_log(long, 20_000)
     write_report(short)  # imports (matplotlib, river) and their caches, outside the measurement
     peaks = steady_peaks(short, long)
-    # measured: 2.0 MB at both lengths; holding the records (the report before) took 4.3 and 32.7 MB
-    assert peaks[1] < peaks[0] + 1_000_000, f"peak {peaks[0] / 1e6:.1f} MB at 2k lines, {peaks[1] / 1e6:.1f} MB at 20k"
+    # measured: 2.0 MB at both lengths; holding the records (the report before) took 4.3 and 32.7 MB. The margin is
+    # above the 1.5 MB a worker's caches move one report's peak by (steady_peaks)
+    assert peaks[1] < peaks[0] + 3_000_000, f"peak {peaks[0] / 1e6:.1f} MB at 2k lines, {peaks[1] / 1e6:.1f} MB at 20k"
     assert peaks[1] < 10_000_000
     report = json.loads((long / "results.json").read_text())
     assert report["whole_stream"]["n_batches"] == 20_000 and report["span"]["n_fragments_seen"] == 400
@@ -227,17 +228,19 @@ def write_probe_log(run, rows):
 
 def test_the_report_holds_no_more_of_a_long_probe_log_than_of_a_short_one(tmp_path):
     """A run left for weeks probes at every switch: the report held every row of probes.jsonl (and DMI
-    read it whole too). Measured: the peak grew by 6.4 MB from 1,000 to 10,000 rows; now it does not."""
+    read it whole too). Measured: the peak grew by 6.4 MB from 1,000 to 10,000 rows; now it does not. 30,000 rows
+    (about 20 MB more, held) against a margin of 3 MB: a fresh clone's suite saw the short run's peak 1.4 MB below
+    the long one's at 10,000 rows, where the margin was 0.5 MB (a worker's caches, see steady_peaks)."""
     short, long = tmp_path / "short", tmp_path / "long"
     write_long_log(short, 2_000)
     write_long_log(long, 2_000)
     write_probe_log(short, 1_000)
-    write_probe_log(long, 10_000)
+    write_probe_log(long, 30_000)
     write_report(short), write_report(long)  # imports and caches (a second report's peak is 1.4 MB lower)
     peaks = steady_peaks(short, long)
-    assert peaks[1] < peaks[0] + 500_000, f"peak {peaks[0] / 1e6:.1f} MB at 1k rows, {peaks[1] / 1e6:.1f} MB at 10k"
+    assert peaks[1] < peaks[0] + 3_000_000, f"peak {peaks[0] / 1e6:.1f} MB at 1k rows, {peaks[1] / 1e6:.1f} MB at 30k"
     forgetting = json.loads((long / "results.json").read_text())["forgetting"]
-    assert forgetting["probe_evaluations"] == 10_000 and forgetting["probe_seconds"] == 100.0
+    assert forgetting["probe_evaluations"] == 30_000 and forgetting["probe_seconds"] == 300.0
     matrix = json.loads((long / "results.json").read_text())["probe_matrix"]
     assert matrix["stages"] == [50, 100, 150] and matrix["classes"] == ["A", "B", "C"]
 
