@@ -133,6 +133,14 @@ def test_page_hinkley_finds_the_upward_switches():
     assert (result["precision"], result["recall"]) == (1.0, 0.5)
 
 
+def test_the_default_page_hinkley_waits_its_warm_up_sees_a_small_rise_and_never_a_fall():
+    """The defaults tuned on the demo (min_instances 10, threshold 1.0, mode up) were pinned by no test: a rise of
+    0.6 nats at batch 3 is found at batch 9, once its 10 warm-up losses are in (2 of them: at 6; threshold 2.0: at
+    14), and the falls after it are not switches (mode both: at 9, 19 and 29)."""
+    losses = [1.0] * 3 + [1.6] * 12 + [1.0] * 10 + [0.2] * 10
+    assert detect_offline(losses, "page-hinkley") == [9]
+
+
 def test_detect_offline_other_detectors_and_none():
     assert detect_offline(synthetic_losses(), "none") == []
     assert detect_offline([], "adwin") == []
