@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["CALM_KEYS", "MAX_BYTES", "MAX_TOTAL_BYTES", "LossLogWriter", "loss_log_line", "loss_log_files",
-           "iter_loss_log", "read_loss_log", "torn_tail", "trim_loss_log"]
+           "iter_loss_log", "last_batch", "read_loss_log", "torn_tail", "trim_loss_log"]
 
 CALM_KEYS = ("loss", "domain", "domain_name", "sequence")
 MAX_BYTES = 100_000_000  # per file: losses.jsonl is rotated before it grows past this
@@ -260,6 +260,19 @@ def _batch_of(line: bytes) -> int | None:
         return None
     batch = record.get("batch") if isinstance(record, dict) else None
     return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
+def last_batch(path: str | os.PathLike, tail_bytes: int = 65536) -> int | None:
+    """The batch index of the last line of the log file at `path` that says one, read from its end (a daemon's
+    log grows to gigabytes): a line torn by a crash, or the tail's cut first line, is passed over; None where no
+    line of the last `tail_bytes` says."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail_bytes))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    return next((batch for line in reversed(lines) if (batch := _batch_of(line)) is not None), None)
 
 
 def _lines_before(path: Path, keep_batches: int) -> int | None:

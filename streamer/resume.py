@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from monitor.console import STATUS_FILE, read_status
-from monitor.losslog import loss_log_files, trim_loss_log
+from monitor.losslog import last_batch, loss_log_files, trim_loss_log
 from streamer import checkpoint
 
 __all__ = ["IDENTITY_KEYS", "KEPT_KEYS", "RunDirBusy", "RunDirLock", "resume_state", "differing_keys", "kept_settings",
@@ -216,7 +216,8 @@ def old_run_without_checkpoint(run_dir: Path, config) -> tuple[str | None, bool]
     others = [name for name in HISTORY_FILES[1:] if (run_dir / name).exists() and (run_dir / name).stat().st_size]
     if not logs and not others:
         return None, False
-    batches = _batches_logged(logs[-1]) if logs else None
+    last = last_batch(logs[-1]) if logs else None
+    batches = None if last is None else last + 1
     words = (f"a loss log of {batches} batch{'es' if batches != 1 else ''}" if batches is not None
              else "a loss log" if logs else ", ".join(others))
     status = read_status(run_dir / STATUS_FILE)
@@ -227,22 +228,3 @@ def old_run_without_checkpoint(run_dir: Path, config) -> tuple[str | None, bool]
     except (OSError, ValueError):
         return words, False
     return words, isinstance(saved, dict) and not differing_keys(saved, config)
-
-
-def _batches_logged(path: Path, tail_bytes: int = 65536) -> int | None:
-    """The batches a loss log holds: its last complete line's batch index + 1 (read from its end: a daemon's
-    log grows to gigabytes); None where no line of the tail says."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail_bytes))
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            batch = json.loads(line).get("batch")
-        except (ValueError, AttributeError):
-            continue  # a line torn by a crash, or the tail's cut first line
-        if isinstance(batch, int) and not isinstance(batch, bool):
-            return batch + 1
-    return None

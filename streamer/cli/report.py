@@ -109,8 +109,9 @@ def print_run_report(summary: RunSummary, from_fragment: int | str = SPAN_DEFAUL
     from monitor.report import report_files, write_report  # river and scipy: loaded by the commands that report
 
     print(summary_line(summary))
-    size = sum(file.stat().st_size for file in loss_log_files(summary.run_dir / "losses.jsonl") if file.exists())
-    if summary.stop_reason == "signal" and size > SIGNAL_REPORT_BYTES:
+    if summary.stop_reason == "signal" and (size := sum(
+            file.stat().st_size for file in loss_log_files(summary.run_dir / "losses.jsonl") if file.exists())
+    ) > SIGNAL_REPORT_BYTES:
         print(f"report not written at this stop: the loss log holds {size / 2**20:,.0f} MB, and a stop by a signal "
               f"reads at most {SIGNAL_REPORT_BYTES // 2**20} MB of it, to stay within the stop timeouts of systemd and "
               f"docker; `streamer report {summary.run_dir}` writes it (the checkpoint is written)")
