@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import inspect
+import itertools
 import json
 import os
 import shutil
@@ -186,14 +187,25 @@ def put_back(run_dir: Path, aside: Path) -> None:
     Path(aside).rmdir()
 
 
+def _new_sibling(run_dir: Path, name: str) -> Path:
+    """A new, empty directory beside `run_dir` called `name`, or `name-2`, `name-3`, ... when that is taken (two
+    set-asides within one second: the second failed on the first's name, in a traceback)."""
+    for number in itertools.count(1):
+        aside = run_dir.with_name(name if number == 1 else f"{name}-{number}")
+        try:
+            aside.mkdir(parents=True)
+            return aside
+        except FileExistsError:
+            continue
+
+
 def set_aside(run_dir: Path) -> Path | None:
     """--fresh: move an existing run directory's files to a sibling `<name>.replaced-<time>`; returns it."""
     run_dir = Path(run_dir).resolve()  # (`--run-dir .` has no name of its own)
     if not run_dir.is_dir() or not any(p.name != ".lock" for p in run_dir.iterdir()):
         return None
     check_set_aside(run_dir)
-    aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    aside.mkdir(parents=True)
+    aside = _new_sibling(run_dir, f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     for entry in run_dir.iterdir():
         if entry.name != ".lock":
             entry.rename(aside / entry.name)

@@ -298,3 +298,23 @@ def test_a_kill_9_before_the_first_checkpoint_restarts_the_same_run_in_place(bro
     assert [line["batch"] for line in got] == list(range(batches))  # each batch once, in order
     worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected))
     assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+
+
+def test_two_set_asides_within_one_second_keep_both_old_runs(tmp_path, monkeypatch):
+    """--fresh twice in one second (or a moved-aside old run, then --fresh): the second set-aside took the
+    first's `<name>.replaced-<second>` and failed in a traceback. Each now gets its own directory."""
+    from streamer import resume
+
+    monkeypatch.setattr(resume.time, "strftime", lambda *_: "20261130-070000")  # both in the same second
+    run_dir = tmp_path / "run"
+    asides = []
+    for number in (1, 2, 3):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps({"attempt": number}))
+        (run_dir / "status.json").write_text("{}")
+        (run_dir / ".lock").write_text("")
+        asides.append(resume.set_aside(run_dir))
+    assert [p.name for p in asides] == ["run.replaced-20261130-070000", "run.replaced-20261130-070000-2",
+                                        "run.replaced-20261130-070000-3"]
+    assert [json.loads((p / "config.json").read_text())["attempt"] for p in asides] == [1, 2, 3]
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]
