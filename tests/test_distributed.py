@@ -187,6 +187,31 @@ def test_two_torchrun_ranks_give_the_losses_of_one_process_naive_and_their_check
     assert not (root / "elsewhere" / "losses.jsonl").exists()
 
 
+def test_under_ranks_an_old_run_without_its_checkpoint_is_moved_aside_once_by_rank_0(
+        broker, stream, one_process_naive):
+    """A run dir holding an old run's history without its checkpoint.pt (removed or lost), learned into by
+    `--nproc 2`: rank 0 alone decides and moves the old files aside, said in one line, and the two ranks
+    learn the new run into the emptied directory (one process's losses); the old files are whole beside it."""
+    root, manifest = stream
+    old_dir, run_dir = root / "one-naive", root / "ranks-old-run"
+    run_dir.mkdir()
+    old = {name: (old_dir / name).read_bytes() for name in ("losses.jsonl", "config.json", "status.json",
+                                                               "results.json")}
+    for name, data in old.items():
+        (run_dir / name).write_bytes(data)
+    result = run([*STREAMER, *learn_flags(broker, manifest, run_dir, "--nproc", "2")], root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = re.findall(rf"run dir {re.escape(str(run_dir))} holds a loss log of {BATCHES} batches but no "
+                      r"checkpoint: its files moved to (\S+); a new run starts$", result.stdout, re.M)
+    assert len(said) == 1, result.stdout[-3000:]
+    aside = Path(said[0])
+    assert aside.parent == root and aside.name.startswith("ranks-old-run.replaced-")
+    assert {name: (aside / name).read_bytes() for name in old} == old
+    worst = worst_difference(losses(run_dir), one_process_naive)
+    assert worst <= 1e-4, f"largest difference {worst:.3g} nats"
+    assert checkpoint.load(run_dir / "checkpoint.pt")["world_size"] == 2
+
+
 def test_nproc_two_gives_the_losses_of_one_process_poe_and_rank_0_says_every_ranks_records(broker, stream):
     """`--nproc 2` poe learns the losses of one process, each rank pinned to its CPUs with its own thread
     policy, and leaves no temporary file. The learner's console, status file and metrics are rank 0's,
