@@ -24,7 +24,7 @@ from monitor.tracker import ViewSnapshot, exp_or_inf
 
 __all__ = ["render", "render_waiting", "shown_classes", "sparkline", "plain_line", "progress_row", "status_line",
            "io_line", "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
-           "learning_on_line", "LiveView"]
+           "classes_folded_line", "learning_on_line", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -170,6 +170,12 @@ def waiting_for_line(streams: tuple, windows: int, waited_s: float) -> str:
     return (f"the next batch waits for {streams_text(streams)}: no batch for {duration(waited_s)} while another "
             f"stream holds more than {windows} windows (a batch takes a window of every stream; the others' "
             "records are kept, not learned, until then)")
+
+
+def classes_folded_line(first: str, limit: int) -> str:
+    """The log line when the truth headers name more classes than the tracker keeps apart (RunTracker)."""
+    return (f"the truth headers named more than {limit:,} classes: class {first!r} and every later new one are "
+            "counted as 'other' in the metrics, the loss log and the report (the model learns them all)")
 
 
 def learning_on_line(streams: tuple, waited_s: float) -> str:

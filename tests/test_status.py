@@ -171,6 +171,42 @@ def test_a_wait_for_streams_is_said_once_it_has_lasted_a_minute_with_the_streams
     assert lines[2] == "streams 1, 2: records came, learning on after 1m05s of waiting" and len(lines) == 3
 
 
+def test_the_learner_says_once_when_the_truth_headers_name_more_classes_than_it_keeps_apart(tmp_path):
+    """The learner's results consumer says the tracker's folding of classes once, at the batch it began,
+    and the loss log names the later classes 'other' (a stream of en, fr, en, ... with a limit of 1)."""
+    from monitor.live import LiveMonitor
+    from streamer.batching import Batcher
+    from streamer.checkpointer import Checkpointer
+    from streamer.config import LearnConfig
+    from streamer.loop import PrequentialLoop
+    from streamer.result_consumers import consume_results
+    from tests.helpers import naive, small_stream
+    from tests.test_loop import CORPUS, MemorySource
+
+    class Quiet:
+        def update(self, *_args, **_kw):
+            pass
+
+    records = small_stream(CORPUS, fragments=4, mean_tokens=200, streams=2, window=10, seed=1)[0]
+    lines = []
+
+    async def go():
+        loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records), total_records=len(records))
+        monitor = LiveMonitor(run="r", strategy="naive")
+        monitor.run_tracker.class_limit = 1
+        checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 60.0, config=LearnConfig("b:9092", "t", tmp_path),
+                                    loop=loop, monitor=monitor)
+        await consume_results(loop, monitor, checkpointer, None, tmp_path, Quiet(), final_probe=False, log=lines.append)
+
+    asyncio.run(go())
+    logged = [json.loads(line) for line in (tmp_path / "losses.jsonl").read_text().splitlines()]
+    first = logged[0]["domain_name"]
+    assert {row["domain_name"] for row in logged} == {first, "other"}
+    assert lines == [f"the truth headers named more than 1 classes: class {'fr' if first == 'en' else 'en'!r} and "
+                     "every later new one are counted as 'other' in the metrics, the loss log and the report (the "
+                     "model learns them all)"]
+
+
 def test_a_resumed_runs_status_shows_the_learners_start_and_the_runs(tmp_path, capsys):
     """config.json's `started` is the running learner's start, `run_started` the run's: a resumed run
     keeps its first (before, each restart wrote over it, and status showed the restart as the run's start)."""
