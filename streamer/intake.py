@@ -99,7 +99,7 @@ class Intake:
 
     async def changed_within(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the fetch side to say something changed (asyncio.timeout, not
-        wait_for: a cancel landing as the event is set must not be lost, see streamer.loop's _ended)."""
+        wait_for: a cancel landing as the event is set must not be lost, see streamer.cancellation)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self.changed.wait()

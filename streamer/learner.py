@@ -208,7 +208,7 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
                       broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
                       batches_before=before[0], skipped=loop.skipped - before[2],
-                      stop_line=getattr(loop.source, "refusal", None) or "", topic_gone=loop.topic_gone)
+                      stop_line=getattr(loop.source, "refusal", None) or "", topic_gone=loop.broker_watch.topic_gone)
 
 
 def _monitor(config: LearnConfig, monitor: LiveMonitor | None, shown_total: int | None, leader: bool) -> LiveMonitor:

@@ -6,8 +6,9 @@
 The fetch side (streamer.intake.Intake) is a task on the event loop (the consumer's heartbeat runs there
 too); the step runs in one worker thread, so a slow step never starves the heartbeat, and a full queue
 pauses fetching (backpressure). The loop owns no monitor, exporter, view or file: whoever iterates it
-reads the results and, between two results, the plain state below (records, dead_letters, read_again,
-lag, queue_depth, waiting_since, broker_lost_since). A watch task (streamer.broker_watch.BrokerWatch)
+reads the results and, between two results, the plain state below (step, queue_depth, ...) and its
+rooms' (loop.intake: records, dead_letters, read_again, lag, waiting_since; loop.broker_watch:
+lost_since). A watch task (streamer.broker_watch.BrokerWatch)
 says when the broker is lost and back, and stops the loop ("broker_lost") once it is away for
 `broker_timeout_s`. Ranks of a distributed learner start, step and stop together
 (streamer.rank_agreement.RankAgreement).
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter, deque
 from typing import AsyncIterator
@@ -43,6 +45,7 @@ from typing import AsyncIterator
 from monitor.results import BatchTruth, StepResult
 from streamer.batching import ReadyBatch
 from streamer.broker_watch import BrokerWatch
+from streamer.cancellation import tasks_ended
 from streamer.checkpoint import RankPart
 from streamer.intake import Intake, ready_from_plain, ready_to_plain
 from streamer.rank_agreement import Counts, RankAgreement, counts_of
@@ -74,15 +77,16 @@ class PrequentialLoop:
         self.limits = StopConditions(max_batches=max_batches, total_batches=total_batches, total_records=total_records,
                                      max_seconds=max_seconds, idle_timeout_s=idle_timeout_s)
         # the fetch side: reads, batches and keeps records, dead_letters, read_again, lag, waiting_for and
-        # waiting_since (read through the properties below)
+        # waiting_since (read on it: loop.intake.records)
         self.intake = Intake(batcher, source, queue_size=queue_size, lag_every_s=lag_every_s,
                              ahead_windows=ahead_windows, hold_quiet_s=hold_quiet_s, keep_windows=keep_windows,
                              reread_records=reread_records, idle_timeout_s=idle_timeout_s, ranks=ranks,
                              log=self._log, stop=self._stop_unless_stopping,
                              in_flight=lambda: bool(self.worker.running))
-        self._broker = BrokerWatch(source, probe_every_s=probe_every_s, lost_after_s=lost_after_s,
-                                   broker_timeout_s=broker_timeout_s, log=self._log,
-                                   each_probe=self.intake.log_changes, stop=self.stop)
+        # the broker watch: keeps lost_since and topic_gone
+        self.broker_watch = BrokerWatch(source, probe_every_s=probe_every_s, lost_after_s=lost_after_s,
+                                        broker_timeout_s=broker_timeout_s, log=self._log,
+                                        each_probe=self.intake.log_changes, stop=self.stop)
         # ranks: what they agree on and report to each other; None: one process
         self.agreement = None if ranks is None else RankAgreement(
             ranks, self.intake, self.in_worker, self._ready_or_stopped, agree_every_s=agree_every_s,
@@ -117,79 +121,29 @@ class PrequentialLoop:
     _CONSTRUCTOR_ONLY = frozenset({
         "max_batches", "total_batches", "total_records", "max_seconds", "idle_timeout_s", "queue_size",
         "broker_timeout_s", "probe_every_s", "lost_after_s", "burst", "burst_span_s", "lag_every_s",
-        "hold_quiet_s", "keep_windows", "reread_records", "log"})
+        "ahead_windows", "hold_quiet_s", "keep_windows", "reread_records", "log"})
+    # What the rooms keep, read and set on them (loop.intake.records): one set on the loop would go unread too.
+    _KEPT_BY_ROOMS = frozenset({
+        "records", "records_batched", "dead_letters", "read_again", "lag", "waiting_for", "waiting_since",
+        "busy_s", "broker_lost_since", "topic_gone"})
 
     def __setattr__(self, name, value):
         if name in self._CONSTRUCTOR_ONLY:
             raise AttributeError(f"PrequentialLoop.{name} is set only by its constructor: its rooms hold it")
+        if name in self._KEPT_BY_ROOMS:
+            raise AttributeError(f"PrequentialLoop.{name} is kept by its rooms: set it on loop.intake, "
+                                 "loop.worker or loop.broker_watch")
         super().__setattr__(name, value)
 
-    # What the fetch side and the broker watch keep, read between results (streamer.intake, streamer.broker_watch)
-
-    @property
-    def records(self) -> int:
-        """Records read: learned, carried over or dead-lettered."""
-        return self.intake.records
-
-    @records.setter
-    def records(self, records: int) -> None:
-        self.intake.records = records
-
-    @property
-    def records_batched(self) -> int:
-        """Records that reached the batcher: read, less those dead-lettered (the manifest counts only these)."""
-        return self.intake.records_batched
-
-    @property
-    def dead_letters(self) -> Counter:
-        """Reason -> records."""
-        return self.intake.dead_letters
-
-    @property
-    def read_again(self) -> int:
-        """Records read more than once (each read after the first): rewinds and jumps (Intake._admitted)."""
-        return self.intake.read_again
-
-    @property
-    def lag(self) -> dict[int, int]:
-        """Partition -> records in the log not yet taken into the batcher (Intake.read_lag)."""
-        return self.intake.lag
-
-    @property
-    def waiting_for(self) -> tuple[int, ...]:
-        """The streams the learning waits for: a stream that stopped sending; () otherwise."""
-        return self.intake.waiting_for
-
-    @property
-    def waiting_since(self) -> float | None:
-        """Wall time since when it is caught up and waits for records."""
-        return self.intake.waiting_since
-
-    @property
-    def ahead_windows(self) -> int:
-        """A stream holding this many windows more than another's is far ahead (Intake)."""
-        return self.intake.ahead_windows
-
-    @property
-    def busy_s(self) -> float:
-        """The worker's seconds in steps in this process (the console's compute time)."""
-        return self.worker.busy_s
-
-    @property
-    def broker_lost_since(self) -> float | None:
-        """Wall time of the broker's last answer while it is lost."""
-        return self._broker.lost_since
-
-    @property
-    def topic_gone(self) -> bool:
-        """Lost as the topic was deleted (the broker answers): said so."""
-        return self._broker.topic_gone
+    # The loop's live facts that combine its rooms; each room's own are read on it: loop.intake (records,
+    # records_batched, dead_letters, read_again, lag, waiting_for, waiting_since, ahead_windows),
+    # loop.worker (busy_s) and loop.broker_watch (lost_since, topic_gone)
 
     @property
     def consuming(self) -> bool:
         """Started, fetching, the broker answering, and not stopped: what /readyz reports."""
         return (self._fetcher is not None and not self._fetcher.done() and self.stop_reason is None
-                and self.broker_lost_since is None)
+                and self.broker_watch.lost_since is None)
 
     @property
     def queue_depth(self) -> int:
@@ -208,8 +162,8 @@ class PrequentialLoop:
         """Wall time since when the learner waits for records (None: it does not): this process caught up
         (`waiting_since`), or (ranks) this rank has its next batch and another rank not, as long as the
         agreements keep coming (the learner as a whole cannot cut its next global batch)."""
-        if self.waiting_since is not None:
-            return self.waiting_since
+        if self.intake.waiting_since is not None:
+            return self.intake.waiting_since
         return None if self.agreement is None else self.agreement.others_waiting_since
 
     @property
@@ -217,7 +171,7 @@ class PrequentialLoop:
         """`waiting_for` of the whole learner: this rank's and, on rank 0 of ranks, the other ranks'
         as of their last report."""
         if self.agreement is None:
-            return tuple(sorted(set(self.waiting_for)))
+            return tuple(sorted(set(self.intake.waiting_for)))
         return self.agreement.streams_waited_for()
 
     def across_ranks(self) -> Counts:
@@ -253,12 +207,12 @@ class PrequentialLoop:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for room in (self.intake, self._broker, self.agreement):  # the fetch and watch tasks end at their next
+        for room in (self.intake, self.broker_watch, self.agreement):  # the fetch and watch tasks end at their next
             if room is not None:  # turn even if a cancel is lost
                 room.closing = True
         try:  # (an interrupt, or asyncio.run's cancel, landing while they end still stops the worker)
-            await _ended([task for task in (self._fetcher, self._watcher, self._rank_watcher) if task is not None],
-                         self._log)
+            await tasks_ended([task for task in (self._fetcher, self._watcher, self._rank_watcher)
+                               if task is not None], self._log)
             self.intake.count_failed_sends()  # (a stop may end the fetch side before its first fetch ends)
         finally:
             try:  # (the step in flight ends first; one queued ahead never starts)
@@ -266,7 +220,7 @@ class PrequentialLoop:
             finally:  # an interrupt the wait held back still leaves the group
                 await self.source.stop()
 
-    # The loop's own tasks, as _ended names them in its line ("still stopping: PrequentialLoop._fetch ...")
+    # The loop's own tasks, as tasks_ended names them in its line ("still stopping: PrequentialLoop._fetch ...")
 
     async def _fetch(self) -> None:
         """The fetch side's task (Intake.fetch)."""
@@ -274,7 +228,7 @@ class PrequentialLoop:
 
     async def _watch(self) -> None:
         """The broker's watch task (BrokerWatch.watch)."""
-        await self._broker.watch()
+        await self.broker_watch.watch()
 
     async def _watch_ranks(self) -> None:
         """Ranks: the task that says a collective another rank holds (RankAgreement.watch)."""
@@ -293,7 +247,7 @@ class PrequentialLoop:
             if missing is not None and self.stop_reason is None:
                 self.stop_reason = self.limits.while_starting(missing)
             if self.stop_reason is not None and not starting.done():
-                await _ended([starting], self._log)
+                await tasks_ended([starting], self._log)
                 return False
         starting.result()  # re-raise: the broker unreachable, the group shared
         return True
@@ -396,19 +350,13 @@ class PrequentialLoop:
         None when the loop stops first. Probes at a switch ask for it before the batch is learned."""
         self._peeking += 1
         try:
-            while True:
-                self._check_stop()
-                if self.stop_reason is not None:
-                    return None
-                if self.intake.queue:
-                    self.intake.waiting_since = None
-                    return self.intake.queue[0]
-                self.intake.changed.clear()
-                await self.intake.changed_within(0.5)
-                if self._fetcher is not None and self._fetcher.done():
-                    self._fetcher.result()  # re-raise a failure of the fetch side
+            await self._ready_or_stopped(math.inf)
         finally:
             self._peeking -= 1
+        if self.stop_reason is not None:
+            return None
+        self.intake.waiting_since = None
+        return self.intake.queue[0]
 
     @property
     def at_rest(self) -> bool:
@@ -429,8 +377,9 @@ class PrequentialLoop:
         return self.intake.queue[0]
 
     async def _ready_or_stopped(self, wait_s: float) -> None:
-        """Until this rank has a batch, a stop condition holds, or `wait_s` has passed (ranks: the end of
-        the stream, total_records, is agreed, the records being spread over them)."""
+        """Until the fetch side has cut a batch, a stop condition holds, or `wait_s` has passed (peek waits
+        without end; ranks wait a while: the end of the stream, total_records, is agreed, the records being
+        spread over them)."""
         deadline = time.monotonic() + wait_s
         while True:
             self._check_stop()
@@ -467,7 +416,7 @@ class PrequentialLoop:
         """Commit `offsets` ({(topic, partition): next offset}) to Kafka; call it only with offsets a
         written checkpoint covers (state_dict()["offsets"]); False when Kafka refused them, and at once
         while the broker is lost (the checkpoint holds them; the next one commits them)."""
-        if self.broker_lost_since is not None:
+        if self.broker_watch.lost_since is not None:
             return False
         return await self.source.commit(offsets)
 
@@ -477,9 +426,9 @@ class PrequentialLoop:
         record is learned or carried over (OffsetTracker.kept_positions: Kafka may have them committed)."""
         self.intake.count_failed_sends()
         return {
-            "step": self.step, "tokens": self.tokens, "records": self.records, "skipped": self.skipped,
+            "step": self.step, "tokens": self.tokens, "records": self.intake.records, "skipped": self.skipped,
             "last_loss": self.last_loss,
-            "dead_letters": dict(self.dead_letters), "read_again": self.read_again,
+            "dead_letters": dict(self.intake.dead_letters), "read_again": self.intake.read_again,
             "truth": None if self.truth is None else (self.truth.class_name, self.truth.fragment),
             "batcher": self.batcher.state_dict(),
             "waiting": [ready_to_plain(ready) for ready in self.intake.queue],
@@ -502,28 +451,4 @@ class PrequentialLoop:
         """stop_reason, unless set, from the stop conditions that hold now (StopConditions.reached)."""
         reached = self.limits.reached(self.step, self.intake, self.ranks is None)
         self.stop_reason = self.stop_reason or reached
-
-
-async def _ended(tasks: list[asyncio.Task], log, again_after_s: float = 1.0, say_after_s: float = 10.0) -> None:
-    """Cancel `tasks` and wait until every one has ended, cancelling again each `again_after_s` one
-    that is still running (said in one line once `say_after_s` have passed). A task can lose its
-    cancellation: on Python 3.11 `asyncio.wait_for` returns its inner result instead of raising when
-    the cancel lands just as that result arrives (CPython gh-86296, fixed in 3.12), and the watch task
-    awaited one every second (the broker probe), so a learner at its stop waited for that task for good
-    (seen after `--max-batches`, "stopping" 14 minutes). This package's own waits use asyncio.timeout,
-    which keeps a cancel; a library's may not."""
-    pending, started, said = {task for task in tasks if not task.done()}, time.monotonic(), False
-    try:
-        while pending:
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=again_after_s)
-            if pending and not said and time.monotonic() - started >= say_after_s:
-                said = True
-                log(f"still stopping: {', '.join(sorted(task.get_coro().__qualname__ for task in pending))} "
-                    f"did not end when cancelled; cancelling again every {again_after_s:g} s")
-    finally:  # retrieved, as gather(return_exceptions=True) did: a failure here is not the run's
-        for task in tasks:
-            if task.done() and not task.cancelled():
-                task.exception()
 

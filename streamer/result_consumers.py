@@ -79,7 +79,7 @@ async def _checkpoint_while_idle(loop: PrequentialLoop, checkpointer: Checkpoint
         await asyncio.sleep(every_s)
         try:
             checkpointer.raise_failure()  # a write that failed (a full disk) ends the run, quiet topic or not
-            if loop.step > max(started, checkpointer.step_written or 0) and loop.waiting_since is not None \
+            if loop.step > max(started, checkpointer.step_written or 0) and loop.intake.waiting_since is not None \
                     and checkpointer.time_due() and loop.at_rest:  # (not snapshot_point: a probe's peek holds it)
                 losses.sync()
                 checkpointer.start()
@@ -152,7 +152,7 @@ class WaitsSaid:
         if not set(streams) <= set(self._said):
             self._since = since if not self._said else self._since
             self._said = tuple(sorted(set(self._said) | set(streams)))
-            self.log(waiting_for_line(self._said, self.loop.ahead_windows, now - self._since))
+            self.log(waiting_for_line(self._said, self.loop.intake.ahead_windows, now - self._since))
 
 
 def sync_monitor(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Checkpointer, probes,
@@ -167,9 +167,9 @@ def sync_monitor(loop: PrequentialLoop, monitor: LiveMonitor, checkpointer: Chec
     monitor.read(LoopReading(
         step=loop.step, records=counts.records, lag=counts.lag, read_again=counts.read_again,
         queue_depth=loop.queue_depth,
-        waiting_since=loop.waiting_for_records_since, waiting_reported=True, broker_lost_since=loop.broker_lost_since,
-        topic_gone=loop.topic_gone,
+        waiting_since=loop.waiting_for_records_since, waiting_reported=True,
+        broker_lost_since=loop.broker_watch.lost_since, topic_gone=loop.broker_watch.topic_gone,
         checkpointing=checkpointer.writing, checkpoint_at=checkpointer.last_written,
         probe_seconds=probes.seconds if probes else 0.0, stop_reason=loop.stop_reason, finished=finished,
         topic_missing_since=getattr(loop.source, "topic_missing_since", None),
-        waiting_for=() if finished else loop.streams_waited_for, busy_s=loop.busy_s))
+        waiting_for=() if finished else loop.streams_waited_for, busy_s=loop.worker.busy_s))

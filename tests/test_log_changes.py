@@ -157,8 +157,9 @@ def test_the_loop_counts_records_deleted_unread_as_dead_letters_and_reads_on(one
     records = [Record(str(i % 2), "abcdefghijk") for i in range(60)]
     loop = PrequentialLoop(naive(), Batcher(2, 10), Trimmed(records, start=20), idle_timeout_s=0.5)
     learn(loop)
-    assert dict(loop.dead_letters) == {"deleted_before_read": 15}
-    assert loop.records == loop.records_batched == 40 and loop.batcher.offsets.next_positions() == {("t", 0): 60}
+    assert dict(loop.intake.dead_letters) == {"deleted_before_read": 15}
+    assert loop.intake.records == loop.intake.records_batched == 40
+    assert loop.batcher.offsets.next_positions() == {("t", 0): 60}
 
 
 def test_a_rebalance_that_leaves_partitions_to_another_member_is_said_and_so_is_their_return():

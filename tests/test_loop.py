@@ -97,7 +97,7 @@ def test_the_loop_gives_the_in_memory_runs_results_and_stops_at_the_streams_end(
     assert [r.loss for r in results] == [r.loss for r in expected]
     assert [r.index for r in results] == list(range(len(expected)))
     assert loop.stop_reason == "end_of_stream" and loop.step == len(results) == manifest["total_batches"]
-    assert loop.records == len(records) and loop.tokens == sum(r.tokens for r in results)
+    assert loop.intake.records == len(records) and loop.tokens == sum(r.tokens for r in results)
     assert peeked == [r.truth for r in expected[1:]]  # the next batch's truth, before it is learned
 
 
@@ -107,7 +107,8 @@ def test_stop_conditions_and_dead_letters_are_plain_state(stream):
     loop = PrequentialLoop(naive(), Batcher(2, 10), source, max_batches=5)
     results, _ = learn(loop)
     assert len(results) == 5 and loop.stop_reason == "max_batches"
-    assert dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1} and source.dead == ["extra_stream", "bad_utf8"]
+    assert dict(loop.intake.dead_letters) == {"extra_stream": 1, "bad_utf8": 1}
+    assert source.dead == ["extra_stream", "bad_utf8"]
 
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records[:10]), idle_timeout_s=0.3)
     results, _ = learn(loop)
@@ -121,7 +122,7 @@ def test_dead_letters_do_not_hold_back_the_offsets_to_commit(stream):
     source = MemorySource([records[0], Record("7", "a third stream"), *records[1:]], bad={3})
     loop = PrequentialLoop(naive(), Batcher(2, 10), source, idle_timeout_s=0.3)
     learn(loop)
-    assert loop.stop_reason == "idle" and dict(loop.dead_letters) == {"extra_stream": 1, "bad_utf8": 1}
+    assert loop.stop_reason == "idle" and dict(loop.intake.dead_letters) == {"extra_stream": 1, "bad_utf8": 1}
     read, commit = loop.batcher.offsets.next_positions()[("t", 0)], loop.batcher.offsets.commit_positions()[("t", 0)]
     assert read == len(source.records) and read - commit < 2 * 10  # only a part batch's records wait in the batcher
 
@@ -157,7 +158,7 @@ def test_streams_that_never_sent_a_record_are_said_once_when_the_learning_waits_
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(only_0), idle_timeout_s=1.5, hold_quiet_s=0.2,
                            lag_every_s=0.05, log=said.append)
     results, _ = learn(loop)
-    assert results == [] and loop.stop_reason == "idle" and loop.records == len(only_0)
+    assert results == [] and loop.stop_reason == "idle" and loop.intake.records == len(only_0)
     assert [line for line in said if "sent no record" in line] == [
         "the next batch waits for stream 1, which sent no record since the start: a batch takes a window of each "
         "of the streams 0 to 1 (--streams), so a producer of fewer streams needs --streams that many (said once)"]
@@ -178,8 +179,8 @@ def test_a_backlog_read_past_before_the_quiet_names_the_stream_it_waits_for():
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records, chunk=50), keep_windows=4, ahead_windows=2,
                            hold_quiet_s=1.0, max_seconds=3)
     learn(loop)
-    assert loop.batcher.offsets.unread > 300 and loop.lag == {0: len(records) - loop.records}
-    assert loop.waiting_for == (0,) and loop.waiting_since is not None
+    assert loop.batcher.offsets.unread > 300 and loop.intake.lag == {0: len(records) - loop.intake.records}
+    assert loop.intake.waiting_for == (0,) and loop.intake.waiting_since is not None
 
 
 def test_a_stop_while_a_dead_letter_is_being_sent_leaves_the_record_to_read_again():
@@ -203,7 +204,7 @@ def test_a_stop_while_a_dead_letter_is_being_sent_leaves_the_record_to_read_agai
             loop.stop("signal")
         return loop.state_dict()
     state = asyncio.run(go())
-    assert source.dead == [] and dict(loop.dead_letters) == {} and loop.records == 2
+    assert source.dead == [] and dict(loop.intake.dead_letters) == {} and loop.intake.records == 2
     assert state["offsets"] == {("t", 0): 2}  # (it said 3: past the bad record)
 
 
@@ -255,7 +256,7 @@ def test_stop_ends_the_loop_after_the_step_in_flight_and_dead_letters_survive_a_
     saved = loop.state_dict()
     again = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records))
     again.load_state_dict(saved)
-    assert again.dead_letters == loop.dead_letters and again.step == 5
+    assert again.intake.dead_letters == loop.intake.dead_letters and again.step == 5
 
 
 def test_dead_letter_sends_that_failed_keep_counting_after_a_resume(stream):
@@ -265,13 +266,13 @@ def test_dead_letter_sends_that_failed_keep_counting_after_a_resume(stream):
     first.dead_letter_failures = 3
     loop = PrequentialLoop(naive(), Batcher(2, 10), first, max_batches=2)
     learn(loop)
-    assert loop.dead_letters["dead_letter_failed"] == 3
+    assert loop.intake.dead_letters["dead_letter_failed"] == 3
     second = MemorySource(records, start=loop.state_dict()["offsets"][("t", 0)])
     second.dead_letter_failures = 2
     again = PrequentialLoop(naive(), Batcher(2, 10), second, max_batches=4)
     again.load_state_dict(loop.state_dict())
     learn(again)
-    assert again.dead_letters["dead_letter_failed"] == 5
+    assert again.intake.dead_letters["dead_letter_failed"] == 5
 
 
 class LosingProbe(MemorySource):
@@ -317,7 +318,7 @@ def test_the_loop_ends_when_its_watch_task_loses_a_cancellation(stream):
 def test_a_task_that_lost_its_cancellation_is_cancelled_again_and_said():
     """What the loop's exit (and its start, stopped by a signal) does with its tasks: a task that keeps
     losing the cancel is asked again until it ends, and a wait that long is said in one line."""
-    from streamer.loop import _ended
+    from streamer.cancellation import tasks_ended
 
     said = []
 
@@ -332,7 +333,7 @@ def test_a_task_that_lost_its_cancellation_is_cancelled_again_and_said():
     async def go():
         task = asyncio.create_task(stubborn())
         await asyncio.sleep(0)
-        await asyncio.wait_for(_ended([task], said.append, again_after_s=0.05, say_after_s=0.1), 5)
+        await asyncio.wait_for(tasks_ended([task], said.append, again_after_s=0.05, say_after_s=0.1), 5)
         return task
     assert asyncio.run(go()).cancelled()
     assert len(said) == 1 and "stubborn" in said[0] and "cancelling again" in said[0]
@@ -359,12 +360,12 @@ def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream
     interpreter's exit with the step inside torch's C++ aborted ('terminate called ...'). One landing
     earlier, while the fetch and watch tasks end (here made to take 0.6 s), skipped that wait."""
     if lands_in != "the wait for the step":
-        ended_tasks = loop_module._ended
+        ended_tasks = loop_module.tasks_ended
 
         async def slow_to_end(*args, **kwargs):
             await asyncio.sleep(0.6)
             await ended_tasks(*args, **kwargs)
-        monkeypatch.setattr(loop_module, "_ended", slow_to_end)
+        monkeypatch.setattr(loop_module, "tasks_ended", slow_to_end)
     records, _ = stream
     strategy, learned = counting(naive())
     in_flight, ended, learn = threading.Event(), threading.Event(), strategy.learn
@@ -706,7 +707,7 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
     async def go():
         async with loop:
             async def wait_then_stop():
-                await until(lambda: loop.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
+                await until(lambda: loop.intake.records_batched >= 8 and loop.state_dict()["waiting"])  # a full queue
                 await asyncio.sleep(1.0)  # a few agreements (every 0.2 s) and reports (every 0.3 s)
                 waiting = (len(loop.state_dict()["waiting"]), loop.queue_depth, loop.waiting_for_records_since,
                            loop.across_ranks(), len(peer.reports), loop.streams_waited_for)
@@ -728,12 +729,13 @@ def test_a_ranks_batches_waiting_for_another_ranks_records_are_not_counted_as_wa
         (queued_stuck, depth_stuck, waiting_stuck, anew) = waiting, stuck
     assert results == [] and loop.stop_reason == "signal" and queued >= 4 and depth == 0
     assert started < waiting_since < time.time()
-    assert all_records == loop.records + 7 and lag == {0: len(records) - loop.records_batched - 1, 3: 5}
+    assert all_records == loop.intake.records + 7 and lag == {0: len(records) - loop.intake.records_batched - 1, 3: 5}
     assert dead_letters == {"bad_utf8": 1, "bad_key": 2, "unreadable": 1} and read_again == 6
     assert reports >= 3  # the first agreement's, then every 0.3 s
     assert streams == (3,)  # the stream the other rank's next batch waits for, as it reported
     assert depth_stuck == queued_stuck >= 4 and waiting_stuck is None and 0 <= anew < 0.5
-    assert peer.reports[-1] == {"records": loop.records, "lag": {"0": len(records) - loop.records_batched - 1},
+    assert peer.reports[-1] == {"records": loop.intake.records,
+                                "lag": {"0": len(records) - loop.intake.records_batched - 1},
                                 "dead_letters": {"bad_utf8": 1}, "read_again": 0, "waiting_for": []}  # the stop's
 
 
@@ -867,7 +869,7 @@ def watched(loop):
 
         async def watch():
             while True:
-                samples.append((time.time(), loop.waiting_for, loop.waiting_since))
+                samples.append((time.time(), loop.intake.waiting_for, loop.intake.waiting_since))
                 await asyncio.sleep(0.01)
         async with loop:
             watcher = asyncio.create_task(watch())
@@ -1020,14 +1022,15 @@ def test_a_stream_far_ahead_is_left_in_kafka_and_read_again_in_order_with_the_sa
     loop = PrequentialLoop(naive(), batcher, source, total_records=len(records), keep_windows=3, log=lines.append)
     results, _ = learn(loop)
     assert [r.loss for r in results] == expected
-    assert loop.stop_reason == "end_of_stream" and loop.records == len(records)
+    assert loop.stop_reason == "end_of_stream" and loop.intake.records == len(records)
     assert batcher.peak <= 3 * 10 + 10  # keep_windows windows, and the record that went over
-    assert loop.read_again == sum(source.reads.values()) - len(source.reads) > 0  # each fetch after an offset's first
+    # each fetch after an offset's first
+    assert loop.intake.read_again == sum(source.reads.values()) - len(source.reads) > 0
     unbounded, source = PeakBatcher(2, 10), MemorySource(ordered, chunk=5)
     loop = PrequentialLoop(naive(), unbounded, source, total_records=len(records))
     learn(loop)
     assert unbounded.peak > 3 * 10 + 10  # (without the bound: most of stream 0 at once, or two runs of it)
-    assert loop.read_again == 0 and max(source.reads.values()) == 1
+    assert loop.intake.read_again == 0 and max(source.reads.values()) == 1
     longer = ordered + [Record("0", "more of stream 0 ") for _ in range(30)]  # no batch can use them
     loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(longer, chunk=5), total_records=len(longer),
                            keep_windows=3, idle_timeout_s=30)
@@ -1070,7 +1073,7 @@ def test_backlogs_far_apart_are_read_again_by_jumping_from_one_to_the_next(says_
         assert [r.loss for r in results] == expected and loop.stop_reason == "end_of_stream", chunk
         fetched = sum(source.reads.values())
         assert reads[0] * len(order) < fetched < reads[1] * len(order), (chunk, capped, fetched)
-        assert loop.read_again == fetched - len(order), (chunk, fetched)
+        assert loop.intake.read_again == fetched - len(order), (chunk, fetched)
 
 
 def test_fetches_are_small_only_while_reading_again_and_one_that_takes_nothing_is_not_caught_up():
@@ -1084,14 +1087,14 @@ def test_fetches_are_small_only_while_reading_again_and_one_that_takes_nothing_i
         caught_up = []  # at each fetch: the loop said caught up while records remained
 
         async def fetch(self, max_records=None):
-            self.caught_up.append(loop.waiting_since is not None and self.position < len(self.records))
+            self.caught_up.append(loop.intake.waiting_since is not None and self.position < len(self.records))
             async for fetched in super().fetch(max_records):
                 yield fetched
 
     source = Watched(order, chunk=500)
     loop = PrequentialLoop(naive(), Batcher(3, 10), source, total_records=len(order), keep_windows=4, queue_size=1)
     learn(loop)
-    assert loop.stop_reason == "end_of_stream" and loop.read_again > 0
+    assert loop.stop_reason == "end_of_stream" and loop.intake.read_again > 0
     assert source.caps[0] is None and 16 in source.caps and set(source.caps) == {None, 16}, source.caps
     again = [index for index, cap in enumerate(source.caps) if cap == 16]
     assert source.caps[again[-1] + 1:] and set(source.caps[again[-1] + 1:]) == {None}  # (caught up: as Kafka's)
@@ -1112,7 +1115,7 @@ def test_the_lag_counts_the_records_read_past_and_not_those_read_again(stream):
         asyncio.run(loop.intake.read_lag(now=True))
         offsets = loop.batcher.offsets
         states.add((bool(offsets.skipping(("t", 0))), offsets.reading_again()))
-        assert loop.lag == {0: len(ordered) - loop.records}, stop
+        assert loop.intake.lag == {0: len(ordered) - loop.intake.records}, stop
         assert offsets.unread > 0 or offsets.reading_again(), stop
     assert {(True, False), (False, True)} <= states
 
@@ -1132,7 +1135,8 @@ def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, 
         offsets = first.batcher.offsets
         states.add((bool(offsets.skipping(("t", 0))), offsets.reading_again()))
         kept = first.state_dict()["offsets"][("t", 0)]
-        assert first.read_again == sum(first.source.reads.values()) - len(first.source.reads), stop  # (at the stop)
+        read_again = sum(first.source.reads.values()) - len(first.source.reads)
+        assert first.intake.read_again == read_again, stop  # (at the stop)
         assert set(range(kept)) <= first.batcher.taken, stop  # (the batcher holds those not learned yet)
         checkpoint.save(tmp_path / "c.pt", {"strategy": first.strategy.state_dict(), "loop": first.state_dict()})
         saved = checkpoint.load(tmp_path / "c.pt")
@@ -1145,9 +1149,9 @@ def test_a_restart_while_records_are_skipped_or_read_again_is_invisible(stream, 
         again.source.position = batcher.offsets.next_positions()[("t", 0)]
         rest, _ = learn(again)
         assert [r.loss for r in results + rest] == expected, stop
-        assert again.records == len(records) and again.stop_reason == "end_of_stream"
+        assert again.intake.records == len(records) and again.stop_reason == "end_of_stream"
         reads = first.source.reads + again.source.reads  # (the first reads none past what its state says it read)
-        assert again.read_again == sum(reads.values()) - len(reads), stop
+        assert again.intake.read_again == sum(reads.values()) - len(reads), stop
     assert {(True, False), (False, True)} <= states  # stopped while skipping, and while reading again
 
 
@@ -1191,7 +1195,7 @@ def test_records_still_to_read_again_keep_a_finite_run_from_ending():
     def check(batcher, taken):
         offsets = batcher.offsets
         loop = PrequentialLoop(naive(), batcher, MemorySource(order), total_records=len(order), keep_windows=2)
-        loop.records = taken
+        loop.intake.records = taken
         loop._check_stop()
         if loop.intake.records_read() == len(order) and not batcher.ready() and offsets.unread:
             checked.append(offsets.reading_again())
@@ -1274,7 +1278,7 @@ def test_under_ranks_the_agreement_between_two_steps_is_compute_unless_a_rank_wa
         with mock.patch.object(step_worker, "prequential_step", timed_step):
             results, _ = learn(loop)
         assert len(results) >= 8 and loop.stop_reason == "end_of_stream"
-        busy[waits] = (loop.busy_s - sum(stepped), len(results))
+        busy[waits] = (loop.worker.busy_s - sum(stepped), len(results))
     between, steps = busy[None]
     assert between >= 0.9 * 0.04 * (steps - 1)  # every gap after the first step: its agreement at least
     waited, steps = busy["round"]
@@ -1299,7 +1303,7 @@ def test_a_word_models_stream_end_is_its_end_however_long_ago_its_last_record_wa
                            idle_timeout_s=0.5)
     with mock.patch.object(step_worker, "prequential_step", slow_step):
         results, _ = learn(loop)
-    assert len(results) * 0.1 > 0.5 and loop.records == len(records)
+    assert len(results) * 0.1 > 0.5 and loop.intake.records == len(records)
     assert loop.stop_reason == "end_of_stream"
 
 
@@ -1342,7 +1346,7 @@ def test_the_loop_is_at_rest_while_its_consumer_waits_for_the_next_batch_in_a_pr
                     break
 
     async def watch():  # the topic quiet for half a second: every record learned
-        while loop.waiting_since is None or time.time() - loop.waiting_since < 0.5:
+        while loop.intake.waiting_since is None or time.time() - loop.intake.waiting_since < 0.5:
             await asyncio.sleep(0.05)
         quiet.append((loop.at_rest, loop.step))
 

@@ -149,7 +149,8 @@ def test_a_wait_for_streams_is_said_once_it_has_lasted_a_minute_with_the_streams
 
     from streamer.result_consumers import WaitsSaid
 
-    loop = SimpleNamespace(streams_waited_for=(), ahead_windows=256, waiting_for_records_since=time.time() - 30)
+    loop = SimpleNamespace(streams_waited_for=(), intake=SimpleNamespace(ahead_windows=256),
+                           waiting_for_records_since=time.time() - 30)
     lines = []
     say = WaitsSaid(loop, lines.append)
     say()

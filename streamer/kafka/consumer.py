@@ -264,7 +264,8 @@ class KafkaSource:
         if self._consumer is None:
             return False
         try:
-            async with asyncio.timeout(self.probe_timeout_s):  # not wait_for: it can lose a cancel (loop._ended)
+            # not wait_for: it can lose a cancel (streamer.cancellation)
+            async with asyncio.timeout(self.probe_timeout_s):
                 topics = await self._consumer.topics()
         except (KafkaError, asyncio.TimeoutError, OSError):
             self._answering = False
@@ -279,7 +280,7 @@ class KafkaSource:
         if not assigned:
             return {}
         try:
-            async with asyncio.timeout(self.probe_timeout_s):  # (not wait_for: loop._ended)
+            async with asyncio.timeout(self.probe_timeout_s):  # (not wait_for: streamer.cancellation)
                 ends = await self._consumer.end_offsets(assigned)
         except (KafkaError, asyncio.TimeoutError, OSError):
             return {}
