@@ -60,7 +60,7 @@ class Checkpointer:
         if self.ranks is not None:
             agreed, self.loop.checkpoint_agreed = self.loop.checkpoint_agreed, False
             return agreed
-        return self.loop.at_snapshot and self.time_due()
+        return self.loop.run_ahead.at_snapshot and self.time_due()
 
     def time_due(self) -> bool:
         """Whether the time for the next checkpoint has come (and none is being written)."""
@@ -121,7 +121,7 @@ class Checkpointer:
         """The rebalance listener's on_partitions_revoked: at the next snapshot point (never with a step
         in flight, nor between a step and its result being taken in), write a checkpoint and commit its
         offsets while the partitions are still ours; the next batch waits until then."""
-        async with self.loop.snapshot_point():
+        async with self.loop.run_ahead.snapshot_point():
             await self.write()
 
     async def _write_and_commit(self, state: dict) -> None:

@@ -6,7 +6,7 @@
                                                  the end, written in the background; then commits the
                                                  offsets it covers to Kafka)
                                --> ProbeScheduler (probes.jsonl)
-    The next steps run ahead of these consumers (streamer.loop's snapshot_wanted) unless a checkpoint or
+    The next steps run ahead of these consumers (streamer.run_ahead's snapshot_wanted) unless a checkpoint or
     a probe is due after one in flight: they take in result k while the worker learns batch k + 1 (short
     steps: a quarter second of them behind it, at most 32, their results taken in a burst).
     loop state (dead letters, lag, queue depth, waiting, broker lost; checkpointer, probes) --> LiveMonitor
@@ -167,7 +167,8 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
         checkpointer = Checkpointer(config.run_dir / "checkpoint.pt", config.checkpoint_every_s,
                                     config=config, loop=loop, monitor=monitor, labels=labels)
         source.on_revoke = checkpointer.on_revoke  # a rebalance: checkpoint and commit first
-        loop.snapshot_wanted = lambda index, upcoming, previous: (  # else the next step runs ahead of the consumer
+        # a checkpoint or a probe due keeps the next step from running ahead of the consumer
+        loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: (
             checkpointer.time_due() or (probes is not None and probes.wants(index, upcoming, previous)))
         if resume is not None:
             _resume(config, resume, loop, monitor, checkpointer, ranks, log)

@@ -13,30 +13,20 @@ says when the broker is lost and back, and stops the loop ("broker_lost") once i
 `broker_timeout_s`. Ranks of a distributed learner start, step and stop together
 (streamer.rank_agreement.RankAgreement).
 
-A consumer that sets `snapshot_wanted` lets the next steps run ahead of it: while step k runs, batch
-k + 1 is queued behind it in the worker, so the worker goes from one step to the next without
-waiting for the consumer to take in result k; the loop asks snapshot_wanted(k + 1, batch, truth
-after k) first, and a True (a checkpoint or a probe due after step k) keeps step k + 1 until result
-k has been taken in. A result is then a snapshot point only where `at_snapshot` says so. While steps
-are short, a burst of batches is queued behind the running step: as many as `burst_span_s` (0.25 s)
-holds at the last step's pace, at most `burst` (32), where that is two or more (steps of up to
-125 ms). The worker wakes the event loop only when one step is left behind the one it finished: the
-consumer takes results in bursts, and the fetch side refills at the same wake-up. Each wake-up finds the
-event loop's Python and data cold in the caches the step has used; beside the default LSTM's 7 ms
-step on 2 cores the event loop took 0.57 CPU ms a batch with a wake-up a result, 0.38 with bursts of
-4 and 0.20-0.25 with bursts of 16-32 (benchmarks/throughput.py). `stop()` lets the running step
-finish; the steps queued behind it learn nothing and their batches go back to the queue.
+A consumer that sets `loop.run_ahead.snapshot_wanted` lets the next steps run ahead of it, in bursts
+while steps are short (streamer.run_ahead.RunAhead); a result is then a snapshot point only where
+`loop.run_ahead.at_snapshot` says so. `stop()` lets the running step finish; the steps queued behind it
+learn nothing and their batches go back to the queue.
 
     async with PrequentialLoop(strategy, batcher, source, max_batches=...) as loop:
         async for result in loop:
-            ...  # at a result where loop.at_snapshot (every result without snapshot_wanted): strategy,
+            ...  # at a result where loop.run_ahead.at_snapshot (every one without snapshot_wanted): strategy,
                  # batcher carry-over and offsets describe "after batch result.index"
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections import Counter, deque
@@ -49,6 +39,7 @@ from streamer.cancellation import tasks_ended
 from streamer.checkpoint import RankPart
 from streamer.intake import Intake, ready_from_plain, ready_to_plain
 from streamer.rank_agreement import Counts, RankAgreement, counts_of
+from streamer.run_ahead import RunAhead
 from streamer.source import Source
 from streamer.step_worker import StepWorker
 from streamer.stop_conditions import StopConditions
@@ -93,7 +84,10 @@ class PrequentialLoop:
             lag_every_s=lag_every_s, total_records=total_records, log=self._log)
         # the model's side: the worker thread where the steps run, and the steps handed to it (busy_s)
         self.worker = StepWorker(strategy, self.intake, self.agreement, burst=burst, burst_span_s=burst_span_s,
-                                 runs_ahead=lambda: self.snapshot_wanted is not None and self.ranks is None)
+                                 runs_ahead=lambda: self.run_ahead.snapshot_wanted is not None and self.ranks is None)
+        # the steps handed to the worker ahead of the consumer (snapshot_wanted), and the snapshot points left
+        self.run_ahead = RunAhead(self.intake, self.worker, self.limits, one_process=ranks is None,
+                                  stopping=self._stopping)
         # plain state, read between results
         self.step = 0  # batches learned; the next result's index
         self.tokens = 0
@@ -106,15 +100,6 @@ class PrequentialLoop:
         self._fetcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._rank_watcher: asyncio.Task | None = None  # ranks: says a collective another rank holds
-        # Held from taking a batch until the consumer of its result asks for the next one with no
-        # step in flight (none runs ahead): whoever holds it sees a snapshot point. The generator's own consumer (between two results) is at
-        # one already and must not wait on it; others (a rebalance callback) use `snapshot_point()`.
-        self._between_results = asyncio.Lock()
-        self._snapshot_asked = 0  # snapshot_point() callers waiting
-        # Set by the consumer to let a step run ahead of its consumer: snapshot_wanted(index, upcoming, previous
-        # truth) is asked before batch `index` (a ReadyBatch) is queued behind the step in flight, whose result
-        # is then not yet taken in; True keeps it until then. None: every result is a snapshot point.
-        self.snapshot_wanted = None
 
     # Limits, pacing and the log held by the rooms built in __init__ (StopConditions, Intake, BrokerWatch, StepWorker):
     # set once there. An assignment on the loop would make a new attribute that nothing reads, so it is refused.
@@ -125,14 +110,14 @@ class PrequentialLoop:
     # What the rooms keep, read and set on them (loop.intake.records): one set on the loop would go unread too.
     _KEPT_BY_ROOMS = frozenset({
         "records", "records_batched", "dead_letters", "read_again", "lag", "waiting_for", "waiting_since",
-        "busy_s", "broker_lost_since", "topic_gone"})
+        "busy_s", "broker_lost_since", "topic_gone", "snapshot_wanted"})
 
     def __setattr__(self, name, value):
         if name in self._CONSTRUCTOR_ONLY:
             raise AttributeError(f"PrequentialLoop.{name} is set only by its constructor: its rooms hold it")
         if name in self._KEPT_BY_ROOMS:
             raise AttributeError(f"PrequentialLoop.{name} is kept by its rooms: set it on loop.intake, "
-                                 "loop.worker or loop.broker_watch")
+                                 "loop.worker, loop.broker_watch or loop.run_ahead")
         super().__setattr__(name, value)
 
     # The loop's live facts that combine its rooms; each room's own are read on it: loop.intake (records,
@@ -253,7 +238,8 @@ class PrequentialLoop:
         return True
 
     async def __aiter__(self) -> AsyncIterator[StepResult]:
-        holding = False  # self._between_results: from taking a batch until a result is taken in with none in flight
+        # holding run_ahead.between_results: from taking a batch until a result is taken in with none in flight
+        holding = False
         try:
             while True:
                 if not self.worker.running:
@@ -263,15 +249,15 @@ class PrequentialLoop:
                         if self.ranks is None:  # (ranks: read before the stop's report, _agreed)
                             await self.intake.read_lag(now=True)  # the last records taken since the last read
                         return
-                    await self._between_results.acquire()
+                    await self.run_ahead.between_results.acquire()
                     holding = True
                     if self.ranks is None and (not self.intake.queue or self.intake.queue[0] is not ready
                                                or self.stop_reason is not None):
-                        self._between_results.release()  # changed while a snapshot was taken: look again
+                        self.run_ahead.between_results.release()  # changed while a snapshot was taken: look again
                         holding = False  # (ranks: agreed, so step)
                         continue
-                    self._hand_over()
-                self._run_ahead()
+                    self.run_ahead.hand_over(self.step)
+                self.run_ahead.queue_behind(self.step, self.truth)
                 ready, stepped = self.worker.running[0]
                 # predict -> record -> learn happened in the worker, in this order
                 result = await self.worker.result_of(stepped)
@@ -286,64 +272,15 @@ class PrequentialLoop:
                 self.last_loss = result.loss
                 self.truth = result.truth or self.truth
                 self.labels_known = ready.batch.labels_known
-                # SNAPSHOT POINT where at_snapshot: strategy, carry-over and offsets describe "after batch result.index"
+                # SNAPSHOT POINT where run_ahead.at_snapshot: strategy, carry-over and offsets describe
+                # "after batch result.index"
                 yield result
                 if not self.worker.running:
-                    self._between_results.release()
+                    self.run_ahead.between_results.release()
                     holding = False
         finally:
             if holding:
-                self._between_results.release()
-
-    @property
-    def at_snapshot(self) -> bool:
-        """No step in flight: the strategy, the carry-over and the offsets describe "after the last
-        result". Always so between two results unless `snapshot_wanted` let the next step run ahead."""
-        return not self.worker.running
-
-    def _hand_over(self) -> None:
-        """The next queued batch to the worker thread, behind any step in flight."""
-        self.worker.hand_over(self.intake.queue.popleft(), self.step + len(self.worker.running))
-
-    def _run_ahead(self) -> None:
-        """While a step runs and its result is not yet taken in, queue the next batch behind it, so that
-        the worker goes on without waiting for the consumer (the loss log, the metrics, the hand-over's
-        two thread wake-ups: 0.6 ms a batch of the default LSTM, 4% of its step) unless anything needs
-        the state after a step in flight: `snapshot_wanted` (a checkpoint due, a probe before the next
-        batch), a snapshot_point() asked for (a rebalance), a stop; never for ranks, which agree first.
-        While steps are short, a burst of batches goes behind it (results then come in bursts), each
-        asked for in turn."""
-        if self.snapshot_wanted is None or self.ranks is not None or not self.worker.running:
-            return
-        self._queue_ahead(self.worker.burst_size + 1 if self.worker.bursting else 2)
-        if self.worker.bursting and len(self.intake.queue) <= self.intake.refill_at:
-            self.intake.changed.set()  # the fetch side refills at this wake-up, not at one of its own (the worker's)
-
-    def _queue_ahead(self, ahead: int) -> None:
-        """Hand over batches until `ahead` steps are in flight, asking for each as _run_ahead says."""
-        while len(self.worker.running) < ahead and self.intake.queue:
-            index = self.step + len(self.worker.running)
-            self._check_stop()
-            if self.stop_reason is not None or self._snapshot_asked or self.limits.past_last_batch(index):
-                return
-            previous = next((ready.truth for ready, _ in reversed(self.worker.running) if ready.truth), self.truth)
-            if self.snapshot_wanted(index, self.intake.queue[0], previous):
-                return
-            self._hand_over()
-
-    @contextlib.asynccontextmanager
-    async def snapshot_point(self):
-        """`async with loop.snapshot_point():` waits until no step is in flight and the last result has
-        been taken in by the loop's consumer (monitor, loss log, probes), and keeps the next batch from
-        starting meanwhile (no step runs ahead while one is asked for). For callers outside the
-        consumer (a rebalance callback); the consumer, between two results, must not use it (it would
-        wait forever)."""
-        self._snapshot_asked += 1
-        try:
-            async with self._between_results:
-                yield
-        finally:
-            self._snapshot_asked -= 1
+                self.run_ahead.between_results.release()
 
     async def peek(self) -> ReadyBatch | None:
         """The next batch to learn, with its truth, once the fetch side has cut it (it stays next);
@@ -362,9 +299,9 @@ class PrequentialLoop:
     def at_rest(self) -> bool:
         """A snapshot point that lasts until the next batch comes: no step in flight, the last result taken in,
         and the loop's consumer waiting for the next batch, in the loop or in a probe's peek (which holds the
-        point: snapshot_point would wait for it). A snapshot copied now, on the event loop, is one of "after the
-        last result" (the idle checkpoint, streamer.learner)."""
-        return not self.worker.running and (not self._between_results.locked() or self._peeking > 0)
+        point: run_ahead.snapshot_point would wait for it). A snapshot copied now, on the event loop, is one of
+        "after the last result" (the idle checkpoint, streamer.learner)."""
+        return not self.worker.running and (not self.run_ahead.between_results.locked() or self._peeking > 0)
 
     async def _agreed(self) -> ReadyBatch | None:
         """Ranks: the next batch once every rank has its own (all step), None once any rank stops (all stop)
@@ -446,6 +383,11 @@ class PrequentialLoop:
         self.truth = None if state["truth"] is None else BatchTruth(*state["truth"])
         self.batcher.load_state_dict(state["batcher"])
         self.intake.queue = deque(ready_from_plain(saved, self.batcher) for saved in state["waiting"])
+
+    def _stopping(self) -> bool:
+        """Whether the loop stops, the stop conditions checked first (_check_stop)."""
+        self._check_stop()
+        return self.stop_reason is not None
 
     def _check_stop(self) -> None:
         """stop_reason, unless set, from the stop conditions that hold now (StopConditions.reached)."""

@@ -159,13 +159,13 @@ class ProbeScheduler:
 
     def wants(self, index: int, upcoming, previous) -> bool:
         """Whether to score before batch `index` (a ReadyBatch) after truth `previous`: the loop's
-        `snapshot_wanted` asks it before running that batch ahead of the consumer."""
+        `run_ahead.snapshot_wanted` asks it before running that batch ahead of the consumer."""
         return self.trigger(index, upcoming.truth, previous) is not None
 
     async def before_next(self, loop) -> dict | None:
         """Score before the loop learns its next batch when a trigger says so; the row written, or None.
         Nothing while the next batch runs ahead (the loop asked `wants` before it: no trigger)."""
-        if not loop.at_snapshot:
+        if not loop.run_ahead.at_snapshot:
             return None
         upcoming = await loop.peek()
         if upcoming is None:

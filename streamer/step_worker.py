@@ -130,10 +130,10 @@ class StepWorker:
         step's torch kernels. And only once the queue is down to `refill_at` batches (a stale length
         read here only moves the wake-up to the next step): the fetch side then cuts them in one burst,
         where a wake-up a batch found its Python and data cold in the caches the step had just used.
-        While results come in bursts the event loop is awake for them anyway: the loop's _run_ahead asks then."""
+        While results come in bursts the event loop is awake for them anyway: RunAhead.queue_behind asks then."""
         if self.halting and self.agreement is None:
             return None
-        if len(self.intake.queue) <= self.intake.refill_at and not self.bursting:  # in bursts: _run_ahead asks
+        if len(self.intake.queue) <= self.intake.refill_at and not self.bursting:  # in bursts: queue_behind asks
             self._event_loop.call_soon_threadsafe(self.intake.changed.set)
         started = time.perf_counter()
         lockstep_from = None if self.agreement is None else self.agreement.lockstep_from

@@ -378,7 +378,7 @@ def test_an_interrupt_as_the_loop_ends_is_raised_after_the_step_in_flight(stream
         return learn(batch)
     strategy.learn = slow_learn
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64, burst=1)
-    loop.snapshot_wanted = lambda index, upcoming, previous: False
+    loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: False
 
     async def go():
         async with loop:
@@ -439,7 +439,7 @@ def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(st
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
                            queue_size=len(batches), burst=1)  # every batch queued before the first step
     asked = []
-    loop.snapshot_wanted = lambda index, upcoming, previous: asked.append(index) or index in wanted
+    loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: asked.append(index) or index in wanted
 
     async def go():
         results = []
@@ -449,7 +449,7 @@ def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(st
                 following = result.index + 1
                 if following in wanted:
                     await asyncio.sleep(0.05)  # time enough for a step that wrongly ran ahead
-                    assert loop.at_snapshot and len(learned) == following
+                    assert loop.run_ahead.at_snapshot and len(learned) == following
                     reference = naive()
                     list(run(reference, batches[:following]))
                     for name, value in reference.model.state_dict().items():
@@ -457,7 +457,7 @@ def test_the_next_step_runs_ahead_of_the_consumer_unless_a_snapshot_is_wanted(st
                 elif following < len(batches):
                     await until(lambda: len(learned) == following + 1)
                     await asyncio.sleep(0.02)
-                    assert not loop.at_snapshot and len(learned) == following + 1
+                    assert not loop.run_ahead.at_snapshot and len(learned) == following + 1
         return results
     results = asyncio.run(go())
     assert [r.loss for r in results] == [r.loss for r in expected]
@@ -471,12 +471,12 @@ def test_a_snapshot_point_and_a_stop_wait_for_the_step_running_ahead(stream):
     records, _ = stream
     strategy, learned = counting(naive())
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), queue_size=64, burst=1)
-    loop.snapshot_wanted = lambda index, upcoming, previous: False
+    loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: False
     seen = []
 
     async def rebalance():
-        async with loop.snapshot_point():
-            seen.append((loop.at_snapshot, loop.step, len(learned)))
+        async with loop.run_ahead.snapshot_point():
+            seen.append((loop.run_ahead.at_snapshot, loop.step, len(learned)))
 
     async def go():
         results, grab = [], None
@@ -511,7 +511,7 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
     loop = PrequentialLoop(strategy, Batcher(2, 10), MemorySource(records, chunk=10_000), total_records=len(records),
                            queue_size=len(batches), burst=4)
     wanted = {20}
-    loop.snapshot_wanted = lambda index, upcoming, previous: index in wanted
+    loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: index in wanted
     ahead, wakes = [], []
     wake = loop.worker._results.set
     loop.worker._results.set = lambda: (wakes.append(loop.step), wake())[1]
@@ -523,7 +523,7 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
                 results.append(result)
                 ahead.append(len(loop.worker.running))  # steps handed over, not yet taken in
                 if result.index + 1 in wanted:
-                    assert loop.at_snapshot and len(learned) == result.index + 1
+                    assert loop.run_ahead.at_snapshot and len(learned) == result.index + 1
                 if result.index == 30:
                     await until(lambda: len(learned) >= 32)  # batch 31 done, more queued behind it
                     queued = [ready for ready, _ in loop.worker.running]
@@ -544,7 +544,7 @@ def test_short_steps_run_ahead_in_bursts_and_a_stop_puts_back_those_not_begun(st
 def paced_ahead(loop, pause_s: float):
     """Learn with every step stretched by `pause_s` in the worker (as test_spikes paces it) and nothing
     wanting a snapshot: (results, steps handed over and not yet taken in after each, wake-ups)."""
-    loop.snapshot_wanted = lambda index, upcoming, previous: False
+    loop.run_ahead.snapshot_wanted = lambda index, upcoming, previous: False
     ahead, wakes = [], []
     wake = loop.worker._results.set
     loop.worker._results.set = lambda: (wakes.append(loop.step), wake())[1]
