@@ -25,6 +25,7 @@ from aiokafka.errors import GroupAuthorizationFailedError
 
 from producers.kafka import ensure_topic
 from streamer.kafka.consumer import KafkaSource
+from streamer.kafka.learner_group import Membership
 from streamer.source import SourceError
 from tests.conftest import write_corpus
 from tests.learners import (ENV, assert_equal_losses, error_lines, finish, kill_leftovers, learn_command,
@@ -173,11 +174,11 @@ def test_a_learner_group_this_user_may_not_join_is_said_in_a_line_and_the_learne
     async def started() -> bool:
         source = KafkaSource(broker.bootstrap_servers, TOPIC, "not-allowed", dead_letter=False, log=said.append)
         source.seek_on_assign(dict)
-        with mock.patch.object(KafkaSource, "_learner_member",
-                               lambda self: NotAuthorized(bootstrap_servers=broker.bootstrap_servers)):
+        with mock.patch.object(Membership, "learner_member",
+                               lambda self, *args: NotAuthorized(bootstrap_servers=broker.bootstrap_servers)):
             await source.start()
         try:
-            return source._consumer is not None and source._member is None
+            return source._consumer is not None and source._join.member is None
         finally:
             await source.stop()
 

@@ -1,7 +1,8 @@
 """The Kafka side of the learner: KafkaSource, the product's Source. It and the rooms it uses, its package
 streamer.kafka, are the modules of streamer/ that import aiokafka: reach (reaching the broker at start),
-learner_group (who may learn in the group), assignment (where each assigned partition is read from),
-dead_letters (records that cannot be learned), commits (committing offsets) and lag (consumer lag).
+joining (joining the group and the learner group at start), learner_group (who may learn in the group),
+assignment (where each assigned partition is read from), dead_letters (records that cannot be learned),
+commits (committing offsets) and lag (consumer lag).
 
 Fetches in batches, decodes wire records, dead-letters bad ones (sent to `<topic>.dlq` when the learner
 takes them: send_dead_letter; a failed send is counted in `dead_letter_failures`, logged, and never
@@ -9,7 +10,8 @@ raised), commits offsets only when asked (bounded in time), and reports consumer
 
 At start: the broker is retried with backoff up to `broker_timeout_s`; a topic that does not exist is
 said in one line and waited for (asked with a listing, which never creates it); the group is joined,
-and so is its learner group, and another learner is refused (streamer.kafka.learner_group). Every partition
+and so is its learner group, and another learner is refused (streamer.kafka.joining, by the rules of
+streamer.kafka.learner_group). Every partition
 is read from the learner's own offset, or from the earliest one: never from the group's committed
 offset (streamer.kafka.assignment). Afterwards `reachable()` tells the loop whether the broker answers, and a
 rebalance hands the learner's state over (`on_revoke`) and seeks to the learner's own offsets
@@ -23,14 +25,15 @@ import sys
 from typing import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import (GroupAuthorizationFailedError, IllegalStateError, KafkaConnectionError, KafkaError,
-                             NoOffsetForPartitionError, OffsetOutOfRangeError, UnsupportedCodecError)
+from aiokafka.errors import (IllegalStateError, KafkaConnectionError, KafkaError, NoOffsetForPartitionError,
+                             OffsetOutOfRangeError, UnsupportedCodecError)
 
 from producers.kafka import closed_quietly
 from producers.wire import MAX_RECORD_BYTES
 from streamer.kafka.assignment import SeekOnAssign, deleted_unread, place_out_of_range, seek_to_own
 from streamer.kafka.commits import commit_assigned, quiet_abandoned_commits
 from streamer.kafka.dead_letters import UNREADABLE, DeadLetters, decoded, step_past_unreadable
+from streamer.kafka.joining import GroupJoin
 from streamer.kafka.lag import HeldEnds, records_behind
 from streamer.kafka.learner_group import Membership
 from streamer.kafka.reach import BrokerReach
@@ -110,7 +113,7 @@ class KafkaSource:
         self.partitions = partitions
         self._processes = 1 if partitions is None else rank_0_of  # the learner's, in its learner group
         self._consumer: AIOKafkaConsumer | None = None
-        self._member: AIOKafkaConsumer | None = None  # this learner's member of its learner group
+        self._join: GroupJoin | None = None  # joining the groups at start(); it keeps the learner group's member
         self._producer: AIOKafkaProducer | None = None
         self._listener: SeekOnAssign | None = None
         self._answering = True  # the broker answered the last reachable()
@@ -135,7 +138,7 @@ class KafkaSource:
         """Reach the broker (retried with backoff up to `broker_timeout_s`, said in one line, then
         SourceError naming the address), wait for the topic to exist (said in one line), join the group
         and the learner group, and refuse (SourceError) when another learner is in either, or when the
-        group's committed offsets belong to a model that is not this run's (_refuse_other_learners)."""
+        group's committed offsets belong to a model that is not this run's (GroupJoin.refuse_other_learners)."""
         quiet_abandoned_commits(asyncio.get_running_loop())
         admin = await self._reach.admin()
         try:
@@ -149,16 +152,18 @@ class KafkaSource:
                 # liveness, so the poll interval must not evict the learner from its group.
                 max_poll_interval_ms=24 * 3600 * 1000, **self._client_options,
             )
-            if self._processes is not None:
-                self._member = self._learner_member()
+            member = None if self._processes is None else self._membership.learner_member(
+                self._client_options, self.session_timeout_ms, self.heartbeat_interval_ms)
+            self._join = GroupJoin(self._consumer, member, self._membership, self._started,
+                                   limit_s=self.broker_timeout_s + self.join_timeout_s, log=self._log)
             if self.partitions is not None:
                 await self._assigned(admin)
             else:
                 self._listener = SeekOnAssign(self._consumer, self._seek_positions, self._log,
                                               deleted=self._deleted, refuse=self._refuse)
                 self._consumer.subscribe([self.topic], listener=self._listener)
-                await self._joined()
-                await self._refuse_other_learners(admin)
+                await self._join.join()
+                await self._join.refuse_other_learners(admin, self._new_run)
             if self.dead_letter:
                 self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **self._client_options)
                 await self._started(self._producer.start())
@@ -182,7 +187,7 @@ class KafkaSource:
 
     async def _assigned(self, admin) -> None:
         """Take `partitions` by assignment and seek each to the learner's own offset, else the earliest
-        (refused first when the group's committed offsets are another model's: _refuse_other_learners)."""
+        (refused first when the group's committed offsets are another model's: GroupJoin)."""
         chosen = self.partitions
         if callable(chosen):
             async with asyncio.timeout(self.broker_timeout_s):
@@ -191,60 +196,17 @@ class KafkaSource:
                 chosen = chosen(len(described[0]["partitions"]))
             except ValueError as exc:
                 raise SourceError(f"topic {self.topic}: {exc}", every_rank=True) from None
-        await self._joined()
-        await self._refuse_other_learners(admin)
+        await self._join.join()
+        await self._join.refuse_other_learners(admin, self._new_run)
         assigned = [TopicPartition(self.topic, partition) for partition in chosen]
         self._consumer.assign(assigned)
         await seek_to_own(self._consumer, assigned, self._seek_positions(), self._deleted)
-
-    async def _joined(self) -> None:
-        """Start the consumer (bootstrap and, subscribed, the group's JoinGroup) and this learner's member of
-        its learner group, both at once: each join takes about 3 s on Tansu, and a member killed before us
-        expires first, about one session timeout."""
-        limit = self.broker_timeout_s + self.join_timeout_s
-        starting = [asyncio.ensure_future(self._started(self._consumer.start()))]
-        if self._member is not None:
-            starting.append(asyncio.ensure_future(self._learner_joined()))
-        try:
-            async with asyncio.timeout(limit):
-                await asyncio.gather(*starting)
-        except BaseException as exc:
-            for task in starting:  # the other start is not left running on its own
-                task.cancel()
-            await asyncio.gather(*starting, return_exceptions=True)
-            if not isinstance(exc, (KafkaConnectionError, asyncio.TimeoutError)):
-                raise
-            raise SourceError(f"cannot join group {self.group_id} at {self.bootstrap_servers} within "
-                              f"{limit:g} s") from None
-
-    def _learner_member(self) -> AIOKafkaConsumer:
-        return self._membership.learner_member(self._client_options, self.session_timeout_ms,
-                                                 self.heartbeat_interval_ms)
-
-    async def _learner_joined(self) -> None:
-        """Start this learner's member of its learner group; one the broker does not authorize is said in a
-        line (Membership.not_authorized) and left."""
-        try:
-            await self._started(self._member.start())
-        except GroupAuthorizationFailedError:
-            member, self._member = self._member, None
-            await closed_quietly(member.stop())
-            self._log(self._membership.not_authorized())
-
-    async def _refuse_other_learners(self, admin) -> None:
-        """SourceError when another learner reads in the group or the learner group, or when this run is new
-        (seek_on_assign's `new_run`) and the group's committed offsets are another model's."""
-        await self._membership.refuse_if_group_shared(admin)
-        if self._member is not None:
-            await self._membership.refuse_if_learner_group_shared(admin)
-        if self._new_run:
-            await self._membership.refuse_if_elsewhere(admin, self._consumer)
 
     async def stop(self) -> None:
         """Close the clients, leaving the group and the learner group; a broker that is away does not hold
         it up (5 s each, 1 s when the last reachable() had no answer; the learner's member beside them)."""
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
-        member, self._member = self._member, None
+        member, self._join = None if self._join is None else self._join.member, None
         await self._held_ends.stop()
         timeout_s = 5.0 if self._answering else 1.0
         leaving = asyncio.ensure_future(closed_quietly(member.stop(), timeout_s)) if member is not None else None

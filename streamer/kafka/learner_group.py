@@ -1,5 +1,5 @@
 """Who may learn in a consumer group, and why another learner is refused: a Kafka-side module of the learner
-(streamer.kafka.consumer's KafkaSource applies these rules at its start).
+(streamer.kafka.joining applies these rules at a KafkaSource's start).
 
 A learner joins its consumer group and its learner group (`<group>.learner`, learner_group), where each
 learner is one member whatever its processes (ranks take their partitions by assignment and are no members
