@@ -8,10 +8,9 @@ too); the step runs in one worker thread, so a slow step never starves the heart
 pauses fetching (backpressure). The loop owns no monitor, exporter, view or file: whoever iterates it
 reads the results and, between two results, the plain state below (step, queue_depth, ...) and its
 rooms' (loop.intake: records, dead_letters, read_again, lag, waiting_since; loop.broker_watch:
-lost_since). A watch task (streamer.broker_watch.BrokerWatch)
-says when the broker is lost and back, and stops the loop ("broker_lost") once it is away for
-`broker_timeout_s`. Ranks of a distributed learner start, step and stop together
-(streamer.rank_agreement.RankAgreement).
+lost_since). A watch task (streamer.broker_watch.BrokerWatch) says when the broker is lost and back,
+and stops the loop ("broker_lost") once it is away for `broker_timeout_s`. Ranks of a distributed
+learner start, step and stop together (streamer.rank_agreement.RankAgreement).
 
 A consumer that sets `loop.run_ahead.snapshot_wanted` lets the next steps run ahead of it, in bursts
 while steps are short (streamer.run_ahead.RunAhead); a result is then a snapshot point only where
