@@ -149,6 +149,18 @@ def test_a_limit_set_on_the_loop_after_its_construction_is_refused_not_silently_
     assert loop.step == 7
 
 
+def test_a_fact_a_room_keeps_set_on_the_loop_is_refused_not_silently_unread(stream):
+    """The records read, the dead letters, the run-ahead's snapshot_wanted ... are kept by the loop's rooms and
+    read there (loop.intake.records); set on the loop they would make an attribute nothing reads."""
+    records, _ = stream
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records))
+    for name in ("records", "waiting_since", "busy_s", "broker_lost_since", "snapshot_wanted"):
+        with pytest.raises(AttributeError, match=f"{name} is kept by its rooms"):
+            setattr(loop, name, 1)
+    loop.intake.records = 3
+    assert loop.intake.records == 3 and not hasattr(loop, "records")
+
+
 def test_streams_that_never_sent_a_record_are_said_once_when_the_learning_waits_for_them(stream):
     """A producer of its own keyed every record "0" for a learner of 2 streams: the learner read them all,
     learned nothing and showed only "caught up, waiting for records". It says which streams never sent."""
