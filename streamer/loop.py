@@ -60,7 +60,7 @@ class PrequentialLoop:
                  lag_every_s: float = 1.0, ahead_windows: int = 256, hold_quiet_s: float = 5.0,
                  keep_windows: int = 1024, reread_records: int = 16):
         self.strategy, self.batcher, self.source = strategy, batcher, source
-        self.ranks, self.agree_every_s = ranks, agree_every_s  # streamer.distributed.Ranks; None: one process
+        self.ranks = ranks  # streamer.distributed.Ranks; None: one process
         self.checkpoint_wanted = lambda: False  # rank 0's Checkpointer sets it: asked at each agreement
         self.checkpoint_agreed = False  # the last agreement asks for a checkpoint after its step
         self._log = log or (lambda line: None)
@@ -100,12 +100,13 @@ class PrequentialLoop:
         self._watcher: asyncio.Task | None = None
         self._rank_watcher: asyncio.Task | None = None  # ranks: says a collective another rank holds
 
-    # Limits, pacing and the log held by the rooms built in __init__ (StopConditions, Intake, BrokerWatch, StepWorker):
-    # set once there. An assignment on the loop would make a new attribute that nothing reads, so it is refused.
+    # Limits, pacing and the log held by the rooms built in __init__ (StopConditions, Intake, BrokerWatch, StepWorker,
+    # RankAgreement): set once there. An assignment on the loop would make a new attribute that nothing reads, so
+    # it is refused.
     _CONSTRUCTOR_ONLY = frozenset({
         "max_batches", "total_batches", "total_records", "max_seconds", "idle_timeout_s", "queue_size",
         "broker_timeout_s", "probe_every_s", "lost_after_s", "burst", "burst_span_s", "lag_every_s",
-        "ahead_windows", "hold_quiet_s", "keep_windows", "reread_records", "log"})
+        "ahead_windows", "hold_quiet_s", "keep_windows", "reread_records", "log", "agree_every_s"})
     # What the rooms keep, read and set on them (loop.intake.records): one set on the loop would go unread too.
     _KEPT_BY_ROOMS = frozenset({
         "records", "records_batched", "dead_letters", "read_again", "lag", "waiting_for", "waiting_since",

@@ -149,6 +149,15 @@ def test_a_limit_set_on_the_loop_after_its_construction_is_refused_not_silently_
     assert loop.step == 7
 
 
+def test_the_ranks_agreement_pace_set_on_the_loop_is_refused(stream):
+    """`agree_every_s` is the RankAgreement's, set by the loop's constructor: a copy kept on the loop was read by
+    nothing, so `loop.agree_every_s = 1` changed no agreement's pace."""
+    records, _ = stream
+    loop = PrequentialLoop(naive(), Batcher(2, 10), MemorySource(records))
+    with pytest.raises(AttributeError, match="agree_every_s is set only by its constructor"):
+        loop.agree_every_s = 1.0
+
+
 def test_a_fact_a_room_keeps_set_on_the_loop_is_refused_not_silently_unread(stream):
     """The records read, the dead letters, the run-ahead's snapshot_wanted ... are kept by the loop's rooms and
     read there (loop.intake.records); set on the loop they would make an attribute nothing reads."""
