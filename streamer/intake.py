@@ -111,6 +111,14 @@ class Intake:
         if failed:
             self.dead_letters["dead_letter_failed"] = self.failed_before + failed
 
+    async def settle_dead_letters(self) -> None:
+        """The source's dead-letter copies in flight delivered or counted as failed, then counted here: the
+        learner's last checkpoint and metrics hold every copy that was not sent (see count_failed_sends)."""
+        settle = getattr(self.source, "settle_dead_letters", None)
+        if settle is not None:
+            await settle()
+        self.count_failed_sends()
+
     async def fetch(self) -> None:
         """The Kafka side: read, decode, dead-letter, batch; waits while the queue is full."""
         batcher = self.batcher

@@ -54,7 +54,8 @@ class Source(Protocol):
     - `take_gaps() -> [(partition, log beginning, records lost)]`: records deleted unread since the last
       call (counted as dead letters, deleted_before_read; there is no record to send);
     - `refusal` (str or None): a line after which nothing more is read (the log is not the checkpoint's);
-    - `dead_letter_failures` (int): dead-letter sends that failed."""
+    - `dead_letter_failures` (int): dead-letter sends that failed;
+    - `settle_dead_letters()` (async): the dead-letter copies in flight delivered, or counted as failed."""
 
     async def start(self) -> None:
         """Connect and take the partitions; SourceError (one line) when it cannot."""

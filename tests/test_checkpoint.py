@@ -413,6 +413,42 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
     assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
 
 
+def test_the_last_checkpoint_counts_the_dead_letter_copies_that_were_in_flight(loop_stream, tmp_path):
+    """The learner's results consumer settles the source's dead-letter copies in flight (delivered, or
+    counted as failed: KafkaSource.settle_dead_letters) before its last checkpoint, so the checkpoint
+    holds them; they used to fail at the source's stop, after it."""
+    from monitor.live import LiveMonitor
+    from streamer.checkpointer import Checkpointer
+    from streamer.config import LearnConfig
+    from streamer.loop import PrequentialLoop
+    from streamer.result_consumers import consume_results
+    from tests.helpers import naive
+    from tests.test_loop import MemorySource
+
+    class InFlight(MemorySource):  # two copies in flight at the end, which settle counts as failed
+        dead_letter_failures = 0
+
+        async def settle_dead_letters(self):
+            self.dead_letter_failures += 2
+
+    class Quiet:
+        def update(self, *_args, **_kw):
+            pass
+
+    records = loop_stream[0]
+
+    async def go():
+        loop = PrequentialLoop(naive(), Batcher(2, 10), InFlight(records), total_records=len(records))
+        monitor = LiveMonitor(run="r", strategy="naive")
+        checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 60.0, config=LearnConfig("b:9092", "t", tmp_path),
+                                    loop=loop, monitor=monitor)
+        await consume_results(loop, monitor, checkpointer, None, None, Quiet(), final_probe=False)
+
+    asyncio.run(go())
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
+    assert saved["loop"]["dead_letters"] == {"dead_letter_failed": 2}
+
+
 def test_a_checkpoint_of_a_later_format_is_refused_and_one_of_format_1_loads(tmp_path):
     """A streamer refuses a checkpoint written in a format it does not know (it read format 2's offsets,
     dicts, as format 1's lists, with no error, and read on from nonsense), and still reads format 1's."""

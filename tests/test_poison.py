@@ -278,6 +278,48 @@ def test_a_failed_dead_letter_send_is_counted_and_logged_in_one_line(broker):
     assert source.dead_letter_failures == 1 and len(failed) == 1 and "\n" not in failed[0]
 
 
+def test_a_copy_in_flight_at_the_stop_is_counted_before_the_last_checkpoint(tmp_path):
+    """A copy sent while the broker is frozen is in flight when the learner stops: the producer's close
+    cancelled it after the last checkpoint and metrics were written, so its failure was never in them.
+    settle_dead_letters (the learner's, before its last checkpoint) waits for it, then counts it, once."""
+    import signal
+
+    from streamer.broker import EmbeddedBroker
+
+    own, lines = EmbeddedBroker().start(), []
+
+    async def go():
+        await ensure_topic(own.bootstrap_servers, "settled")
+        await ensure_topic(own.bootstrap_servers, "settled.dlq")
+        await send_raw(own.bootstrap_servers, "settled", [(b"abc", b"bad key %d" % i, []) for i in range(2)])
+        source = KafkaSource(own.bootstrap_servers, "settled", "settled-g", log=lines.append,
+                             dead_letter_timeout_s=0.5)
+        await source.start()
+        taken = []
+        while len(taken) < 2:
+            taken += [fetched async for fetched in source.fetch()]
+        await source.send_dead_letter(taken[0], taken[0].dead_reason, "")
+        await source.settle_dead_letters()  # delivered: the broker answers
+        assert source.dead_letter_failures == 0
+        os.kill(own.pid, signal.SIGSTOP)
+        try:
+            await source.send_dead_letter(taken[1], taken[1].dead_reason, "")  # (its metadata known: in flight)
+            await source.settle_dead_letters()
+            counted = source.dead_letter_failures  # what the last checkpoint holds
+        finally:
+            os.kill(own.pid, signal.SIGCONT)
+        await source.stop()
+        return counted, source.dead_letter_failures
+
+    try:
+        counted, at_the_end = asyncio.run(go())
+    finally:
+        own.stop()
+    assert (counted, at_the_end) == (1, 1)
+    failed = [line for line in lines if "failed" in line]
+    assert len(failed) == 1 and "not delivered within 0.5 s before the learner stopped" in failed[0], lines
+
+
 def test_a_dead_letter_topic_that_cannot_be_written_is_tried_once_a_while_and_said_in_few_lines(broker):
     """A topic of 246 characters is valid and its .dlq (250) is not: the broker never gives its metadata, so
     each send waits its whole timeout. After a failed send the copies are counted, untried, for

@@ -351,6 +351,11 @@ class KafkaSource:
         said in one line, its copy sent to `<topic>.dlq` unless `dead_letter` is off."""
         await self._dead_letters.send(self._producer, fetched, reason, detail, self.dead_letter_timeout_s)
 
+    async def settle_dead_letters(self) -> None:
+        """The dead-letter copies in flight delivered, or counted as failed, within `dead_letter_timeout_s`
+        (1 s when the last reachable() had no answer): before the learner's last checkpoint holds the count."""
+        await self._dead_letters.settle(self.dead_letter_timeout_s if self._answering else 1.0)
+
     @property
     def dead_letter_failures(self) -> int:
         """Dead-letter sends that failed (each record is counted by reason too)."""

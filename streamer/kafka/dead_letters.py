@@ -95,6 +95,7 @@ class DeadLetters:
         self._said_at: float | None = None  # (monotonic) the last line about failed copies
         self._unsaid, self._untried = 0, 0  # copies failed since that line, and of those the ones not tried
         self._cause = ""  # the last failed send's
+        self._in_flight: set = set()  # the deliveries of copies sent and not yet delivered or failed
 
     async def send(self, producer, fetched: Fetched, reason: str, detail: str, timeout_s: float) -> None:
         """Dead-letter a record the learner takes and cannot learn: one it rejected after decoding, or one
@@ -139,9 +140,23 @@ class DeadLetters:
         except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
             self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
             return
+        self._in_flight.add(delivery)
         delivery.add_done_callback(self._delivered)
 
+    async def settle(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the copies in flight to be delivered; count the rest as failed now (their
+        later end is not counted again). The learner's last checkpoint and metrics, written before its source
+        stops, held no copy that failed at the stop (the producer's close cancels them): a broker away at a
+        stop lost them from the count for good."""
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=timeout_s)
+        for delivery in list(self._in_flight):
+            delivery.remove_done_callback(self._delivered)
+            self._in_flight.discard(delivery)
+            self._failed(f"not delivered within {timeout_s:g} s before the learner stopped")
+
     def _delivered(self, delivery) -> None:
+        self._in_flight.discard(delivery)
         if delivery.cancelled():  # (the producer stopped with it unsent)
             self._failed("cancelled: the producer stopped before it was delivered")
         elif delivery.exception() is not None:
