@@ -66,7 +66,8 @@ def stalled_s() -> float:
 
 
 # The stop reason all ranks take when several differ in one round: the later in this tuple wins.
-STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "log_changed", "signal")
+STOP_REASONS = ("end_of_stream", "max_batches", "idle", "time_limit", "broker_lost", "log_changed", "codec_missing",
+                "signal")
 
 _current: Ranks | None = None
 

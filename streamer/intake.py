@@ -175,13 +175,14 @@ class Intake:
         """What the source found changed in its topic's logs (a Kafka source's take_gaps and refusal): records
         deleted before they were read are counted as dead letters (deleted_before_read) and the offsets read on
         past them; a log that is not the learner's any more (re-created or truncated) stops the loop
-        ("log_changed": the learner checkpoints what it learned, and says the source's line)."""
+        ("log_changed": the learner checkpoints what it learned, and says the source's line), as do records
+        compressed with a codec this installation lacks (the source's refusal_reason, "codec_missing")."""
         take_gaps = getattr(self.source, "take_gaps", None)
         for tp, beginning, lost in take_gaps() if take_gaps is not None else ():
             self.batcher.offsets.deleted_before(tp, beginning)
             self.dead_letters["deleted_before_read"] += lost
         if getattr(self.source, "refusal", None) is not None:
-            self._stop("log_changed")
+            self._stop(getattr(self.source, "refusal_reason", "log_changed"))
 
     async def _cut_ready(self) -> None:
         """Cut every batch the batcher has ready into the queue, waiting for room (backpressure: the worker is

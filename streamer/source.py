@@ -53,7 +53,9 @@ class Source(Protocol):
       ahead waits in the log while a batch waits for another stream), the rest again;
     - `take_gaps() -> [(partition, log beginning, records lost)]`: records deleted unread since the last
       call (counted as dead letters, deleted_before_read; there is no record to send);
-    - `refusal` (str or None): a line after which nothing more is read (the log is not the checkpoint's);
+    - `refusal` (str or None): a line after which nothing more is read (the log is not the checkpoint's, or
+      its records cannot be decompressed here), and `refusal_reason`, the stop's reason (log_changed,
+      codec_missing);
     - `dead_letter_failures` (int): dead-letter sends that failed;
     - `settle_dead_letters()` (async): the dead-letter copies in flight delivered, or counted as failed."""
 

@@ -69,3 +69,50 @@ def test_a_codec_this_installation_lacks_is_refused_in_one_line_with_nothing_dea
         "the learner runs (pip install cramjam), or produce with compression gzip or none: the same command then "
         "continues the run")
     assert lines == [] and gaps == []  # nothing dead-lettered or counted as lost
+
+
+def test_the_learner_without_the_codec_stops_with_its_checkpoint_exit_2_and_one_line(broker, tmp_path):
+    """A learner process without cramjam learns the topic's plain records, then stops at its first lz4 batch:
+    exit status 2, the codec's one line on stderr, a checkpoint of every batch it logged, and status.json's
+    stop says codec_missing (it said log_changed, a log not the learner's: another cause, another cure)."""
+    import json
+    import subprocess
+    import sys
+
+    from streamer import checkpoint
+    from tests.learners import ENV, SMALL, error_lines, wait_for_lines
+
+    topic, run_dir = "codec-learner", tmp_path / "run"
+
+    async def send(compression: str | None, first: int) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, compression_type=compression)
+        await producer.start()
+        try:
+            for i in range(first, first + 60):
+                await producer.send_and_wait(topic, f"text {i:05d}".encode(), key=str(i % 3).encode())
+        finally:
+            await producer.stop()
+
+    asyncio.run(ensure_topic(broker.bootstrap_servers, topic))
+    asyncio.run(send(None, 0))
+    without_cramjam = ("import sys; import aiokafka.codec as codec; codec.cramjam = None; "
+                       "from streamer.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    learner = subprocess.Popen(
+        [sys.executable, "-c", without_cramjam, "learn", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+         topic, *SMALL, "--hidden", "24", "--embedding", "8", "--no-view", "--no-probe", "--run-dir", str(run_dir)],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_lines(run_dir / "losses.jsonl", learner, 1)  # learning the plain records (a daemon: it waits)
+        asyncio.run(send("lz4", 60))
+        out, err = learner.communicate(timeout=180)
+    finally:
+        learner.kill()
+    assert learner.returncode == 2, out[-3000:] + err[-3000:]
+    assert error_lines(err) == [
+        f"streamer learn: error: topic {topic} holds records compressed with a codec this installation cannot "
+        "decompress (UnsupportedCodecError: Libraries for lz4 compression codec not found); install aiokafka's "
+        "codecs where the learner runs (pip install cramjam), or produce with compression gzip or none: the same "
+        "command then continues the run"], err[-3000:]
+    logged = len((run_dir / "losses.jsonl").read_text().splitlines())
+    assert logged > 0 and checkpoint.load(run_dir / "checkpoint.pt")["step"] == logged
+    assert json.loads((run_dir / "status.json").read_text())["stop_reason"] == "codec_missing"

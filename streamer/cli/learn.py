@@ -192,7 +192,8 @@ def _learn(config, run_dir: Path, manifest, state, fresh: bool, before_run, *, l
 
 def _stopped_line(summary, config, run_dir: Path) -> str | None:
     """The line of a run that stopped for want of its log (the broker or topic gone past --broker-timeout, the log
-    changed under it), both checkpointed by the learner; None for every other stop."""
+    changed under it, records it cannot decompress), each checkpointed by the learner; None for every other
+    stop. The source's own line, or (another rank's source found it) one naming the cause."""
     if summary.stop_reason == "broker_lost":
         learned = summary.batches_before + summary.batches
         lost = (f"topic {config.topic} was gone from {config.bootstrap_servers} (deleted)" if summary.topic_gone
@@ -203,6 +204,11 @@ def _stopped_line(summary, config, run_dir: Path) -> str | None:
         return summary.stop_line or (f"another rank found a partition of topic {config.topic} ending before its "
                                      "offset there: the topic was re-created or truncated; start a new model with "
                                      "--fresh, or give another --run-dir or --group")
+    if summary.stop_reason == "codec_missing":
+        return summary.stop_line or (f"another rank found records of topic {config.topic} compressed with a codec "
+                                     "this installation cannot decompress; install aiokafka's codecs where the "
+                                     "learner runs (pip install cramjam), or produce with compression gzip or "
+                                     "none: the same command then continues the run")
     return None
 
 

@@ -62,12 +62,13 @@ def last_words(exc: Exception) -> str:
 def rank_status(stop_reason: str) -> int:
     """The exit status every rank of a distributed run ends with (they all stop at the same step, with
     the same reason): 0 for a run that ended as asked (the stream, --max-batches, --idle-timeout,
-    --minutes), 2 for a lost broker or a log not the learner's (log_changed; rank 0 says the line), 143 for
+    --minutes), 2 for a lost broker, a log not the learner's (log_changed) or records it cannot decompress
+    (codec_missing; rank 0 says the line), 143 for
     a stop by a signal, whichever rank received it. torchrun's agent waits up to 5 minutes at its exit
     barrier for the other machines' agents when its ranks exit 0, and returns at once when they fail: so a
     machine whose agent was killed (its ranks stopped by the parent-death signal, the others by the per-step
     agreement) does not keep the other machines waiting, and under `Restart=on-failure` they start again."""
-    if stop_reason in ("broker_lost", "log_changed"):
+    if stop_reason in ("broker_lost", "log_changed", "codec_missing"):
         return 2
     return 128 + signal.SIGTERM if stop_reason == "signal" else 0
 

@@ -119,6 +119,7 @@ class KafkaSource:
         self._answering = True  # the broker answered the last reachable()
         self.topic_missing_since: float | None = None  # wall time since when start() waits for the topic
         self.refusal: str | None = None  # assignment.not_this_log's line once a partition's log is not the learner's
+        self.refusal_reason = "log_changed"  # the learner's stop for `refusal` (codec_missing: unsupported_codec)
         self.topic_gone = False  # the last reachable() found the topic deleted (the broker answers)
         self._gaps: list = []  # [(tp, beginning, records lost)] deleted unread, until take_gaps()
         self._reach = BrokerReach(bootstrap_servers, broker_timeout_s, self._client_options, security, self._log)
@@ -297,7 +298,7 @@ class KafkaSource:
             self._taking_from = None
             return
         except UnsupportedCodecError as exc:  # a producer batch compressed with lz4, snappy or zstd, without cramjam
-            self._refuse(unsupported_codec(self.topic, exc))  # valid records: stop, never dead-letter them
+            self._refuse(unsupported_codec(self.topic, exc), "codec_missing")  # good records: stop, no dead letter
             self._taking_from = None
             return
         except UNREADABLE as exc:  # a record aiokafka itself cannot parse (a header name that is not UTF-8)
@@ -324,10 +325,11 @@ class KafkaSource:
         gaps, self._gaps = self._gaps, []
         return gaps
 
-    def _refuse(self, line: str) -> None:
-        """A partition's log is not the learner's (not_this_log): `refusal`, which stops the learner."""
+    def _refuse(self, line: str, reason: str = "log_changed") -> None:
+        """A partition's log is not the learner's (not_this_log), or its records cannot be decompressed here
+        (`reason` codec_missing): `refusal`, which stops the learner with `refusal_reason`."""
         if self.refusal is None:
-            self.refusal = line
+            self.refusal, self.refusal_reason = line, reason
 
     async def _placed(self, positions: dict) -> None:
         """Seek the partitions a fetch found out of range ({TopicPartition: offset}): place_out_of_range."""
