@@ -212,6 +212,10 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
         metrics["notes"].append("the log's last line was cut short (a crash while it was written): left out, "
                                 "as a resume of the run drops it")
     independent = _schedule_of(path) == "independent"
+    # the manifest's total counts b x w byte windows, the batches of lstm-char only (streamer.learner's
+    # _batch_limits: other tokenizers end with the records); a looped stream's is None, it has no end
+    total = config.get("total_batches") if config.get("model_name") == "lstm-char" else None
+    cut_short = independent and isinstance(total, int) and survey.count < total
     if seen < expected and not independent:
         metrics["notes"].insert(
             0,
@@ -222,6 +226,9 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
         metrics["notes"].insert(0, "independent streams: each batch is scored as the fragment most of its rows are "
                                    "in, so its switches and CALM's metrics are approximate, and a fragment never in "
                                    "most rows is not logged")
+        if cut_short:  # (its fragments cannot tell, its batches can: a run stopped early was called complete)
+            metrics["notes"].insert(1, f"incomplete stream: {survey.count:,} of the stream's {total:,} batches "
+                                       "were logged; these metrics cover what was logged")
     report = {
         "run": str(path),
         "config": config,
@@ -231,7 +238,7 @@ def _report(path: Path, config: dict, *, k: int | None, from_fragment: str | int
             "the_runs": own,  # the span the run was learned with (config.json), not one given
             "n_fragments_expected": expected,
             "n_fragments_seen": seen,
-            "complete": seen >= expected or independent,  # (independent: not told by the fragments logged)
+            "complete": not cut_short if independent else seen >= expected,  # (independent: by its batches)
         },
         "metrics": metrics,
         "whole_stream": whole.result(),

@@ -401,6 +401,26 @@ def test_a_run_of_independent_streams_is_not_called_incomplete_and_says_its_metr
     assert not build_report(run, k=2, from_fragment="all")["span"]["complete"]
 
 
+def test_a_run_of_independent_streams_stopped_before_its_last_batch_is_incomplete(tmp_path):
+    """Its fragments cannot tell (most are never logged), its batches can: `learn --max-batches 300` on a
+    4,722-batch independent stream was reported complete, with no note, and Table 1 did not flag it."""
+    logged = len(project_records())
+    config = {"n_fragments": 50, "strategy": "naive", "model_name": "lstm-char", "total_batches": logged + 1}
+    run = make_run(tmp_path, config)
+    (run / "manifest.json").write_text(json.dumps({"schedule": "independent", "n_fragments": 50}))
+    report = build_report(run, k=2, from_fragment="all")
+    notes = report["metrics"]["notes"]
+    assert report["span"]["complete"] is False
+    assert notes[0].startswith("independent streams:")
+    assert notes[1] == (f"incomplete stream: {logged:,} of the stream's {logged + 1:,} batches were logged; "
+                        "these metrics cover what was logged")
+    (run / "config.json").write_text(json.dumps({**config, "total_batches": logged}))  # the whole stream
+    assert build_report(run, k=2, from_fragment="all")["span"]["complete"]
+    # another tokenizer's batches are not the manifest's byte windows: its total tells nothing
+    (run / "config.json").write_text(json.dumps({**config, "model_name": "lstm-word"}))
+    assert build_report(run, k=2, from_fragment="all")["span"]["complete"]
+
+
 def test_a_report_scores_the_span_and_k_the_run_was_learned_with_unless_told_otherwise(tmp_path, capsys):
     """A learner without a manifest scores the whole stream (from_fragment 0 in its config.json) and writes
     results.json so; `streamer report RUN` scored fragments >= N/2 with k 10 and wrote other numbers over
