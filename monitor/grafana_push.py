@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -259,7 +260,12 @@ def _call(url: str, what: str, request: Callable[[], object]):
 
 
 def _short(exc: Exception) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    """The cause where urllib3 wraps one ("...(Caused by NewConnectionError('<...HTTPConnection object at
+    0x...>: CAUSE'))": cut at 200 characters, it ended at "Failed to esta", before the cause), else the
+    first line; at most 200 characters."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    cause = re.search(r"object at 0x[0-9a-fA-F]+>: (.*?)[\"']\)+$", text)
+    return (cause.group(1) if cause else text)[:200]
 
 
 def push(url: str, credential: str | tuple[str, str], *, run_dir: Path | None = None, follow: bool = False,

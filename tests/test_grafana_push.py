@@ -285,6 +285,8 @@ def test_unreachable_grafana_is_one_line_naming_the_url(monkeypatch, capsys):
     assert cmd_monitor(_parse(["monitor", "push", "--grafana-url", url])) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"streamer monitor: error: cannot reach Grafana at {url}") and err.count("\n") == 1
+    # the cause, not urllib3's wrapper cut at 200 characters ("...HTTPConnection object at 0x...>: Failed to esta)")
+    assert err.endswith("Connection refused)\n") and "HTTPConnection" not in err
 
 
 def test_switch_annotations_need_a_previous_line_and_a_time():
