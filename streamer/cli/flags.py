@@ -45,6 +45,8 @@ SPAN_DEFAULT = "half"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"  # produce and learn: a local Kafka (`streamer broker --port 9092`, compose)
 DEFAULT_TOPIC = "streamer"
 DEFAULT_CORPUS = "calm-multilingual"
+# where corpora are built and looked for: streamer.settings.cache_root (XDG_CACHE_HOME was unsaid)
+CACHE_HELP = "corpus cache directory (default $STREAMER_CACHE, else $XDG_CACHE_HOME/streamer, else ~/.cache/streamer)"
 
 
 def default_of(cls, name: str):
@@ -180,7 +182,8 @@ def add_stream_flags(p) -> None:
                    help="sequence with --order given: the class order, comma-separated (default: none; "
                         "needed by --order given)")
     g.add_argument("--permutation", type=int, default=default_of(Schedule, "permutation"),
-                   help="sequence: which balanced permutation (0..N-1; default %(default)s)")
+                   help="sequence: which balanced permutation, 0 to classes - 1 (the classes' cyclic shifts, "
+                        "not --fragments' N; default %(default)s)")
     g.add_argument("--repeats", type=positive_int, default=default_of(Schedule, "repeats"),
                    help="recurring: rounds over all classes (R; default %(default)s)")
     g.add_argument("--probe-tokens", type=non_negative_int, default=PROBE_TOKENS,

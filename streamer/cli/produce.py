@@ -9,7 +9,7 @@ from pathlib import Path
 from streamer.cli.checks import check_writable
 from streamer.cli.configs import schedule, stream_options
 from streamer.cli.errors import UserError
-from streamer.cli.flags import (DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
+from streamer.cli.flags import (CACHE_HELP, DEFAULT_BOOTSTRAP, DEFAULT_CORPUS, DEFAULT_TOPIC, add_broker_timeout_flag,
                                 add_stream_flags, positive_float, positive_int)
 from streamer.cli.runs import corpus_dir, default_manifest_path, prepare_and_say, sigterm_as_interrupt
 from streamer.cli.security_flags import add_security_flags, client_options, kafka_security
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus", default=DEFAULT_CORPUS,
                    help="a built corpus name (`streamer data list`) or a path of your own data: a directory with "
                         "one .txt per class, JSONL, CSV/TSV or a datasets directory (default %(default)s)")
-    p.add_argument("--cache", type=Path, help="corpus cache directory (default $STREAMER_CACHE or ~/.cache/streamer)")
+    p.add_argument("--cache", type=Path, help=CACHE_HELP)
     p.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT",
                    help="Kafka address, comma-separated for several (default %(default)s)")
     p.add_argument("--topic", default=DEFAULT_TOPIC,

@@ -17,7 +17,9 @@ __all__ = ["accuracy_line", "add_parser", "run", "print_run_report", "summary_li
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="metrics, results.json and plots from run directories or loss logs")
     p.add_argument("paths", nargs="+", type=Path, help="run directories or losses.jsonl files")
-    p.add_argument("--json", action="store_true", help="print one JSON object per path")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of tables: one path's report (results.json's, its metrics at the top "
+                        "level); several paths' comparison (comparison.json), one object")
     p.add_argument("--out", type=Path, help="write results.json and loss_curve.png here (default: beside the log, "
                                             "in its run directory; with several paths, report/ in their common "
                                             "parent directory, e.g. runs/report)")
