@@ -352,6 +352,30 @@ def test_a_probe_split_too_large_names_the_flag(tmp_path):
                         log=print)
 
 
+def test_the_probe_split_line_says_the_bytes_held_out_where_whole_lines_took_more(tmp_path):
+    """The split takes the last whole lines of about --probe-tokens bytes: calm-multidomain's encyclopedia
+    (an article a line) gave 56,105 bytes for 5000, and the line said "5000 bytes of each of 4 classes"."""
+    from producers.schedule import Schedule
+    from streamer.cli.runs import prepare_and_say
+
+    corpus = tmp_path / "text"
+    corpus.mkdir()
+    (corpus / "long.txt").write_text("".join(f"line {i} " + "word " * 400 + "\n" for i in range(20)))
+    (corpus / "short.txt").write_text("".join(f"line {i} word word word\n" for i in range(2000)))
+    said = []
+    _, manifest = prepare_and_say(corpus, Schedule(n_fragments=2, mean_tokens=200, probe_tokens=300),
+                                  tmp_path / "m.json", log=said.append)
+    sizes = sorted(entry["bytes"] for entry in manifest["probe"]["classes"].values())
+    assert sizes[0] < 450 < 2000 < sizes[1]
+    probe = next(line for line in said if line.startswith("probe split:"))
+    assert probe.startswith(f"probe split: the last whole lines, {sizes[0]:,} to {sizes[1]:,} bytes "
+                            "(--probe-tokens 300), of each of 2 classes held out")
+    (corpus / "long.txt").write_text("".join(f"line {i} word word word\n" for i in range(2000)))  # short lines
+    prepare_and_say(corpus, Schedule(n_fragments=2, mean_tokens=200, probe_tokens=300), tmp_path / "m2.json",
+                    log=said.append)
+    assert said[-1].startswith("probe split: 300 bytes of each of 2 classes held out")
+
+
 def test_a_from_fragment_past_the_manifests_last_is_one_line(tmp_path):
     """--from-fragment 99 on an 8-fragment stream scored nothing: an empty table titled 'fragments >= 99'."""
     from streamer.cli import parse

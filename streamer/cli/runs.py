@@ -165,6 +165,11 @@ def stream_notes(manifest: dict, records) -> list[str]:
             amount, flag = f"{probe['examples']} utterances", "--probe-examples 0"
         else:
             amount, flag = f"{probe.get('tokens')} bytes", "--probe-tokens 0"
+            sizes = [entry.get("bytes") for entry in held.values() if isinstance(entry, dict)]
+            if sizes and all(isinstance(n, int) for n in sizes) and max(sizes) > 1.5 * (probe.get("tokens") or 0):
+                # whole lines: calm-multidomain's articles took 56,105 bytes of encyclopedia for 5000
+                amount = (f"the last whole lines, {min(sizes):,} to {max(sizes):,} bytes "
+                          f"(--probe-tokens {probe.get('tokens')}),")
         where = f" into {probe['dir']}" if probe.get("dir") else ""
         notes.append(f"probe split: {amount} of each of {len(held)} classes held out{where}, never streamed, "
                      f"to measure forgetting ({flag} turns it off)")
