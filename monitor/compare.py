@@ -114,6 +114,18 @@ def _parameters(group: Sequence[Mapping]) -> int | list[int] | None:
     return counts[0] if len(counts) == 1 else counts
 
 
+def _why_missing(column: str, reports: Sequence[Mapping]) -> list[str]:
+    """The reasons the runs' own notes give for `column` having no value ("ppl@sw, rec: no class was
+    revisited ..."), each once."""
+    reasons: list[str] = []
+    for report in reports:
+        for note in report.get("metrics", {}).get("notes") or ():
+            head, said, why = str(note).partition(": ")
+            if said and column in head.split(", ") and why not in reasons:
+                reasons.append(why)
+    return reasons
+
+
 def summarise_runs(reports: Sequence[Mapping]) -> list[dict]:
     """One entry per strategy: n_runs, run names, seeds, parameters, and mean/std/n/missing of
     ppl, ppl@sw and rec (from each report's ``"metrics"``), with notes on what was skipped."""
@@ -126,9 +138,11 @@ def summarise_runs(reports: Sequence[Mapping]) -> list[dict]:
             values = [_number(r.get("metrics", {}).get(column)) for r in group]
             metrics[column] = stats = _stats(values)
             if stats["missing"]:
-                without = [n for n, v in zip(names, values) if v is None or math.isnan(v)]
+                gone = [(n, r) for n, r, v in zip(names, group, values) if v is None or math.isnan(v)]
+                why = _why_missing(column, [r for _, r in gone])  # (Table 1 printed n/a, and no why)
                 notes.append(f"{column}: no value in {stats['missing']} of {len(group)} runs "
-                             f"({', '.join(without)}); mean over the other {stats['n']}")
+                             f"({', '.join(n for n, _ in gone)})" + (f": {'; '.join(why)}" if why else "")
+                             + (f"; mean over the other {stats['n']}" if stats["n"] else ""))
             if stats["mean"] is not None and not math.isfinite(stats["mean"]):
                 notes.append(f"{column}: a run's value is not finite (diverged), so the mean is "
                              f"{stats['mean']} and the std n/a")

@@ -103,6 +103,17 @@ def test_table1_markdown_text():
     assert "- naive: rec: no value in 1 of 2 runs (naive-1); mean over the other 1" in text
 
 
+def test_a_value_no_run_has_is_said_with_the_runs_reason():
+    """Table 1 printed n/a and "ppl@sw: no value in 1 of 1 runs (naive-seed0); mean over the other 0": no why,
+    though the run's report says it."""
+    revisit = "no class was revisited in the evaluated span (fragments >= 5; the last fragment is never counted)"
+    reports = [report("naive-0", "naive", 0, 10.0, None, None)]
+    reports[0]["metrics"]["notes"] = [f"ppl@sw, rec: {revisit}", "class 'en': ppl@sw, rec n/a, never revisited"]
+    (naive,) = summarise_runs(reports)
+    assert naive["notes"] == [f"ppl@sw: no value in 1 of 1 runs (naive-0): {revisit}",
+                              f"rec: no value in 1 of 1 runs (naive-0): {revisit}"]
+
+
 def test_forgetting_table():
     reports = three_reports()
     assert forgetting_table_markdown(reports) == FORGETTING_MISSING_NOTE
