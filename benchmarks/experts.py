@@ -350,25 +350,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategies", type=_strategies, default="poe,moe,ensemble",
                    help="comma-separated: " + ", ".join(STRATEGIES) + " (default all)")
-    p.add_argument("--experts", type=counts, default="5,10,30", help="comma-separated expert counts")
-    p.add_argument("--hidden", type=counts, default="32,200,550", help="comma-separated hidden sizes")
-    p.add_argument("--embedding", type=positive_int, default=200)
-    p.add_argument("--vocab", type=positive_int, default=256)
-    p.add_argument("--layers", type=positive_int, default=2)
-    p.add_argument("--streams", type=positive_int, default=10, help="b")
-    p.add_argument("--window", type=positive_int, default=20, help="w")
-    p.add_argument("--gate-steps", type=int, default=100, help="poe's and moe's gate steps per batch")
-    p.add_argument("--iterations", type=positive_int, default=3, help="timed steps per variant, at least")
+    p.add_argument("--experts", type=counts, default="5,10,30",
+                   help="comma-separated expert counts (default %(default)s)")
+    p.add_argument("--hidden", type=counts, default="32,200,550",
+                   help="comma-separated hidden sizes, units per layer (default %(default)s)")
+    p.add_argument("--embedding", type=positive_int, default=200, help="embedding dimensions (default %(default)s)")
+    p.add_argument("--vocab", type=positive_int, default=256, help="vocabulary size (default %(default)s)")
+    p.add_argument("--layers", type=positive_int, default=2, help="LSTM layers (default %(default)s)")
+    p.add_argument("--streams", type=positive_int, default=10, help="b: rows of a batch (default %(default)s)")
+    p.add_argument("--window", type=positive_int, default=20, help="w: tokens per row (default %(default)s)")
+    p.add_argument("--gate-steps", type=int, default=100,
+                   help="poe's and moe's gate steps per batch (default %(default)s)")
+    p.add_argument("--iterations", type=positive_int, default=3,
+                   help="timed steps per variant, at least (default %(default)s)")
     p.add_argument("--min-seconds", type=float, default=1.0,
-                   help="time at least this many seconds of steps per variant (more steps for small sizes)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+                   help="time at least this many seconds of steps per variant (more steps for small sizes; "
+                        "default %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default %(default)s)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timings per variant and size (with --separate: child processes); "
-                        "the fastest (CPU time) counts")
+                        "the fastest (CPU time) counts (default %(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a small shared machine more threads made both variants "
                         "slower; 0: torch's default)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where the steps run (default %(default)s; auto: cuda when torch sees one)")
     p.add_argument("--separate", action="store_true",
                    help="time each variant in a child process of its own (the earlier default) instead of "
                         "alternating their steps in one process")

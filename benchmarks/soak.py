@@ -501,17 +501,25 @@ def poison_every(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=positive_int, default=1_000_000, help="records to produce, poison included")
-    parser.add_argument("--minutes", type=seconds, default=30.0, help="time budget; the last learner gets SIGTERM")
-    parser.add_argument("--kills", type=non_negative_int, default=3, help="SIGKILL restarts, each after a checkpoint")
-    parser.add_argument("--poison-every", type=poison_every, default=1000, help="one poison record in this many")
-    parser.add_argument("--record-bytes", type=positive_int, default=10, help="bytes of text per good record")
-    parser.add_argument("--streams", type=positive_int, default=32, help="b: rows of a batch")
-    parser.add_argument("--window", type=positive_int, default=20, help="w: bytes per row")
-    parser.add_argument("--hidden", type=positive_int, default=32)
-    parser.add_argument("--embedding", type=positive_int, default=8)
-    parser.add_argument("--layers", type=positive_int, default=1)
-    parser.add_argument("--checkpoint-every", type=seconds, default=20.0, help="the learner's, in seconds")
+    parser.add_argument("--records", type=positive_int, default=1_000_000,
+                        help="records to produce, poison included (default %(default)s)")
+    parser.add_argument("--minutes", type=seconds, default=30.0,
+                        help="time budget in minutes; the last learner gets SIGTERM (default %(default)s)")
+    parser.add_argument("--kills", type=non_negative_int, default=3,
+                        help="SIGKILL restarts, each after a checkpoint (default %(default)s)")
+    parser.add_argument("--poison-every", type=poison_every, default=1000,
+                        help="one poison record in this many (default %(default)s)")
+    parser.add_argument("--record-bytes", type=positive_int, default=10,
+                        help="bytes of text per good record (default %(default)s)")
+    parser.add_argument("--streams", type=positive_int, default=32, help="b: rows of a batch (default %(default)s)")
+    parser.add_argument("--window", type=positive_int, default=20, help="w: bytes per row (default %(default)s)")
+    parser.add_argument("--hidden", type=positive_int, default=32,
+                        help="the LSTM's hidden units per layer (default %(default)s)")
+    parser.add_argument("--embedding", type=positive_int, default=8,
+                        help="byte embedding dimensions (default %(default)s)")
+    parser.add_argument("--layers", type=positive_int, default=1, help="LSTM layers (default %(default)s)")
+    parser.add_argument("--checkpoint-every", type=seconds, default=20.0,
+                        help="the learner's, in seconds (default %(default)s)")
     parser.add_argument("--compare", action="store_true", help="also run an uninterrupted learner and compare")
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary directory)")
     args = parser.parse_args()

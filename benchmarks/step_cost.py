@@ -264,10 +264,11 @@ def main(argv=None) -> None:
     parser.add_argument("--dropouts", type=fractions, default="0,0.2",
                         help="dropout values, comma-separated (default %(default)s)")
     parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated (default: all)")
-    parser.add_argument("--streams", type=positive_int, default=10)
-    parser.add_argument("--window", type=positive_int, default=20)
-    parser.add_argument("--embedding", type=positive_int, default=200)
-    parser.add_argument("--vocab", type=positive_int, default=256)
+    parser.add_argument("--streams", type=positive_int, default=10, help="b: rows of a batch (default %(default)s)")
+    parser.add_argument("--window", type=positive_int, default=20, help="w: bytes per row (default %(default)s)")
+    parser.add_argument("--embedding", type=positive_int, default=200,
+                        help="embedding dimensions (default %(default)s)")
+    parser.add_argument("--vocab", type=positive_int, default=256, help="vocabulary size (default %(default)s)")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error(f"--warmup must be at least 0, got {args.warmup}")
