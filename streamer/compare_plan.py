@@ -99,7 +99,7 @@ def run_config(config: CompareConfig, name: str, seed: int, hidden: int, manifes
     run = dataclasses.replace(run, from_fragment=span_start(config.span, run.n_fragments))
     if fit and config.params:
         run, fitted = fit_to_budget(run, config.params, manifest)
-        log(fitted.describe(run.strategy))
+        log(fitted.describe(f"{name} (a naive learner)" if name == MULTITASK else name))  # (it said naive twice)
     return dataclasses.replace(run, strategy=name, strategy_options=options)
 
 

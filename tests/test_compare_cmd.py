@@ -400,7 +400,9 @@ def test_params_budget_applies_per_strategy_in_the_plan(capsys):
     hidden = {p.name: p.hidden for p in planned}
     assert hidden["poe"] < hidden["naive"] == hidden["multitask"]
     assert dict(planned[1].options) == {"n_experts": 3} and planned[0].options == ()
-    assert capsys.readouterr().out.count("--params 60,000:") == 3
+    out = capsys.readouterr().out
+    assert out.count("--params 60,000:") == 3
+    assert out.count("--params 60,000: naive with") == 1 and "--params 60,000: multitask (a naive learner) with" in out
 
 
 def test_learn_points_multitask_to_compare(capsys):
