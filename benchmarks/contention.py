@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.command import ended_by_signals, seconds  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 
 CHILDREN: list[subprocess.Popen] = []  # every process started, ended and reaped when the benchmark stops
 
@@ -138,7 +138,7 @@ def spin_counts(text: str) -> list[int | None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=seconds, default=20.0, help="length of each timed run (default 20 s)")
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: the policy's)")
     parser.add_argument("--spins", type=spin_counts,

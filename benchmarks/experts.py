@@ -68,7 +68,7 @@ from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.models.experts import choose_kernel  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
 from benchmarks.command import counts, ended_by_signals  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
 from streamer.strategies.experts import MoE, Ensemble, PoE  # noqa: E402
 from streamer.strategies.gates import (GateAdam, moe_gate_gradient, moe_log_probs, poe_gate_gradient,  # noqa: E402
@@ -347,7 +347,7 @@ def _size(row: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategies", type=_strategies, default="poe,moe,ensemble",
                    help="comma-separated: " + ", ".join(STRATEGIES) + " (default all)")
     p.add_argument("--experts", type=counts, default="5,10,30",

@@ -23,7 +23,7 @@ from producers.corpora import CorpusError, corpus_path, load_corpus_dir  # noqa:
 from producers.schedule import Schedule, build_stream  # noqa: E402
 from producers.stream import produce_stream  # noqa: E402
 from streamer.broker import EmbeddedBroker  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 from streamer.settings import cache_root  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def timed(records, started: list[float]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fragments", type=positive_int, default=40)
     parser.add_argument("--lambda", dest="mean_tokens", type=positive_int, default=10_000)
     args = parser.parse_args()

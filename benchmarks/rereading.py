@@ -48,6 +48,7 @@ from producers.wire import Record  # noqa: E402
 from streamer.batching import Batcher  # noqa: E402
 from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
 from streamer.checkpoint import CheckpointView, load  # noqa: E402
+from streamer.cli.flags import Parser  # noqa: E402
 
 UNBOUNDED = 1 << 20  # --keep-windows of the baseline: above what any stream holds here
 TOPIC = "rereading"
@@ -127,7 +128,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", default="4,16,64", help="comma-separated --keep-windows values (default 4,16,64)")
     parser.add_argument("--pause", type=int, default=3000,
                         help="rounds of stream 0's pause, 6 records each (default 3000)")

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.command import ended_by_signals  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
@@ -195,7 +195,7 @@ def row(label: str, measured: Measured) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=positive_int, default=1000,
                         help="batches of the 1x stream (default 1000; at least 10)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))

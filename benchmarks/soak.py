@@ -65,7 +65,7 @@ from producers.stream import prepare_stream  # noqa: E402
 from producers.wire import encode  # noqa: E402
 from benchmarks.command import ended_by_signals, seconds  # noqa: E402
 from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
-from streamer.cli.flags import non_negative_int, positive_int  # noqa: E402
+from streamer.cli.flags import Parser, non_negative_int, positive_int  # noqa: E402
 
 TOPIC = "soak"
 MAX_RECORD_BYTES = 4096  # the learner's --max-record-bytes here, so a too_large poison stays small
@@ -500,7 +500,7 @@ def poison_every(text: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=positive_int, default=1_000_000,
                         help="records to produce, poison included (default %(default)s)")
     parser.add_argument("--minutes", type=seconds, default=30.0,

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.command import ended_by_signals, seconds  # noqa: E402
 from monitor.dashboard import annotation_queries, build_dashboard, panel_queries  # noqa: E402
 from streamer.broker import EmbeddedBroker, die_with_parent  # noqa: E402
-from streamer.cli.flags import positive_float, positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_float, positive_int  # noqa: E402
 from tests.prometheus_util import query_range, start_prometheus, stop  # noqa: E402
 from tests.spike_check import (  # noqa: E402
     ALERT_RATIO, K, alert_figures, counters_perplexity, first_timeseries_panel, grafana_substitute, markers_cover, marker_times, panel_series,
@@ -189,7 +189,7 @@ def show(figures: dict, scrape: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scrape", type=seconds, default=5.0,
                         help="Prometheus scrape and rule interval, s (default 5)")
     parser.add_argument("--fragments", type=positive_int, default=24, help="fragments of the stream (default 24)")

@@ -53,7 +53,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from benchmarks.command import fraction  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 from streamer.models import LSTMConfig, LSTMLanguageModel  # noqa: E402
 from streamer.step import prequential_step  # noqa: E402
 from streamer.strategies.base import Batch  # noqa: E402
@@ -257,7 +257,7 @@ def fractions(text: str) -> list[float]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=positive_int, default=60,
                         help="timed batches per model (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches first (default %(default)s)")

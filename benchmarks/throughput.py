@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.command import ended_by_signals, seconds  # noqa: E402
-from streamer.cli.flags import positive_int  # noqa: E402
+from streamer.cli.flags import Parser, positive_int  # noqa: E402
 from streamer.broker import die_with_parent  # noqa: E402
 from streamer.threads import pin_to_first_cpus  # noqa: E402
 
@@ -415,7 +415,7 @@ def show(model: str, label: str, slice_s: float, args, result: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", type=int, help="pin the benchmark to the first N CPUs it may use (default: all)")
     parser.add_argument("--processes", type=positive_int, default=2,
                         help="processes per path, their slices interleaved and their batches pooled (default 2)")
