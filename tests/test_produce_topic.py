@@ -205,6 +205,16 @@ def test_a_given_order_that_misses_a_class_names_the_flag(tiny_corpus, tmp_path,
     assert "--given-order must name each class once (cs, en, fr); got en, fr" in line, line
 
 
+def test_a_loop_without_a_pace_is_refused_before_anything_is_written(broker, tiny_corpus, tmp_path, capsys):
+    """`produce --loop` without --rate or --token-rate sent as fast as the broker took records, for ever (175k
+    records in its first 6 s on the embedded broker), until the broker's disk was full."""
+    assert main(produce_args(broker, tiny_corpus, "unpaced", tmp_path / "m.json", "--loop")) == 2
+    assert one_error_line(capsys) == (
+        "streamer produce: error: --loop replays forever: give it a pace, --rate (records/s) or --token-rate "
+        "(bytes/s); unpaced it sends as fast as the broker takes records until the broker's disk is full")
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_sigterm_stops_produce_like_ctrl_c_and_says_how_many_records_were_sent(broker, tiny_corpus, tmp_path):
     """A paced producer stopped by SIGTERM: one line on stderr, exit 130 as for Ctrl-C, and how many records
     it sent; --resume then completes the topic (before, SIGTERM killed it without a word)."""
@@ -273,6 +283,7 @@ def test_a_looped_production_resumes_in_its_second_lap_with_neither_a_gap_nor_a_
         if resumed.poll() is None:
             resumed.kill()
     assert "resuming: topic laps holds" in output and "Traceback" not in output, output[-2000:]
+    assert "the same command with --resume continues the loop where it stopped" in output, output[-2000:]
     held = topic_contents(broker, "laps")
     assert sum(map(len, held.values())) >= len(records) * 5 // 2 > before
     # the uninterrupted production, as far as every stream held goes (on a loaded host the SIGTERM came

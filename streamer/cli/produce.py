@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--realtime-factor", type=positive_float, default=1.0,
                    help="speed of the replay relative to --rate / --token-rate (2 = twice as fast; default 1)")
     p.add_argument("--loop", action="store_true",
-                   help="replay forever (positions and fragments continue), for a daemon; the manifest says "
+                   help="replay forever (positions and fragments continue), for a daemon, at the pace --rate or "
+                        "--token-rate gives (refused without one); the manifest says "
                         "\"loop\": true, so a learner does not stop after one lap (its totals are one lap's)")
     held = p.add_mutually_exclusive_group()
     held.add_argument("--resume", action="store_true",
@@ -67,6 +68,9 @@ def run(args) -> int:
     from producers.stream import looped, write_manifest
 
     sigterm_as_interrupt()  # SIGTERM stops it as Ctrl-C does: what was sent is flushed and said
+    if args.loop and not (args.rate or args.token_rate):  # (175k records in its first 6 s on the embedded broker)
+        raise UserError("--loop replays forever: give it a pace, --rate (records/s) or --token-rate (bytes/s); "
+                        "unpaced it sends as fast as the broker takes records until the broker's disk is full")
     kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
     corpus = corpus_dir(args.corpus, args.cache)
     manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
@@ -104,7 +108,8 @@ def run(args) -> int:
                 log=lambda line: print(line, flush=True), **resume, progress=progressed)))
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM
             print(f"stopped: sent {counted[0]} records to {args.topic} at {args.bootstrap_servers}; the same "
-                  f"command with --resume sends the rest", flush=True)
+                  "command with --resume " + ("continues the loop where it stopped" if args.loop else "sends the rest"),
+                  flush=True)
             raise
     print(f"sent {sent} records to {args.topic} at {args.bootstrap_servers}"
           + (f" ({held.records} were there already)" if resume else ""))
