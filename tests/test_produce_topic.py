@@ -64,9 +64,12 @@ def test_producing_again_onto_a_topic_that_holds_records_is_refused_in_one_line(
     before = topic_contents(broker, "again")
     count = sum(map(len, before.values()))
     capsys.readouterr()
-    assert main(produce_args(broker, tiny_corpus, "again", tmp_path / "second.json")) == 2
-    line = one_error_line(capsys)
+    assert main(produce_args(broker, tiny_corpus, "again", tmp_path / "second.json", "--probe-tokens", "200")) == 2
+    said = capsys.readouterr()
+    assert len(said.err.strip().splitlines()) == 1 and "Traceback" not in said.err, said.err
+    line = said.err.strip()
     assert f"topic again holds {count} records" in line and "--resume" in line and "--append" in line
+    assert "held out" not in said.out, said.out  # (the probe split's line said a split of a refused production)
     assert not (tmp_path / "second.json").exists()
     assert topic_contents(broker, "again") == before
     assert all(len(set(fragments)) == len(fragments) for fragments in announcements(broker, "again.truth").values())

@@ -74,13 +74,16 @@ def run(args) -> int:
     kafka_options = client_options(kafka_security(args))  # checked before the stream is prepared
     corpus = corpus_dir(args.corpus, args.cache)
     manifest_path = args.manifest or default_manifest_path(args.topic, args.cache)
+    notes: list[str] = []  # said once the topic is taken: a refused production held nothing out, recycled nothing
     records, manifest = prepare_and_say(corpus, schedule(args), None,  # (the data's errors create nothing)
-                                        log=lambda note: print(note, flush=True), **stream_options(args))
+                                        log=notes.append, **stream_options(args))
     check_writable(manifest_path)  # (nor does a manifest that cannot be written)
     truth_topic = None if args.no_truth_topic else f"{args.topic}.truth"
     # the broker reached and the topic there before the manifest is written: an unreachable broker left a
     # manifest of a topic never written, which `learn --topic` then found
     held, resume = _topic_as_asked(args, records, truth_topic, kafka_options)
+    for note in notes:
+        print(note, flush=True)
     if args.loop:  # no end: a learner must not stop at one lap's total (the figures stay a lap's)
         manifest["loop"] = True
     write_manifest(manifest, manifest_path)  # --resume: the same manifest as the interrupted production's
