@@ -24,7 +24,7 @@ from monitor.tracker import ViewSnapshot, exp_or_inf
 
 __all__ = ["render", "render_waiting", "shown_classes", "sparkline", "plain_line", "progress_row", "status_line",
            "io_line", "rate_line", "activity_line", "activity_text", "duration", "streams_text", "waiting_for_line",
-           "classes_folded_line", "learning_on_line", "LiveView"]
+           "many_classes_line", "learning_on_line", "LiveView"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -172,10 +172,11 @@ def waiting_for_line(streams: tuple, windows: int, waited_s: float) -> str:
             "records are kept, not learned, until then)")
 
 
-def classes_folded_line(first: str, limit: int) -> str:
-    """The log line when the truth headers name more classes than the tracker keeps apart (RunTracker)."""
-    return (f"the truth headers named more than {limit:,} classes: class {first!r} and every later new one are "
-            "counted as 'other' in the metrics, the loss log and the report (the model learns them all)")
+def many_classes_line(first: str, limit: int) -> str:
+    """The log line when the truth headers have named more than `limit` classes (RunTracker.past_limit)."""
+    return (f"the truth headers have named more than {limit:,} classes (the next: {first!r}): each is kept apart "
+            "for the life of the run, about 1 KB of memory and 0.2 KB of every checkpoint a class; a header with "
+            "a value per record (an id) is not a class (README: How a stream looks)")
 
 
 def learning_on_line(streams: tuple, waited_s: float) -> str:

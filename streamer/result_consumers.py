@@ -11,7 +11,7 @@ from pathlib import Path
 from monitor.console import STATUS_FILE, LoopReading, write_status
 from monitor.live import LiveMonitor
 from monitor.losslog import LossLogWriter
-from monitor.view import classes_folded_line, learning_on_line, waiting_for_line
+from monitor.view import learning_on_line, many_classes_line, waiting_for_line
 from streamer.checkpointer import Checkpointer
 from streamer.loop import PrequentialLoop
 from streamer.resume import trim_logs
@@ -37,13 +37,13 @@ async def consume_results(loop: PrequentialLoop, monitor: LiveMonitor, checkpoin
                 if probes and (row := await probes.before_next(loop)):  # "start": the untrained model
                     monitor.probed(row)
                 idle = asyncio.create_task(_checkpoint_while_idle(loop, checkpointer, losses))
-                folded_said = run_dir is None  # (rank 0 says it)
+                many_said = run_dir is None  # (rank 0 says it)
                 try:
                     async for result in loop:
                         losses.write(monitor.observe(result))
-                        if not folded_said and (first := monitor.run_tracker.first_folded) is not None:
-                            folded_said = True
-                            (log or print)(classes_folded_line(first, monitor.run_tracker.class_limit))
+                        if not many_said and (first := monitor.run_tracker.past_limit) is not None:
+                            many_said = True
+                            (log or print)(many_classes_line(first, monitor.run_tracker.class_limit))
                         if checkpointer.due():
                             losses.sync()  # on disk before a checkpoint past its lines (a power cut keeps both)
                             checkpointer.start()  # copied here, written in the background

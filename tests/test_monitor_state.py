@@ -270,33 +270,27 @@ def test_counters_exist_at_0_from_the_start_and_a_resume_after_a_crash_starts_th
     assert _value(crashed, batches) == 20.0  # what this process learned
 
 
-def test_classes_past_the_trackers_limit_are_counted_as_other_and_stay_so_after_a_resume():
-    """A truth header with a value per request (an id) made the tracker keep one class per value for the
-    life of a daemon (1 KB each, 0.2 KB in every checkpoint). Past `class_limit` classes, each new class is
-    counted as 'other' (the first such named once), in the tracker, the loss log and the metrics' labels."""
-    from monitor.tracker import RunTracker
-
+def test_classes_past_the_notice_limit_are_named_once_and_still_kept_apart_across_a_resume():
+    """Past `class_limit` classes the tracker names the next one (the learner says it once: a truth header
+    with a value per record grows the per-class state for ever). Each class stays apart: folding the later
+    ones into one made each first visit a revisit, and gave a stream without revisits a ppl@sw."""
     def result(index, name, loss):
         return StepResult(index=index, loss=loss, train_loss=loss, grad_norm=1.0, tokens=10,
                           truth=BatchTruth(class_name=name, fragment=index // 2), predict_s=0.0, learn_s=0.0,
                           finished_at=0.0)
 
-    names = ["a", "a", "b", "b", "c", "c", "d", "d", "a", "a", "e", "e"]  # fragments of 2 batches
-    monitor = LiveMonitor(run="r", strategy="naive")
+    names = ["a", "a", "b", "b", "c", "c", "d", "d", "a", "a", "b"]  # fragments of 2 batches; a comes back
+    monitor = LiveMonitor(run="r", strategy="naive", k=1)
     monitor.run_tracker.class_limit = 2
     lines = [monitor.observe(result(i, name, float(i))) for i, name in enumerate(names[:8])]
-    assert [line["domain_name"] for line in lines] == ["a", "a", "b", "b", "other", "other", "other", "other"]
-    assert len({line["domain"] for line in lines[4:]}) == 1  # c and d: one class id
-    assert monitor.run_tracker.first_folded == "c"
-    saved = json.loads(json.dumps(monitor.state_dict()))
-    resumed = LiveMonitor(run="r", strategy="naive")
+    assert [line["domain_name"] for line in lines] == names[:8] and len({line["domain"] for line in lines}) == 4
+    assert monitor.run_tracker.past_limit == "c"
+    assert monitor.snapshot().overall["ppl@sw"] is None  # four first visits: no revisit
+    resumed = LiveMonitor(run="r", strategy="naive", k=1)
     resumed.run_tracker.class_limit = 2
-    resumed.load_state_dict(saved)
+    resumed.load_state_dict(json.loads(json.dumps(monitor.state_dict())))
+    assert resumed.run_tracker.past_limit == "c"
     lines += [resumed.observe(result(i, name, float(i))) for i, name in enumerate(names[8:], start=8)]
-    assert [line["domain_name"] for line in lines[8:]] == ["a", "a", "other", "other"]
-    tracker: RunTracker = resumed.run_tracker
-    assert tracker.first_folded == "c"
-    per_class = tracker.snapshot().per_class
-    assert sorted(per_class) == ["a", "b", "other"] and per_class["other"]["n_batches"] == 6
-    assert tracker.class_loss_mean("other") == pytest.approx((4 + 5 + 6 + 7 + 10 + 11) / 6)
-    assert tracker.class_loss_mean("a") == pytest.approx((0 + 1 + 8 + 9) / 4)
+    snapshot = resumed.snapshot()
+    assert sorted(snapshot.per_class) == ["a", "b", "c", "d"] and lines[8]["domain"] == lines[0]["domain"]
+    assert snapshot.overall["ppl@sw"] == pytest.approx(math.exp(8.0))  # a's closed revisit: its first batch, k 1
