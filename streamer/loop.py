@@ -205,6 +205,14 @@ class PrequentialLoop:
             finally:  # an interrupt the wait held back still leaves the group
                 await self.source.stop()
 
+    async def end_fetching(self) -> None:
+        """Once the loop has stopped, before the last checkpoint: the fetch side ended (nothing more is read or
+        dead-lettered) and the dead-letter copies in flight settled (Intake.settle_dead_letters), so that the
+        checkpoint counts them all. Otherwise __aexit__ ends the fetch side."""
+        self.intake.closing = True
+        await tasks_ended([self._fetcher] if self._fetcher is not None else [], self._log)
+        await self.intake.settle_dead_letters()
+
     # The loop's own tasks, as tasks_ended names them in its line ("still stopping: PrequentialLoop._fetch ...")
 
     async def _fetch(self) -> None:

@@ -56,7 +56,7 @@ async def consume_results(loop: PrequentialLoop, monitor: LiveMonitor, checkpoin
                     raise failed
             if probes and final_probe and loop.step:  # the model after the whole stream: the last task's stage
                 monitor.probed(await probes.score(loop, "end"))
-            await loop.intake.settle_dead_letters()
+            await loop.end_fetching()  # (the last checkpoint holds every dead letter)
             sync_monitor(loop, monitor, checkpointer, probes)
             await checkpointer.write()  # one at the end, always
     except BaseException:

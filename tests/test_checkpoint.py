@@ -414,9 +414,11 @@ def test_a_run_that_fails_while_its_checkpoint_write_fails_reports_only_its_own_
 
 
 def test_the_last_checkpoint_counts_the_dead_letter_copies_that_were_in_flight(loop_stream, tmp_path):
-    """The learner's results consumer settles the source's dead-letter copies in flight (delivered, or
-    counted as failed: KafkaSource.settle_dead_letters) before its last checkpoint, so the checkpoint
-    holds them; they used to fail at the source's stop, after it."""
+    """The learner's results consumer ends the fetch side and settles the source's dead-letter copies in
+    flight (delivered, or counted as failed: KafkaSource.settle_dead_letters) before its last checkpoint,
+    so the checkpoint holds every copy sent; they failed at the source's stop, after it. A stream whose
+    records after the first batches are all bad, stopped at 2 batches: the fetch side went on sending
+    copies while the consumer settled and checkpointed (34 after the settle began, helper-119)."""
     from monitor.live import LiveMonitor
     from streamer.checkpointer import Checkpointer
     from streamer.config import LearnConfig
@@ -425,20 +427,26 @@ def test_the_last_checkpoint_counts_the_dead_letter_copies_that_were_in_flight(l
     from tests.helpers import naive
     from tests.test_loop import MemorySource
 
-    class InFlight(MemorySource):  # two copies in flight at the end, which settle counts as failed
-        dead_letter_failures = 0
+    class InFlight(MemorySource):  # every copy is in flight at the end, and settle counts it as failed
+        dead_letter_failures, settled, sent_after = 0, False, 0
+
+        async def send_dead_letter(self, fetched, reason, detail):
+            await super().send_dead_letter(fetched, reason, detail)
+            self.sent_after += self.settled
 
         async def settle_dead_letters(self):
-            self.dead_letter_failures += 2
+            await asyncio.sleep(0.2)  # (the broker's answer): the fetch side would have read on meanwhile
+            self.dead_letter_failures, self.settled = len(self.dead), True
 
     class Quiet:
         def update(self, *_args, **_kw):
             pass
 
-    records = loop_stream[0]
+    records = loop_stream[0] * 100  # (only the first 12 are read as records)
+    source = InFlight(records, bad=range(12, len(records)), chunk=3)
 
     async def go():
-        loop = PrequentialLoop(naive(), Batcher(2, 10), InFlight(records), total_records=len(records))
+        loop = PrequentialLoop(naive(), Batcher(2, 10), source, total_records=len(records), max_batches=2)
         monitor = LiveMonitor(run="r", strategy="naive")
         checkpointer = Checkpointer(tmp_path / "checkpoint.pt", 60.0, config=LearnConfig("b:9092", "t", tmp_path),
                                     loop=loop, monitor=monitor)
@@ -446,7 +454,8 @@ def test_the_last_checkpoint_counts_the_dead_letter_copies_that_were_in_flight(l
 
     asyncio.run(go())
     saved = checkpoint.load(tmp_path / "checkpoint.pt")
-    assert saved["loop"]["dead_letters"] == {"dead_letter_failed": 2}
+    assert source.dead and source.sent_after == 0
+    assert saved["loop"]["dead_letters"] == {"bad_utf8": len(source.dead), "dead_letter_failed": len(source.dead)}
 
 
 def test_a_checkpoint_of_a_later_format_is_refused_and_one_of_format_1_loads(tmp_path):

@@ -147,13 +147,15 @@ class DeadLetters:
         """Wait up to `timeout_s` for the copies in flight to be delivered; count the rest as failed now (their
         later end is not counted again). The learner's last checkpoint and metrics, written before its source
         stops, held no copy that failed at the stop (the producer's close cancels them): a broker away at a
-        stop lost them from the count for good."""
-        if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=timeout_s)
-        for delivery in list(self._in_flight):
-            delivery.remove_done_callback(self._delivered)
-            self._in_flight.discard(delivery)
-            self._failed(f"not delivered within {timeout_s:g} s before the learner stopped")
+        stop lost them from the count for good. Call it once nothing more is sent (the fetch side ended)."""
+        waiting = {delivery for delivery in self._in_flight if not delivery.done()}
+        if waiting:
+            _, waiting = await asyncio.wait(waiting, timeout=timeout_s)
+        await asyncio.sleep(0)  # the deliveries that ended meanwhile: their _delivered callbacks run first
+        for delivery in waiting:
+            if not delivery.done() and delivery.remove_done_callback(self._delivered):
+                self._in_flight.discard(delivery)
+                self._failed(f"not delivered within {timeout_s:g} s before the learner stopped", hold=False)
 
     def _delivered(self, delivery) -> None:
         self._in_flight.discard(delivery)
@@ -163,14 +165,16 @@ class DeadLetters:
             exc = delivery.exception()
             self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _failed(self, cause: str | None) -> None:
+    def _failed(self, cause: str | None, hold: bool = True) -> None:
         """One copy not sent: its send failed with `cause`, or (None) it was not tried, within `retry_s` of a
-        failed send. The first is said in one line; later ones are counted and said by say_unsaid, at most
-        every `say_every_s`."""
+        failed send (`hold` False: this failure does not hold the next copies back). The first is said in one
+        line; later ones are counted and said by say_unsaid, at most every `say_every_s`."""
         self.failures += 1
         now = time.monotonic()
         if cause is not None:
-            self._failed_at, self._cause = now, cause
+            self._cause = cause
+            if hold:
+                self._failed_at = now
         if self._said_at is None:
             self._said_at = now
             self._log(f"dead letter to {self.topic}.dlq failed ({cause}); going on: for {self.retry_s:g} s after "
