@@ -261,10 +261,10 @@ def _call(url: str, what: str, request: Callable[[], object]):
 
 def _short(exc: Exception) -> str:
     """The cause where urllib3 wraps one ("...(Caused by NewConnectionError('<...HTTPConnection object at
-    0x...>: CAUSE'))": cut at 200 characters, it ended at "Failed to esta", before the cause), else the
-    first line; at most 200 characters."""
+    0x...>: CAUSE'))", or ConnectTimeoutError(<...>, 'CAUSE')): cut at 200 characters, it ended at "Failed
+    to esta", or at the object, before the cause), else the first line; at most 200 characters."""
     text = (str(exc).splitlines() or [type(exc).__name__])[0]
-    cause = re.search(r"object at 0x[0-9a-fA-F]+>: (.*?)[\"']\)+$", text)
+    cause = re.search(r"object at 0x[0-9a-fA-F]+>(?:: |, [\"'])(.*?)[\"']\)+$", text)
     return (cause.group(1) if cause else text)[:200]
 
 

@@ -289,6 +289,24 @@ def test_unreachable_grafana_is_one_line_naming_the_url(monkeypatch, capsys):
     assert err.endswith("Connection refused)\n") and "HTTPConnection" not in err
 
 
+def test_a_connect_timeout_is_said_by_its_cause_not_by_urllib3s_wrapper():
+    """A firewalled or wrong address times out: urllib3 says ConnectTimeoutError(<...HTTPConnection object at
+    0x...>, 'CAUSE'), with a comma where a refused connection has a colon, and the line ended at the object
+    (helper-119). The exception is the one requests raises, built from urllib3's own classes (no connect
+    timeout can be made to happen here)."""
+    import requests
+    from urllib3.connection import HTTPConnection
+    from urllib3.connectionpool import HTTPConnectionPool
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
+
+    host = "grafana.monitoring.internal"
+    reason = ConnectTimeoutError(HTTPConnection(host, 3000), f"Connection to {host} timed out. (connect timeout=10)")
+    timeout = requests.exceptions.ConnectTimeout(MaxRetryError(HTTPConnectionPool(host, 3000), "/api/health",
+                                                               reason=reason))
+    assert "HTTPConnection object at 0x" in str(timeout)
+    assert grafana_push._short(timeout) == f"Connection to {host} timed out. (connect timeout=10)"
+
+
 def test_switch_annotations_need_a_previous_line_and_a_time():
     first = {"sequence": 0, "domain_name": "en", "time": T0}
     assert grafana_push.switch_annotations(None, first) == []
