@@ -111,5 +111,5 @@ class RunSummary:
     topic_missing_seconds: float = 0.0  # waiting for the topic to be created
     batches_before: int = 0  # learned before this start (a resumed run's checkpoint); batches, tokens: since
     skipped: int = 0  # batches of this start whose update was skipped (non-finite loss or gradients)
-    stop_line: str = ""  # the source's line of a stop it caused (log_changed: a log not the learner's)
+    stop_line: str = ""  # the source's line of a stop it caused (log_changed, codec_missing)
     topic_gone: bool = False  # broker_lost as the topic was deleted, not as the broker stopped answering

@@ -209,7 +209,16 @@ async def run(config: LearnConfig, *, manifest: dict | None = None, prepared=Non
                       joining_seconds=split.joining_s, idle_seconds=split.idle_s,
                       broker_lost_seconds=split.broker_lost_s, topic_missing_seconds=split.topic_missing_s,
                       batches_before=before[0], skipped=loop.skipped - before[2],
-                      stop_line=getattr(loop.source, "refusal", None) or "", topic_gone=loop.broker_watch.topic_gone)
+                      stop_line=_refusal_of(loop), topic_gone=loop.broker_watch.topic_gone)
+
+
+def _refusal_of(loop: PrequentialLoop) -> str:
+    """The source's line of the loop's stop, when this process's source caused it; "" otherwise (ranks:
+    another rank's refusal of another cause won the stop, and this line would name the wrong one)."""
+    source = loop.source
+    if getattr(source, "refusal_reason", "log_changed") != loop.stop_reason:
+        return ""
+    return getattr(source, "refusal", None) or ""
 
 
 def _monitor(config: LearnConfig, monitor: LiveMonitor | None, shown_total: int | None, leader: bool) -> LiveMonitor:

@@ -116,3 +116,18 @@ def test_the_learner_without_the_codec_stops_with_its_checkpoint_exit_2_and_one_
     logged = len((run_dir / "losses.jsonl").read_text().splitlines())
     assert logged > 0 and checkpoint.load(run_dir / "checkpoint.pt")["step"] == logged
     assert json.loads((run_dir / "status.json").read_text())["stop_reason"] == "codec_missing"
+
+
+def test_a_ranks_own_refusal_is_said_only_for_the_stop_it_caused():
+    """Ranks agree on one stop reason (the later in STOP_REASONS). Rank 0 whose own source refused the log
+    (log_changed) while another rank lacked the codec (codec_missing, the agreed stop) said its own line,
+    naming another cause than status.json's (helper-119): its line is kept only for the stop it caused."""
+    from types import SimpleNamespace
+
+    from streamer.learner import _refusal_of
+
+    source = SimpleNamespace(refusal="t:0 ends at offset 100, before this learner's offset 300 there",
+                             refusal_reason="log_changed")
+    assert _refusal_of(SimpleNamespace(source=source, stop_reason="log_changed")) == source.refusal
+    assert _refusal_of(SimpleNamespace(source=source, stop_reason="codec_missing")) == ""
+    assert _refusal_of(SimpleNamespace(source=SimpleNamespace(), stop_reason="max_batches")) == ""
