@@ -214,3 +214,70 @@ def test_a_stream_too_large_for_memory_is_one_line_before_it_is_built(tmp_path):
     assert time.monotonic() - started < 10
     records, _ = prepare_stream(corpus, Schedule(n_fragments=4, mean_tokens=200, streams=2, window=10))
     assert records  # (a stream of the usual size is built)
+
+
+def test_a_word_level_corpus_counts_lambda_in_words_and_a_learner_rebuilds_the_same_stream(tmp_path):
+    """Lambda of a word-level corpus is in words: 2 words at 16 bytes / 5 words = 3.2 bytes a word is
+    round(6.4) = 6 bytes, 2 windows of 3. The manifest keeps 3.2, which records_from_manifest divides by to
+    rebuild the producer's stream (stored as 1.0, it rebuilt 19 bytes a fragment: another stream)."""
+    from streamer.multitask import records_from_manifest
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text(json.dumps({"level": "word"}))
+    (corpus / "a.txt").write_text("ab cd efg", encoding="utf-8")  # 9 bytes, 3 words
+    (corpus / "b.txt").write_text("hij klm", encoding="utf-8")  # 7 bytes, 2 words
+    schedule = Schedule(kind="sequence", order="given", given_order=("a", "b"), streams=1, window=3, mean_tokens=2)
+    records, manifest = prepare_stream(corpus, schedule, tmp_path / "m.json")
+    assert (manifest["corpus_level"], manifest["bytes_per_corpus_token"], manifest["mean_tokens"]) == ("word", 3.2, 6)
+    assert [f["n_batches"] for f in manifest["fragments"]] == [2, 2]
+    assert "".join(r.text for r in records) == "ab cd " + "hij kl" + "\n"
+    assert records_from_manifest(json.loads((tmp_path / "m.json").read_text())) == records
+
+
+def test_a_built_corpus_whose_manifest_names_no_level_is_bytes(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text("{}")
+    (corpus / "a.txt").write_text("ab cd efg", encoding="utf-8")
+    (corpus / "b.txt").write_text("hij klm", encoding="utf-8")
+    schedule = Schedule(kind="sequence", order="given", given_order=("a", "b"), streams=1, window=3, mean_tokens=6)
+    _, manifest = prepare_stream(corpus, schedule)
+    assert (manifest["corpus_level"], manifest["mean_tokens"], manifest["bytes_per_corpus_token"]) == ("byte", 6, 1.0)
+
+
+def _memory_bytes():
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("kind, fragments, window, share", [
+    ("calm", 4, 10, 0.3),  # 4 fragments x lambda x 1.1 / w records of 1,000 bytes: 0.3 of the memory
+    ("sequence", 1000, 10, 0.3),  # a sequence has a fragment a class (3), whatever --fragments says
+    ("calm", 4, 1, 0.45),  # (w = 1: a record a byte)
+])
+def test_a_stream_that_fits_in_half_the_memory_is_not_refused(tmp_path, kind, fragments, window, share):
+    """The guard's estimate is checked where its errors would refuse a user's stream: the schedule's own
+    refusal (a negative seed, raised by build_stream after the guard, before any record is made) is what a
+    stream that fits gets; the guard's line is what one of 0.6 of the memory gets."""
+    from tests.conftest import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    counted = 3 if kind == "sequence" else fragments
+    for part, refused in ((share, False), (0.6, True)):
+        mean = round(part * _memory_bytes() / (counted * 1.1 / window * 1000))
+        schedule = Schedule(kind=kind, n_fragments=fragments, mean_tokens=mean, streams=2, window=window, seed=-1)
+        with pytest.raises(ScheduleError, match="GB of memory" if refused else "seed must be >= 0"):
+            prepare_stream(corpus, schedule)
+
+
+def test_the_manifest_gives_each_probe_file_its_size_and_sha256(tmp_path):
+    import hashlib
+
+    schedule = Schedule(n_fragments=3, mean_tokens=300, streams=2, window=10, probe_tokens=200)
+    prepare_stream(_write(tmp_path, numbered_corpus()), schedule, tmp_path / "s.json")
+    saved = json.loads((tmp_path / "s.json").read_text())["probe"]["classes"]
+    for probe in saved.values():
+        data = (tmp_path / "s.probe" / probe["file"]).read_bytes()
+        assert (probe["bytes"], probe["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())

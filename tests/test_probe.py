@@ -166,3 +166,12 @@ def test_a_classifier_probe_saves_representations_only_where_dmi_reads_them(tmp_
     asyncio.run(probed(ProbeScheduler(Probe(), path, every=5, unit="accuracy"), [
         (25, ("fr", 5), "switch"), (30, ("de", 6), "switch"), (31, ("en", 7), "switch")]))
     assert saved == [False, True, False]
+
+
+def test_names_that_differ_only_in_case_or_hide_the_file_are_named_by_index():
+    """"A" and "a" are one file where case is not told; ".hidden" is a hidden file: each but the first of a
+    case-fold is named by its index, and so is a name that starts with a dot."""
+    from producers.stream import probe_file_names
+
+    assert probe_file_names([".hidden", "A", "a", "B"]) == {".hidden": "class-000.txt", "A": "A.txt",
+                                                            "a": "class-002.txt", "B": "B.txt"}
