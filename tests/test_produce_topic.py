@@ -300,3 +300,41 @@ def test_a_looped_production_resumes_in_its_second_lap_with_neither_a_gap_nor_a_
     assert set(held) <= set(uninterrupted)  # (no stream the production never writes)
     for stream, got in held.items():
         assert got == uninterrupted[stream][:len(got)], stream
+
+
+def test_stream_i_goes_to_partition_i_mod_partitions_stamped_when_sent_and_the_truth_topic_is_one_partition(broker):
+    """A distributed learner's rank reads the partitions of its own streams: stream i must be on partition
+    i % partitions. Each record's produced header is the time it was sent (not the 0.0 it was built with),
+    and the truth sidecar keeps one partition, whatever the topic's count, so its events stay in order."""
+    import time
+
+    from aiokafka import AIOKafkaConsumer
+
+    from producers.kafka import produce
+    from producers.wire import Record, Truth, decode
+
+    topic = "by-stream"
+    records = [Record(str(s), f"stream {s}\n", Truth("a", 0, 0, 0.0)) for s in range(7)]
+    before = time.time()
+    assert asyncio.run(produce(records, broker.bootstrap_servers, topic, partitions=3,
+                               truth_topic=f"{topic}.truth")) == 7
+    after = time.time()
+
+    async def read():
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap_servers, auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            got = []
+            while len(got) < 7:
+                batch = await consumer.getmany(timeout_ms=5000)
+                assert batch, got
+                got += [(m.partition, decode(m.key, m.value, m.headers)) for ms in batch.values() for m in ms]
+            return got
+        finally:
+            await consumer.stop()
+    got = asyncio.run(read())
+    assert sorted((record.stream, partition) for partition, record in got) == [
+        (str(s), s % 3) for s in range(7)]
+    assert all(before <= record.truth.produced <= after for _, record in got)
+    assert asyncio.run(ensure_topic(broker.bootstrap_servers, f"{topic}.truth", 3)) == 1
