@@ -338,3 +338,16 @@ def test_stream_i_goes_to_partition_i_mod_partitions_stamped_when_sent_and_the_t
         (str(s), s % 3) for s in range(7)]
     assert all(before <= record.truth.produced <= after for _, record in got)
     assert asyncio.run(ensure_topic(broker.bootstrap_servers, f"{topic}.truth", 3)) == 1
+
+
+def test_progress_is_said_every_thousand_records_with_the_bytes_sent_and_once_at_the_end(broker):
+    """`streamer produce` prints what the callback gets: records and value bytes sent (the bytes --token-rate
+    paces), each 1,000 records and at the end."""
+    from producers.kafka import produce
+    from producers.wire import Record, Truth
+
+    records = [Record(str(k % 2), "ab\n" if k % 3 else "čd\n", Truth("a", 0, k, 0.0)) for k in range(2500)]
+    size = [len(r.text.encode()) for r in records]  # 3 bytes, or 4 with the č
+    said = []
+    asyncio.run(produce(records, broker.bootstrap_servers, "progress", progress=lambda n, b: said.append((n, b))))
+    assert said == [(1000, sum(size[:1000])), (2000, sum(size[:2000])), (2500, sum(size))]
