@@ -482,3 +482,22 @@ def test_the_checkpoint_views_read_what_an_old_or_partial_checkpoint_holds():
     assert one.world_size == 1 and one.part().strategy == {"s": 1} and one.tracker is None
     ranks = checkpoint.CheckpointView({"step": 3, "world_size": 2, "ranks": [{"strategy": 0}, {"strategy": 1}]})
     assert ranks.world_size == 2 and ranks.part(1).strategy == 1
+
+
+def test_a_snapshot_copy_keeps_views_of_one_memory_apart_by_shape_and_is_independent_of_the_run():
+    """copied() writes two names of one tensor once, but a view of the same memory with another shape (a
+    flattened weight, a row of it) is its own tensor, with its own shape and values; lists and tuples are
+    rebuilt, so what the run changes after the snapshot (in place, or a list it appends to) is not in it."""
+    weight = torch.arange(6.0).reshape(2, 3)
+    memory = [torch.ones(2)]
+    state = {"model": {"w": weight}, "strategy": {"w": weight, "flat": weight.view(-1), "row": weight[1]},
+             "memory": memory, "pair": (weight[0], 5)}
+    copy = checkpoint.copied(state)
+    assert copy["model"]["w"] is copy["strategy"]["w"]  # one tensor, written once
+    assert copy["strategy"]["flat"].shape == (6,) and copy["strategy"]["flat"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert copy["strategy"]["row"].tolist() == [3, 4, 5] and copy["pair"][0].tolist() == [0, 1, 2]
+    weight.add_(10)
+    memory[0].add_(1)
+    memory.append(torch.zeros(1))
+    assert copy["model"]["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and copy["strategy"]["flat"][5] == 5
+    assert len(copy["memory"]) == 1 and copy["memory"][0].tolist() == [1, 1] and copy["pair"][1] == 5
