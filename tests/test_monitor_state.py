@@ -294,3 +294,55 @@ def test_classes_past_the_notice_limit_are_named_once_and_still_kept_apart_acros
     snapshot = resumed.snapshot()
     assert sorted(snapshot.per_class) == ["a", "b", "c", "d"] and lines[8]["domain"] == lines[0]["domain"]
     assert snapshot.overall["ppl@sw"] == pytest.approx(math.exp(8.0))  # a's closed revisit: its first batch, k 1
+
+
+@pytest.mark.parametrize("name", ["page-hinkley", "adwin", "kswin"])
+def test_a_detector_saved_at_the_update_that_found_a_switch_resets_after_it_as_the_uninterrupted_one(name):
+    """A checkpoint right after a detection: the loaded detector says so, and the next update resets it as
+    river does after a detection (without the flag restored, it went on from the old statistics). Loaded at
+    any moment, it ends in the uninterrupted one's state (its sums, minimum, count and random generator)."""
+    losses = [2.0 + random.Random(i).uniform(-0.1, 0.1) + (3.0 if (i // 80) % 2 else 0.0) for i in range(400)]
+    whole, fired = make_detector(name), []
+    for loss in losses:
+        whole.update(loss)
+        fired.append(whole.drift_detected)
+    found = fired.index(True) + 1
+    for cut in (found, found + 1, 3, 17, 101, 160, 233, 330):  # (and at other moments, the same)
+        part = make_detector(name)
+        for loss in losses[:cut]:
+            part.update(loss)
+        part = load_detector(json.loads(json.dumps(detector_state(part))))
+        assert part.drift_detected == fired[cut - 1], cut
+        resumed = []
+        for loss in losses[cut:]:
+            part.update(loss)
+            resumed.append(part.drift_detected)
+        assert resumed == fired[cut:] and detector_state(part) == detector_state(whole), cut
+
+
+def test_the_detectors_are_the_documented_ones():
+    """The defaults the README's tuning describes (Page-Hinkley's are pinned by their detections in
+    test_detection): ADWIN at delta 0.002 and KSWIN at alpha 1e-4 over a window of 100, seeded."""
+    adwin, kswin = (detector_state(make_detector(name))["params"] for name in ("adwin", "kswin"))
+    assert adwin["delta"] == 0.002 and adwin["max_inputs"] == 20_000
+    assert (kswin["alpha"], kswin["window_size"], kswin["stat_size"], kswin["seed"]) == (0.0001, 100, 30, 0)
+
+
+def test_adwin_bounded_keeps_the_newest_half_and_a_switch_found_as_it_reaches_the_bound():
+    """At max_inputs the record is rebuilt from the newest max_inputs // 2 inputs, unless that very update
+    found a switch: ADWIN fires at input 640 of this stream (0.6 s.d. steps up), with a bound of 640 too."""
+    from monitor.drift import RecordingADWIN
+
+    bounded = RecordingADWIN(max_inputs=10)
+    for x in range(10):
+        bounded.update(float(x))
+    assert bounded.inputs == [5.0, 6.0, 7.0, 8.0, 9.0]
+    rng = random.Random(0)
+    losses = [rng.gauss(2.0, 0.1) for _ in range(600)] + [rng.gauss(3.0, 0.1) for _ in range(100)]
+    for bound in (100_000, 640):
+        adwin = RecordingADWIN(max_inputs=bound)
+        fired = []
+        for loss in losses:
+            adwin.update(loss)
+            fired.append(adwin.drift_detected)
+        assert fired.index(True) == 639, bound
