@@ -501,3 +501,12 @@ def test_a_snapshot_copy_keeps_views_of_one_memory_apart_by_shape_and_is_indepen
     memory.append(torch.zeros(1))
     assert copy["model"]["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and copy["strategy"]["flat"][5] == 5
     assert len(copy["memory"]) == 1 and copy["memory"][0].tolist() == [1, 1] and copy["pair"][1] == 5
+
+
+def test_a_checkpoint_names_the_next_offset_of_each_partition_its_loop_read():
+    """The top-level offsets, {"topic:partition": next offset}, are what a resume says it reads on from."""
+    state = checkpoint.run_checkpoint({"topic": "t"}, model={}, strategy={}, rng={}, step=4, tracker=None,
+                                      loop={"offsets": {("t", 0): 5, ("t", 1): 7}})
+    view = checkpoint.CheckpointView(state)
+    assert view.offsets == {"t:0": 5, "t:1": 7} and view.step == 4 and view.world_size == 1
+    assert view.part().loop_offsets == {("t", 0): 5, ("t", 1): 7}
