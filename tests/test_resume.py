@@ -318,3 +318,25 @@ def test_two_set_asides_within_one_second_keep_both_old_runs(tmp_path, monkeypat
                                         "run.replaced-20261130-070000-3"]
     assert [json.loads((p / "config.json").read_text())["attempt"] for p in asides] == [1, 2, 3]
     assert [p.name for p in run_dir.iterdir()] == [".lock"]
+
+
+def test_a_resume_keeps_the_probe_rows_scored_before_its_step_and_stops_at_a_torn_or_broken_row(tmp_path):
+    """A checkpoint at step 5: rows of batches 3 and 4 stay; the probe at 5 is scored again after the restart
+    (kept, it was in the log twice), and nothing after it stays. A row cut short by a crash (no newline) or
+    not JSON ends what is kept, whatever its batch."""
+    from streamer.resume import trim_logs
+
+    def probes(*rows):
+        (tmp_path / "probes.jsonl").write_text("".join(rows), encoding="utf-8")
+
+    def row(batch, end="\n"):
+        return json.dumps({"batch": batch, "scores": {"en": 1.0}}) + end
+
+    probes(row(3), row(4), row(5), row(5), row(7))
+    assert trim_logs(tmp_path, 5) == (0, 2)
+    assert (tmp_path / "probes.jsonl").read_text() == row(3) + row(4)
+    probes(row(3), "{not json\n", row(4))
+    assert trim_logs(tmp_path, 5) == (0, 1)
+    probes(row(3), row(4, end=""))
+    assert trim_logs(tmp_path, 5) == (0, 1)
+    assert (tmp_path / "probes.jsonl").read_text() == row(3)
