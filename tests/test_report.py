@@ -550,3 +550,33 @@ def test_report_names_the_figures_it_wrote(tmp_path, capsys):
     (run / "probes.jsonl").unlink()
     assert main(["report", str(run)]) == 0  # (and an earlier report's probe matrix is not this one's)
     assert capsys.readouterr().out.strip().endswith(": results.json, loss_curve.png, gate_weights.png")
+
+
+def test_a_run_that_logged_every_fragment_is_complete_and_its_probes_are_summed_over_every_row(tmp_path):
+    """Six fragments expected and six logged: complete, with no "incomplete stream" note. Its probes: 0.5 +
+    0.25 + 0.25 s over 3 evaluations; class C, probed but never streamed, is a column after those streamed;
+    a classifier's end-of-run probe (trigger "end") closes B's first fragment: a stage at batch 16."""
+    run = make_run(tmp_path, {"n_fragments": 6})
+    rows = [{"batch": 0, "trigger": "periodic", "scores": {"A": 3.0, "B": 3.0, "C": 3.0}, "seconds": 0.5},
+            {"batch": 2, "trigger": "switch", "ended_class": "A", "scores": {"A": 1.0, "B": 3.5, "C": 3.25},
+             "seconds": 0.25},
+            {"batch": 16, "trigger": "end", "ended_class": "B", "scores": {"A": 2.0, "B": 1.5, "C": 3.0},
+             "seconds": 0.25}]
+    (run / "probes.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = build_report(run, k=2)
+    assert report["span"]["complete"] is True and report["span"]["n_fragments_seen"] == 6
+    assert not any(note.startswith("incomplete stream") for note in report["metrics"]["notes"])
+    assert (report["forgetting"]["probe_seconds"], report["forgetting"]["probe_evaluations"]) == (1.0, 3)
+    assert report["probe_matrix"] == {"stages": [2, 16], "classes": ["A", "B", "C"],
+                                      "values": [[1.0, 3.5, 3.25], [2.0, 1.5, 3.0]], "unit": "held-out loss (nats)"}
+    assert report["forgetting"]["forgetting"] == 1.0  # A: 1.0 just after its stage, 2.0 at the end
+
+
+def test_a_report_scores_detections_with_the_runs_detector_and_says_an_oracle_run(tmp_path):
+    """A run's detector (config.json) names the detections' source; without one, the default page-hinkley.
+    An oracle run (the class told to the strategy) says so."""
+    plain = build_report(make_run(tmp_path / "a", {"n_fragments": 6}), k=2)
+    told = build_report(make_run(tmp_path / "b", {"n_fragments": 6, "detector": "adwin", "oracle": True}), k=2)
+    assert plain["oracle"] is False and told["oracle"] is True
+    assert plain["detection"]["source"].startswith("detect_offline with 'page-hinkley'")
+    assert told["detection"]["source"].startswith("detect_offline with 'adwin'")
