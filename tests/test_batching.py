@@ -415,3 +415,65 @@ def test_a_stream_skipped_before_the_topic_deleted_its_records_is_read_again_fro
     tracker.deleted_before(tp, 5)
     assert tracker.next_positions() == {tp: 5} and tracker.read_positions() == {tp: 5}
     assert tracker.rewinds(lambda row: True) == {tp: 5}
+
+
+def test_a_tie_between_fragments_of_the_winning_class_goes_to_the_earlier_one():
+    from monitor.results import BatchTruth
+    from streamer.batching import vote
+
+    assert vote({("a", 2): 5, ("a", 1): 5, ("b", 3): 3}) == BatchTruth("a", 1)
+
+
+def test_a_record_consumed_to_its_last_byte_is_committed_with_the_batch_that_consumed_it():
+    """Window 4: record 0 is bytes 0-3, all of them inputs of the first batch: its offset is learned."""
+    batcher, tp = Batcher(1, 4), ("t", 0)
+    batcher.add(Record("0", "abcd"), tp, 0)
+    batcher.add(Record("0", "efgh"), tp, 1)
+    assert batcher.pop().commit == {tp: 1}
+
+
+def test_the_streams_a_batch_waits_for_hold_a_window_or_less_and_the_silent_ones_never_sent():
+    """Window 4: a stream of exactly 4 bytes still waits (a window needs its next byte); a silent stream is
+    one never seen while another holds more than a window."""
+    batcher = Batcher(3, 4)
+    assert batcher.silent_streams() == ()
+    batcher.add(Record("1", "ab"))
+    assert batcher.silent_streams() == ()  # (nobody holds more than a window: no stream is told apart)
+    batcher.add(Record("0", "abcdefghi"))
+    assert batcher.short_streams() == (1, 2) and batcher.silent_streams() == (2,)
+    batcher.add(Record("1", "cd"))
+    assert batcher.short_streams() == (1, 2)  # 4 bytes: one short of a window and its target
+
+
+def test_a_stream_is_over_past_two_windows_at_least_and_rewound_at_half_of_what_it_may_keep():
+    """Window 5, keep_windows 1 (raised to 2): 8 bytes are taken, 11 skipped; after a batch it holds 6, over
+    half of the 10 it may keep: no rewind yet; after the next, 1: the partition is read again from 1."""
+    batcher, tp = Batcher(2, 5), ("t", 0)
+    assert batcher.admit(tp, 0, "0", 1) == "take"
+    batcher.add(Record("0", "a" * 8), tp, 0)
+    assert batcher.admit(tp, 1, "0", 1) == "take"
+    batcher.add(Record("0", "a" * 3), tp, 1)
+    assert batcher.admit(tp, 2, "0", 1) == "skip"
+    assert batcher.admit(tp, 3, "1", 1) == "take"
+    batcher.add(Record("1", "b" * 6), tp, 3)
+    batcher.pop()
+    assert batcher.rewinds(1) == {}
+    assert batcher.admit(tp, 4, "1", 1) == "take"
+    batcher.add(Record("1", "b" * 5), tp, 4)
+    batcher.pop()
+    assert batcher.rewinds(1) == {tp: 2}
+
+
+def test_far_ahead_is_more_than_one_window_at_least():
+    batcher = Batcher(2, 5)
+    batcher.add(Record("0", "abc"))
+    assert not batcher.far_ahead(0) and not batcher.far_ahead(1)
+    batcher.add(Record("0", "def"))
+    assert batcher.far_ahead(0) and batcher.far_ahead(1) and not batcher.far_ahead(2)
+
+
+def test_a_ranks_skipped_streams_are_named_by_their_stream_ids():
+    batcher, tp = Batcher(2, 5, first_stream=4), ("t", 0)
+    batcher.add(Record("4", "a" * 11), tp, 0)
+    assert batcher.admit(tp, 1, "4", 2) == "skip"
+    assert batcher.skipped_streams(tp) == (4,)
