@@ -259,3 +259,13 @@ def test_through_the_broker_loss_log_probes_report_and_live_accuracy(broker, enc
     assert dmi["tasks"] == ["en", "fr"] and len(dmi["matrix"]) == 2 and dmi["samples"] == 12
     assert all(0.0 <= dmi[key] <= 1.0 for key in ("stability", "plasticity", "generalizability"))
     assert report["probe_matrix"]["unit"] == "held-out accuracy"
+
+
+def test_a_label_vocabulary_holds_at_most_its_capacity_and_a_batcher_needs_two_ids_a_row():
+    from streamer.utterance_batching import LabelVocabulary, UtteranceBatcher
+
+    vocabulary = LabelVocabulary(2)
+    assert [vocabulary.add(label) for label in ("a", "b", "c", "a")] == [0, 1, None, 0]
+    assert vocabulary.full and vocabulary.names() == ("a", "b")
+    with pytest.raises(ValueError, match="max_length >= 2"):
+        UtteranceBatcher(2, lambda text: [1, 2], pad_id=0, max_length=1)

@@ -340,3 +340,27 @@ def test_a_resume_keeps_the_probe_rows_scored_before_its_step_and_stops_at_a_tor
     probes(row(3), row(4, end=""))
     assert trim_logs(tmp_path, 5) == (0, 1)
     assert (tmp_path / "probes.jsonl").read_text() == row(3)
+
+
+def test_fresh_moves_only_a_runs_directory_not_one_with_a_config_json_of_its_own(tmp_path):
+    """A model's or a project's folder has a config.json of its own; a run's has it beside status.json, its
+    loss log or its checkpoint. --fresh (set_aside) refuses the others and moves a run's."""
+    from streamer.resume import set_aside
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "weights.safetensors").write_text("")
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "status.json").write_text("{}")
+    for folder in (model, stray):
+        with pytest.raises(ValueError, match="not a run's"):
+            set_aside(folder)
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "weights.safetensors"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "losses.jsonl").write_text("")
+    aside = set_aside(run)
+    assert sorted(p.name for p in aside.iterdir()) == ["config.json", "losses.jsonl"] and not any(run.iterdir())
