@@ -4,6 +4,7 @@ once, to 1e-4 nats), and the loss-log lines written before each kill up to its c
 not learned again. Real processes through the embedded broker; the default group and run directory
 (derived from the topic and strategy) are what the restarts find."""
 
+import dataclasses
 import json
 import os
 import re
@@ -364,3 +365,66 @@ def test_fresh_moves_only_a_runs_directory_not_one_with_a_config_json_of_its_own
     (run / "losses.jsonl").write_text("")
     aside = set_aside(run)
     assert sorted(p.name for p in aside.iterdir()) == ["config.json", "losses.jsonl"] and not any(run.iterdir())
+
+
+def _status(run_dir, checkpoint_age_s):
+    required = dict(run="r", strategy="naive", batches=40, total_batches=None, last_loss=1.0, rolling_ppl=2.0,
+                    recent_losses=[], recent_switches=[], current_class=None, overall={}, per_class={},
+                    from_fragment=0, switches=0, detected_switches=0, tokens_per_s=0.0, lag=0, queue_depth=0,
+                    dead_letters=0, elapsed_s=1.0)
+    (run_dir / "status.json").write_text(json.dumps({**required, "checkpoint_age_s": checkpoint_age_s}))
+
+
+def test_an_old_run_without_a_checkpoint_is_its_own_only_when_it_never_checkpointed_with_this_configuration(
+        tmp_path):
+    """(words, own) of old_run_without_checkpoint: its loss log's batches (0 to 39: 40 batches); its own run
+    (restarted in place) only when its status says no checkpoint was written and its config.json is this
+    run's; a checkpoint written then lost, or another configuration, is an old run to set aside. A probe log
+    alone is a run's history too."""
+    from streamer.checkpoint import plain
+    from streamer.config import LearnConfig
+    from streamer.resume import old_run_without_checkpoint
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = LearnConfig(bootstrap_servers="x:1", topic="t", run_dir=run_dir)
+    assert old_run_without_checkpoint(run_dir, config) == (None, False)
+    (run_dir / "probes.jsonl").write_text(json.dumps({"batch": 0, "scores": {}}) + "\n")
+    assert old_run_without_checkpoint(run_dir, config) == ("probes.jsonl", False)
+    (run_dir / "losses.jsonl").write_text("".join(json.dumps({"batch": b, "loss": 1.0}) + "\n" for b in range(40)))
+    (run_dir / "config.json").write_text(json.dumps(plain(config)))
+    _status(run_dir, None)
+    assert old_run_without_checkpoint(run_dir, config) == ("a loss log of 40 batches", True)
+    assert old_run_without_checkpoint(run_dir, dataclasses.replace(config, lr=0.5)) == ("a loss log of 40 batches",
+                                                                                        False)
+    _status(run_dir, 12.0)  # it had checkpointed: its checkpoint.pt was removed or lost
+    assert old_run_without_checkpoint(run_dir, config) == ("a loss log of 40 batches", False)
+
+
+def test_putting_an_old_run_back_keeps_the_lock_and_removes_the_folder_it_was_set_aside_in(tmp_path):
+    from streamer.resume import put_back
+
+    run_dir, aside = tmp_path / "run", tmp_path / "run.replaced"
+    run_dir.mkdir()
+    aside.mkdir()
+    (run_dir / ".lock").write_text("123")
+    (run_dir / "status.json").write_text("new")
+    (run_dir / "plots").mkdir()
+    (aside / "status.json").write_text("old")
+    (aside / "losses.jsonl").write_text("old log")
+    put_back(run_dir, aside)
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "losses.jsonl", "status.json"]
+    assert (run_dir / "status.json").read_text() == "old" and (run_dir / ".lock").read_text() == "123"
+    assert not aside.exists()
+
+
+def test_a_run_directorys_lock_names_its_holder_alone(tmp_path):
+    """The lock file holds the pid of the learner that has it, not those that held it before."""
+    from streamer.resume import RunDirBusy, RunDirLock
+
+    (tmp_path / ".lock").write_text("999999999")
+    with RunDirLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+        with pytest.raises(RunDirBusy, match=rf"in use by a running learner \(pid {os.getpid()}\)"):
+            with RunDirLock(tmp_path):
+                pass
