@@ -626,3 +626,27 @@ def test_an_out_that_holds_files_is_one_line_before_any_run(tmp_path):
                                            r"table1.md\): the new tables would sit among its runs; give a new --out"):
         run_compare_command(args)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "notes.txt", "replay-seed0", "table1.md"]
+
+
+def test_each_run_of_a_comparison_has_its_own_group_seed_size_and_strategy():
+    """Two strategies on one topic share no consumer group (a second would find the first's committed
+    offsets); each seed's run has that seed; the fitted size, the run's name, the idle bound; multitask runs as
+    itself, though sized as naive."""
+    from streamer.compare_plan import IDLE_TIMEOUT_S, run_config
+
+    config = compare_config(parse_flags(["compare", "--hidden", "8", "--embedding", "4", "--set", "memory_size=30",
+                                         "--strategies", "naive,replay,multitask", "--from-fragment", "half"]))
+    runs = {name: run_config(config, name, 3, 24, MANIFEST, topic="cmp-seed3", run_dir=Path("out") / f"{name}-seed3")
+            for name in ("naive", "replay", "multitask")}
+    assert [run.group_id for run in runs.values()] == ["cmp-seed3-naive", "cmp-seed3-replay", "cmp-seed3-multitask"]
+    assert {(run.seed, run.model.hidden, run.idle_timeout_s) for run in runs.values()} == {(3, 24, IDLE_TIMEOUT_S)}
+    assert [(run.strategy, run.run_name) for run in runs.values()] == [
+        ("naive", "naive-seed3"), ("replay", "replay-seed3"), ("multitask", "multitask-seed3")]
+    assert dict(runs["replay"].strategy_options)["memory_size"] == 30 and runs["replay"].from_fragment == 2
+
+
+def test_strategies_are_named_once_each_and_at_least_one():
+    with pytest.raises(CompareError, match="names a strategy twice"):
+        strategy_names("naive,replay,naive")
+    with pytest.raises(CompareError, match=r"unknown \(none given\)"):
+        strategy_names(" , ")
