@@ -370,3 +370,35 @@ def test_the_probe_heatmap_says_what_each_stage_is_and_tilts_long_class_names(tm
     assert [label.get_text() for label in axes.get_yticklabels()] == [
         "after english_news (batch 50)", "after french_news (batch 1,200)"]
     assert all(label.get_rotation() == 45 for label in axes.get_xticklabels())
+
+
+def test_values_as_results_json_writes_them_diverged_runs_of_both_signs_and_differing_sizes():
+    """results.json writes a diverged ppl as the string "inf" (or "-inf"): read back as numbers; runs
+    diverged both ways have no mean (nan); a nan value is a missing one (rec: 3.0 over the other run);
+    runs of two parameter counts say both, in the table too."""
+    from monitor.compare import summarise_runs, table1_markdown
+
+    def report(seed, ppl, rec, parameters):
+        return {"run": f"out/s-seed{seed}", "config": {"strategy": "s", "seed": seed, "parameters": parameters},
+                "metrics": {"ppl": ppl, "ppl@sw": 2.0 + seed, "rec": rec},
+                "span": {"complete": True, "from_fragment": 2}}
+    one_way = summarise_runs([report(0, "inf", 1.0, 100), report(1, 5.0, 1.0, 100)])[0]
+    assert one_way["metrics"]["ppl"] == {"mean": math.inf, "std": None, "n": 2, "missing": 0}
+    entry = summarise_runs([report(0, "inf", math.nan, 100), report(1, "-inf", 3.0, 120)])[0]
+    assert math.isnan(entry["metrics"]["ppl"]["mean"]) and entry["metrics"]["ppl"]["n"] == 2
+    assert entry["metrics"]["rec"] == {"mean": 3.0, "std": None, "n": 1, "missing": 1}
+    assert entry["parameters"] == [100, 120] and "runs differ in parameter count: [100, 120]" in entry["notes"]
+    assert "| s | 2 | nan | 2.50 ± 0.71 | 3.00 | 100–120 |" in table1_markdown([entry])
+
+
+def test_runs_over_different_spans_say_so_and_repeated_figure_names_are_numbered_from_2():
+    from monitor.compare import table1_markdown, unique_name
+
+    entries = [{"strategy": name, "n_runs": 1, "from_fragment": [start], "notes": [],
+                "metrics": {column: {"mean": 1.0, "std": None} for column in ("ppl", "ppl@sw", "rec")}}
+               for name, start in (("a", 2), ("b", 3))]
+    assert "Evaluated span: fragments >= [2, 3] (runs differ)." in table1_markdown(entries)
+    assert "Evaluated span: fragments >= 2." in table1_markdown(entries[:1])
+    used = {"run"}
+    assert [unique_name("run", used), unique_name("run", used), unique_name("other", used)] == ["run-2", "run-3",
+                                                                                                "other"]
