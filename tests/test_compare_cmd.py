@@ -650,3 +650,14 @@ def test_strategies_are_named_once_each_and_at_least_one():
         strategy_names("naive,replay,naive")
     with pytest.raises(CompareError, match=r"unknown \(none given\)"):
         strategy_names(" , ")
+
+
+def test_all_whose_every_strategy_is_skipped_is_one_line_not_an_empty_comparison(monkeypatch):
+    class NeedsAnotherModel:
+        def __init__(self, model, lr=1e-3, clip=1.0):
+            raise ValueError("needs --model hf-causal")
+
+    monkeypatch.setitem(STRATEGIES, "picky", NeedsAnotherModel)
+    config = compare_config(parse_flags(["compare", "--hidden", "8", "--embedding", "4"]))
+    with pytest.raises(CompareError, match="no strategy can run on this model: picky: needs --model hf-causal"):
+        plan(dataclasses.replace(config, strategies=("picky",), chosen_by_all=True), MANIFEST, log=lambda line: None)
