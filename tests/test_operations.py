@@ -379,3 +379,28 @@ def test_the_watchdog_fallback_kills_the_child_of_a_killed_parent(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_threads_given_win_and_cpus_pin_the_first_ones_all_of_them_allowed():
+    """--threads N is the policy whatever the CPUs; --cpus N pins the first N CPUs this process may use (all
+    of them is allowed, one more is not); one thread has no spins to govern. In a process of its own (the
+    pinning and torch's thread count are the process's)."""
+    from streamer.threads import available_cpus, thread_policy
+
+    assert thread_policy(3) == ThreadPolicy(3, available_cpus(), "--threads")
+    script = ("import os\n"
+              "from streamer.threads import apply_thread_policy, pin_to_first_cpus\n"
+              "allowed = sorted(os.sched_getaffinity(0))\n"
+              "assert pin_to_first_cpus(None) == allowed and pin_to_first_cpus(len(allowed)) == allowed\n"
+              "try:\n"
+              "    pin_to_first_cpus(len(allowed) + 1)\n"
+              "except ValueError as exc:\n"
+              "    assert str(exc) == f'--cpus {len(allowed) + 1}, but this process may use 1 to {len(allowed)} CPUs'\n"
+              "else:\n"
+              "    raise AssertionError('not refused')\n"
+              "assert pin_to_first_cpus(1) == allowed[:1] == sorted(os.sched_getaffinity(0))\n"
+              "assert not apply_thread_policy(1, govern_spin=True).governed\n"
+              "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.stdout.strip() == "ok", result.stderr
