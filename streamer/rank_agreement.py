@@ -190,18 +190,26 @@ class RankAgreement:
 
     async def watch(self, every_s: float = 0.5) -> None:
         """A collective held past distributed.STALL_S by another rank (stopped, hung or far slower) is said, and
-        again when it ends: the other ranks waited in it without a word, their console 'consuming'."""
+        again when it ends: the other ranks waited in it without a word, their console 'consuming'. Its end
+        is said at the watch's own end too: a run that ended within `every_s` of the meeting said only the wait."""
         said = None
-        while not self.closing:
-            await asyncio.sleep(every_s)
-            since = distributed.in_collective_since()
-            if said is None and since is not None and time.monotonic() - since >= distributed.STALL_S:
-                said = since  # (a rank's lines say its rank: rank_process)
-                self._log(f"the other ranks have not come to a collective for {distributed.STALL_S:g} s (a rank "
-                          "stopped, stuck, far slower or writing a checkpoint); waiting for them")
-            elif said is not None and since != said:
-                self._log(f"the ranks meet again after {time.monotonic() - said:.0f} s")
-                said = None
+
+        def met() -> None:
+            self._log(f"the ranks meet again after {time.monotonic() - said:.0f} s")
+        try:
+            while not self.closing:
+                await asyncio.sleep(every_s)
+                since = distributed.in_collective_since()
+                if said is None and since is not None and time.monotonic() - since >= distributed.STALL_S:
+                    said = since  # (a rank's lines say its rank: rank_process)
+                    self._log(f"the other ranks have not come to a collective for {distributed.STALL_S:g} s (a "
+                              "rank stopped, stuck, far slower or writing a checkpoint); waiting for them")
+                elif said is not None and since != said:
+                    met()
+                    said = None
+        finally:
+            if said is not None and distributed.in_collective_since() != said:
+                met()
 
 
 def global_truth(parts: list[bytes]) -> BatchTruth | None:
