@@ -347,6 +347,10 @@ def benchmark_model(args, model: str, slice_s: float, bootstrap: str, broker_pid
             raise SystemExit(f"throughput: the stream ran out before the {model} {key[0]} run's last slice "
                              "(fewer --rounds or a shorter --slice)")
         inside[key] = [[batch for batch in batches if began <= batch[0] <= ended] for began, ended in windows[key]]
+        if not any(inside[key]):  # (its figures divided by zero: a traceback)
+            flag = "--poe-slice" if model == "poe" else "--slice"
+            raise SystemExit(f"throughput: no {model} {key[0]} batch finished inside its {args.rounds} slices of "
+                             f"{slice_s:g} s (a machine this busy needs a longer {flag})")
         # the step's share: of the batches that started in a slice too (a cut one's step spans a stop)
         whole[key] = [[batch for batch in slice_ if batch[0] - batch[2] >= began]
                       for slice_, (began, _) in zip(inside[key], windows[key])]

@@ -80,13 +80,26 @@ def test_throughput_refuses_a_cuda_device_the_machine_lacks_before_it_starts_any
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_throughput_whose_slices_hold_no_batch_says_so_in_one_line(tmp_path):
+    """Slices too short for a busy machine: a path with no batch inside its slices divided its tokens by zero,
+    a traceback (the scratch test below, at 0.2 s slices under the slow suite's load)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--models", "lstm",
+                             "--processes", "1", "--rounds", "1", "--slice", "0.001", "--hidden", "32"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.fullmatch(r"throughput: no lstm \w+ batch finished inside its 1 slices of 0.001 s \(a machine this "
+                        r"busy needs a longer --slice\)", result.stderr.strip()), result.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_throughput_leaves_no_scratch_directory_with_a_synthetic_corpus(tmp_path):
     """Without calm-multilingual built, the parent and every child wrote a synthetic corpus into a mkdtemp of
     its own and never removed it (9 a default run). Now the parent writes it once, in a directory it removes."""
     scratch, cache = tmp_path / "tmp", tmp_path / "empty-cache"
     scratch.mkdir()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--models", "lstm",
-                             "--processes", "1", "--rounds", "2", "--slice", "0.2", "--hidden", "32"],
+                             "--processes", "1", "--rounds", "2", "--slice", "0.5", "--hidden", "32"],
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TMPDIR": str(scratch), "STREAMER_CACHE": str(cache)})
     assert result.returncode == 0, result.stderr[-3000:]
