@@ -10,7 +10,11 @@ from typing import AsyncIterator, Protocol, runtime_checkable
 
 from producers.wire import Record
 
-__all__ = ["Fetched", "Source", "SourceError"]
+__all__ = ["Fetched", "Source", "SourceError", "CODEC_CURE"]
+
+# the cure of a codec_missing stop, said by the source that found it and by a rank 0 another rank told
+CODEC_CURE = ("install aiokafka's codecs where the learner runs (pip install cramjam), or produce with compression "
+              "gzip or none: the same command then continues the run")
 
 
 class SourceError(RuntimeError):

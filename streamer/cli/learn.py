@@ -22,6 +22,7 @@ from streamer.cli.security_flags import add_metrics_security_flags, add_security
 from streamer.cli.runs import (default_manifest_path, learn_under_view, run_with_report_on_interrupt, signals_deferred,
                                 unwind_on_sigterm)
 from streamer.config import LearnConfig, default_group
+from streamer.source import CODEC_CURE
 from streamer.settings import torchrun_environment
 
 __all__ = ["add_parser", "run"]
@@ -206,9 +207,7 @@ def _stopped_line(summary, config, run_dir: Path) -> str | None:
                                      "--fresh, or give another --run-dir or --group")
     if summary.stop_reason == "codec_missing":
         return summary.stop_line or (f"another rank found records of topic {config.topic} compressed with a codec "
-                                     "this installation cannot decompress; install aiokafka's codecs where the "
-                                     "learner runs (pip install cramjam), or produce with compression gzip or "
-                                     "none: the same command then continues the run")
+                                     f"this installation cannot decompress; {CODEC_CURE}")
     return None
 
 

@@ -37,7 +37,7 @@ from streamer.kafka.joining import GroupJoin
 from streamer.kafka.lag import HeldEnds, records_behind
 from streamer.kafka.learner_group import Membership
 from streamer.kafka.reach import BrokerReach
-from streamer.source import Fetched, SourceError
+from streamer.source import CODEC_CURE, Fetched, SourceError
 
 __all__ = ["KafkaSource", "unsupported_codec"]
 
@@ -47,8 +47,7 @@ def unsupported_codec(topic: str, error: Exception) -> str:
     lz4, snappy and zstd need the cramjam package): the records are good, so the learner stops, with its
     checkpoint, rather than dead-letter every one; the same command continues once the codec is installed."""
     return (f"topic {topic} holds records compressed with a codec this installation cannot decompress ({error}); "
-            "install aiokafka's codecs where the learner runs (pip install cramjam), or produce with "
-            "compression gzip or none: the same command then continues the run")
+            f"{CODEC_CURE}")
 
 
 def _stderr(line: str) -> None:

@@ -74,6 +74,11 @@ async def step_past_unreadable(consumer, before: dict, error: Exception, max_rec
                 yield decoded(message, max_record_bytes, message.offset)
 
 
+def _cause(exc: BaseException) -> str:
+    """A failed send's cause, in a line's words."""
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 class DeadLetters:
     """The dead letters of a learner reading `topic`: the first of each reason said in one line to `log`, each
     copy sent to `<topic>.dlq` by the producer `send` is given. A copy not sent (its send failed, now or at
@@ -138,7 +143,7 @@ class DeadLetters:
                          "exist and is not auto-created, its name is refused, or the broker is away or slow)")
             return
         except Exception as exc:  # noqa: BLE001 - the boundary: a dead letter must never stop the learner
-            self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
+            self._failed(_cause(exc))
             return
         self._in_flight.add(delivery)
         delivery.add_done_callback(self._delivered)
@@ -162,8 +167,7 @@ class DeadLetters:
         if delivery.cancelled():  # (the producer stopped with it unsent)
             self._failed("cancelled: the producer stopped before it was delivered")
         elif delivery.exception() is not None:
-            exc = delivery.exception()
-            self._failed(f"{type(exc).__name__}: {str(exc)[:200]}")
+            self._failed(_cause(delivery.exception()))
 
     def _failed(self, cause: str | None, hold: bool = True) -> None:
         """One copy not sent: its send failed with `cause`, or (None) it was not tried, within `retry_s` of a
